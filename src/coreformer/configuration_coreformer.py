@@ -1,0 +1,292 @@
+"""Configurations of the three coreformer families.
+
+`CoreformerConfig` holds every field the shared attention core and blocks read; the three registered configs only set
+family defaults on top of it:
+
+    CoreformerEncoderConfig  "coreformer_encoder"  BERT-style: bidirectional, post-norm, token types, MLM transform
+    CoreformerDecoderConfig  "coreformer_decoder"  GPT-style: causal, pre-norm with a final norm
+    CoreformerSeq2SeqConfig  "coreformer_seq2seq"  BART-style: encoder stack + decoder stack with cross-attention
+
+Field names follow transformers' standard names so that its utilities (masks, caches, generate, PEFT) read them
+directly. Every value is checked in `__post_init__`; a bad value raises one `ValueError` naming the field and the fix.
+"""
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
+NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+
+
+def _family_auto_map(config_class: str, model_classes: dict[str, str], module: str) -> dict[str, str]:
+    """The `auto_map` written into a saved config.json: every Auto class of the family, not just the saved one."""
+    auto_map = {"AutoConfig": f"configuration_coreformer.{config_class}"}
+    auto_map.update({auto: f"{module}.{cls}" for auto, cls in model_classes.items()})
+    return auto_map
+
+
+class CoreformerConfig(PreTrainedConfig):
+    r"""
+    Fields shared by every coreformer family. Not registered itself: use one of the three family configs.
+
+    Args:
+        vocab_size: Number of tokens in the vocabulary.
+        hidden_size: Width of the residual stream.
+        num_attention_heads: Query heads per attention layer.
+        num_key_value_heads: Key/value heads (grouped-query attention); `None` means `num_attention_heads` (MHA),
+            1 means multi-query attention.
+        head_dim: Width of one head; `None` means `hidden_size // num_attention_heads`.
+        intermediate_size: Width of the MLP.
+        hidden_act: MLP activation, any name in `transformers.activations.ACT2FN` ("gelu", "gelu_new", "silu", ...).
+        gated_mlp: `down(act(gate(x)) * up(x))` (SwiGLU with `hidden_act="silu"`) instead of `down(act(up(x)))`.
+        max_position_embeddings: Longest sequence; enforced for learned and sinusoidal positions.
+        position_embedding_type: "learned" | "sinusoidal" | "rotary" | "none".
+        position_offset: Added to position ids before the learned table lookup (BART stores positions from 2).
+        rope_theta: Base of the rotary frequencies.
+        type_vocab_size: Number of token types (BERT segments); 0 disables token-type embeddings.
+        norm_type: "layernorm" | "rmsnorm".
+        norm_position: "pre" (norm inside the residual branch, GPT-2) or "post" (norm after the residual sum, BERT).
+        layer_norm_eps: Epsilon of every norm.
+        embedding_layernorm: Normalise the summed embeddings (BERT's embeddings LayerNorm, BART's
+            layernorm_embedding).
+        final_norm: Norm after the last block; `None` means "only for pre-norm", which is what every family uses.
+        scale_embedding: Multiply token embeddings by sqrt(hidden_size) (BART's scale_embedding).
+        attention_bias: Biases on the q/k/v/o projections.
+        mlp_bias: Biases on the MLP projections.
+        attention_dropout: Dropout on attention probabilities.
+        hidden_dropout: Dropout on embeddings and on every residual branch.
+        classifier_dropout: Dropout before classification heads; `None` means `hidden_dropout`.
+        lm_head_transform: Dense + activation + norm before the LM projection (BERT's MLM transform).
+        lm_head_bias: A bias on the LM projection (BERT's decoder bias, BART's final_logits_bias).
+        classifier_dense: Sequence classifiers project the pooled token with a tanh dense layer first (BERT's pooler,
+            BART's classification head); without it the pooled token goes straight to the output (GPT-2's score).
+        classifier_bias: A bias on the classifier output projection.
+        initializer_range: Standard deviation of the normal weight init.
+        tie_word_embeddings: The LM head shares its weight with the input embedding.
+        use_cache: Return a KV cache from causal forwards (inference only; training never builds one).
+    """
+
+    vocab_size: int = 32000
+    hidden_size: int = 768
+    num_attention_heads: int = 12
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    gated_mlp: bool = False
+    max_position_embeddings: int = 512
+    position_embedding_type: str = "learned"
+    position_offset: int = 0
+    rope_theta: float = 10000.0
+    type_vocab_size: int = 0
+    norm_type: str = "layernorm"
+    norm_position: str = "post"
+    layer_norm_eps: float = 1e-12
+    embedding_layernorm: bool = True
+    final_norm: bool | None = None
+    scale_embedding: bool = False
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.1
+    classifier_dropout: float | None = None
+    lm_head_transform: bool = False
+    lm_head_bias: bool = False
+    classifier_dense: bool = True
+    classifier_bias: bool = True
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    # Filled by each family: the Auto classes written into config.json so that trust_remote_code finds them all.
+    family_auto_map = {}
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None and self.num_attention_heads and self.hidden_size % self.num_attention_heads == 0:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.final_norm is None:
+            self.final_norm = self.norm_position == "pre"
+        self.validate_fields()
+        super().__post_init__(**kwargs)
+        if self.family_auto_map:
+            self.auto_map = dict(self.family_auto_map)
+
+    def layer_counts(self) -> dict[str, int]:
+        """The layer-count fields of this family, by name (validated to be positive)."""
+        return {"num_hidden_layers": self.num_hidden_layers}
+
+    def validate_fields(self) -> None:
+        """Raise one `ValueError` naming the first bad field and how to fix it."""
+        positive = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            **self.layer_counts(),
+        }
+        for name, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if self.head_dim is None:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads}): change one of them, or set `head_dim` explicitly."
+            )
+        if not isinstance(self.head_dim, int) or self.head_dim < 1:
+            raise ValueError(f"`head_dim` must be a positive integer, got {self.head_dim!r}.")
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"`num_attention_heads` ({self.num_attention_heads}) must be a multiple of `num_key_value_heads` "
+                f"({self.num_key_value_heads}): each key/value head serves a whole group of query heads."
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(
+                f"`hidden_act` {self.hidden_act!r} is not a known activation; use one of transformers' ACT2FN names "
+                f"such as 'gelu', 'gelu_new', 'relu' or 'silu'."
+            )
+        choices = {
+            "position_embedding_type": (self.position_embedding_type, POSITION_EMBEDDING_TYPES),
+            "norm_type": (self.norm_type, NORM_TYPES),
+            "norm_position": (self.norm_position, NORM_POSITIONS),
+        }
+        for name, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
+        if self.position_embedding_type == "rotary" and self.head_dim % 2:
+            raise ValueError(f"rotary positions rotate pairs of channels: `head_dim` ({self.head_dim}) must be even.")
+        if self.position_offset < 0:
+            raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"`type_vocab_size` must be >= 0 (0 disables token types), got {self.type_vocab_size}.")
+        if self.rope_theta <= 0:
+            raise ValueError(f"`rope_theta` must be > 0, got {self.rope_theta}.")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be > 0, got {self.layer_norm_eps}.")
+        if self.initializer_range < 0:
+            raise ValueError(f"`initializer_range` must be >= 0, got {self.initializer_range}.")
+        dropouts = {
+            "attention_dropout": self.attention_dropout,
+            "hidden_dropout": self.hidden_dropout,
+            "classifier_dropout": self.classifier_dropout,
+        }
+        for name, value in dropouts.items():
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"`{name}` is a probability in [0, 1), got {value}.")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            ids = getattr(self, name, None)
+            for token_id in ids if isinstance(ids, list) else [ids]:
+                if token_id is not None and not 0 <= token_id < self.vocab_size:
+                    raise ValueError(
+                        f"`{name}` ({token_id}) must be a token id in [0, vocab_size={self.vocab_size}): "
+                        f"set it to an id of your tokenizer or grow `vocab_size`."
+                    )
+
+
+_ENCODER_HEADS = {
+    "AutoModel": "CoreformerEncoderModel",
+    "AutoModelForMaskedLM": "CoreformerEncoderForMaskedLM",
+    "AutoModelForSequenceClassification": "CoreformerEncoderForSequenceClassification",
+    "AutoModelForTokenClassification": "CoreformerEncoderForTokenClassification",
+    "AutoModelForQuestionAnswering": "CoreformerEncoderForQuestionAnswering",
+    "AutoModelForMultipleChoice": "CoreformerEncoderForMultipleChoice",
+}
+_DECODER_HEADS = {
+    "AutoModel": "CoreformerDecoderModel",
+    "AutoModelForCausalLM": "CoreformerDecoderForCausalLM",
+    "AutoModelForSequenceClassification": "CoreformerDecoderForSequenceClassification",
+    "AutoModelForTokenClassification": "CoreformerDecoderForTokenClassification",
+}
+_SEQ2SEQ_HEADS = {
+    "AutoModel": "CoreformerSeq2SeqModel",
+    "AutoModelForSeq2SeqLM": "CoreformerSeq2SeqForConditionalGeneration",
+    "AutoModelForSequenceClassification": "CoreformerSeq2SeqForSequenceClassification",
+}
+
+
+class CoreformerEncoderConfig(CoreformerConfig):
+    r"""BERT-style encoder: bidirectional self-attention, post-norm blocks, token types, MLM transform head.
+
+    Example:
+        >>> from coreformer import CoreformerEncoderConfig, CoreformerEncoderForMaskedLM
+        >>> model = CoreformerEncoderForMaskedLM(CoreformerEncoderConfig(hidden_size=256, num_hidden_layers=4))
+    """
+
+    model_type = "coreformer_encoder"
+    family_auto_map = _family_auto_map("CoreformerEncoderConfig", _ENCODER_HEADS, "modeling_encoder")
+
+    num_hidden_layers: int = 12
+    type_vocab_size: int = 2
+    lm_head_transform: bool = True
+    lm_head_bias: bool = True
+
+
+class CoreformerDecoderConfig(CoreformerConfig):
+    r"""GPT-style decoder: causal self-attention, pre-norm blocks with a final norm.
+
+    Example:
+        >>> from coreformer import CoreformerDecoderConfig, CoreformerDecoderForCausalLM
+        >>> config = CoreformerDecoderConfig(position_embedding_type="rotary", norm_type="rmsnorm",
+        ...                                  hidden_act="silu", gated_mlp=True)  # a Llama-style block
+        >>> model = CoreformerDecoderForCausalLM(config)
+    """
+
+    model_type = "coreformer_decoder"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    family_auto_map = _family_auto_map("CoreformerDecoderConfig", _DECODER_HEADS, "modeling_decoder")
+
+    num_hidden_layers: int = 12
+    max_position_embeddings: int = 1024
+    hidden_act: str = "gelu_new"
+    norm_position: str = "pre"
+    layer_norm_eps: float = 1e-5
+    embedding_layernorm: bool = False
+    classifier_dense: bool = False
+    classifier_bias: bool = False
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+
+
+class CoreformerSeq2SeqConfig(CoreformerConfig):
+    r"""BART-style encoder-decoder: an encoder stack and a decoder stack with cross-attention, one shared embedding.
+
+    `num_hidden_layers` reads and writes `encoder_layers`; transformers' `get_text_config(decoder=True)` maps
+    `decoder_layers` onto it, which is how its caches size themselves for the decoder.
+
+    Args:
+        encoder_layers: Blocks in the encoder stack.
+        decoder_layers: Blocks in the decoder stack.
+        decoder_start_token_id: First decoder input, also used to shift labels right.
+    """
+
+    model_type = "coreformer_seq2seq"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {"num_hidden_layers": "encoder_layers"}
+    family_auto_map = _family_auto_map("CoreformerSeq2SeqConfig", _SEQ2SEQ_HEADS, "modeling_seq2seq")
+
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    decoder_start_token_id: int | None = 2
+    is_encoder_decoder: bool = True
+    layer_norm_eps: float = 1e-5
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    pad_token_id: int | None = 1
+
+    def layer_counts(self) -> dict[str, int]:
+        return {"encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers}
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if self.decoder_start_token_id is None:
+            raise ValueError(
+                "`decoder_start_token_id` is required: it is the first decoder input in generation and when labels "
+                "are shifted right. Set it (BART uses the eos id)."
+            )

@@ -1,0 +1,141 @@
+"""GPT-style decoder family: `CoreformerDecoderModel` (one causal `CoreformerStack`) and its heads.
+
+CoreformerDecoderModel                       last_hidden_state (B, T, hidden) + KV cache
+CoreformerDecoderForCausalLM                 next-token logits; generate() via GenerationMixin
+CoreformerDecoderForSequenceClassification   last non-padding token -> ClassificationHead
+CoreformerDecoderForTokenClassification      a label per token
+"""
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithPast
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils import can_return_tuple
+
+from .configuration_coreformer import CoreformerDecoderConfig
+from .modeling_base import (
+    CoreformerPreTrainedModel,
+    CoreformerSequenceClassifier,
+    CoreformerStack,
+    CoreformerTokenClassifier,
+    build_lm_head,
+)
+
+
+class CoreformerDecoderPreTrainedModel(CoreformerPreTrainedModel):
+    config_class = CoreformerDecoderConfig
+    config: CoreformerDecoderConfig
+
+
+class CoreformerDecoderModel(CoreformerDecoderPreTrainedModel):
+    """A causal stack over token (+ position) embeddings."""
+
+    def __init__(self, config: CoreformerDecoderConfig):
+        super().__init__(config)
+        embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.decoder = CoreformerStack(config, config.num_hidden_layers, embed_tokens, is_causal=True)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.decoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.decoder.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, past + T) with 0 on padding."""
+        return self.decoder(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+
+
+class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationMixin):
+    """Next-token prediction with a vocabulary projection tied to the input embedding."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+
+    def __init__(self, config: CoreformerDecoderConfig):
+        super().__init__(config)
+        self.model = CoreformerDecoderModel(config)
+        self.lm_head_transform, self.lm_head = build_lm_head(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """
+        labels: (B, T) the input ids themselves (shifted inside the loss), -100 where no loss is taken.
+        logits_to_keep: compute logits for the last N positions only (generation needs just the last one).
+        """
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        if self.lm_head_transform is not None:
+            hidden_states = self.lm_head_transform(hidden_states)
+        logits = self.lm_head(hidden_states)  # (B, T_kept, vocab)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class CoreformerDecoderForSequenceClassification(CoreformerDecoderPreTrainedModel, CoreformerSequenceClassifier):
+    """Classifies the sequence from its last non-padding token."""
+
+    base_model_class = CoreformerDecoderModel
+    pool_last_token = True
+
+
+class CoreformerDecoderForTokenClassification(CoreformerDecoderPreTrainedModel, CoreformerTokenClassifier):
+    """A label for every token, each seeing only its left context."""
+
+    base_model_class = CoreformerDecoderModel

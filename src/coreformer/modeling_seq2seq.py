@@ -1,0 +1,262 @@
+"""BART-style encoder-decoder family: an encoder stack and a cross-attending decoder stack over one shared embedding.
+
+input_ids ─> shared ─> encoder stack (bidirectional) ─────────────┐ encoder_hidden_states
+decoder_input_ids ─> shared ─> decoder stack (causal + cross-attn) ┴─> last_hidden_state ─> lm_head
+
+CoreformerSeq2SeqModel                        decoder last_hidden_state + encoder outputs + cache
+CoreformerSeq2SeqForConditionalGeneration     vocabulary logits; generate() via GenerationMixin
+CoreformerSeq2SeqForSequenceClassification    decoder state at the last eos token -> ClassificationHead
+"""
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers.cache_utils import Cache
+from transformers.loss.loss_utils import ForMaskedLMLoss
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+    Seq2SeqSequenceClassifierOutput,
+)
+from transformers.utils import can_return_tuple
+
+from .configuration_coreformer import CoreformerSeq2SeqConfig
+from .modeling_base import ClassificationHead, CoreformerPreTrainedModel, CoreformerStack, build_lm_head
+
+
+def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher forcing: decoder inputs are the targets moved one step right behind the start token, -100 -> pad."""
+    if pad_token_id is None:
+        raise ValueError("Shifting labels into decoder inputs needs config.pad_token_id (to replace -100).")
+    shifted = input_ids.new_full(input_ids.shape, decoder_start_token_id)
+    shifted[:, 1:] = input_ids[:, :-1]
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class CoreformerSeq2SeqPreTrainedModel(CoreformerPreTrainedModel):
+    config_class = CoreformerSeq2SeqConfig
+    config: CoreformerSeq2SeqConfig
+
+
+class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
+    """Encoder stack + decoder stack with cross-attention, both reading the one `shared` embedding."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: CoreformerSeq2SeqConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.encoder = CoreformerStack(config, config.encoder_layers, self.shared, is_causal=False)
+        self.decoder = CoreformerStack(config, config.decoder_layers, self.shared, is_causal=True, cross_attention=True)
+        self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        # transformers drops every tie when tie_word_embeddings=False; that flag is about lm_head only here, the
+        # encoder and decoder always read the one shared embedding.
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return dict(self._tied_weights_keys)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        """
+        Args:
+            input_ids / inputs_embeds: the source, (B, S); skipped when `encoder_outputs` are given (generation).
+            attention_mask: (B, S) source padding mask, used by the encoder and by cross-attention.
+            decoder_input_ids / decoder_inputs_embeds: the target prefix, (B, T); default: input_ids shifted right
+                (BART's denoising setup).
+            decoder_attention_mask: (B, past + T) target padding mask.
+        """
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("Pass decoder_input_ids (or decoder_inputs_embeds), or input_ids to shift into them.")
+            decoder_input_ids = shift_tokens_right(
+                input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
+            )
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                **kwargs,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        decoder_outputs = self.decoder(
+            decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            inputs_embeds=decoder_inputs_embeds,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel, GenerationMixin):
+    """Sequence-to-sequence generation (summarisation, translation, denoising) with a tied vocabulary projection."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: CoreformerSeq2SeqConfig):
+        super().__init__(config)
+        self.model = CoreformerSeq2SeqModel(config)
+        self.lm_head_transform, self.lm_head = build_lm_head(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        """labels: (B, T) target ids, -100 where no loss is taken. Decoder inputs default to labels shifted right,
+        so logits[:, t] already predicts labels[:, t]: the loss is taken without a second shift."""
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        if self.lm_head_transform is not None:
+            hidden_states = self.lm_head_transform(hidden_states)
+        logits = self.lm_head(hidden_states)  # (B, T, vocab)
+        loss = None
+        if labels is not None:
+            loss = ForMaskedLMLoss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+class CoreformerSeq2SeqForSequenceClassification(CoreformerSeq2SeqPreTrainedModel):
+    """Classifies from the decoder state at each row's last eos token, as BART does."""
+
+    def __init__(self, config: CoreformerSeq2SeqConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = CoreformerSeq2SeqModel(config)
+        self.classifier = ClassificationHead(config, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs,
+    ) -> Seq2SeqSequenceClassifierOutput:
+        """input_ids (B, S) must contain config.eos_token_id in every row; labels as for any sequence classifier."""
+        if input_ids is None:
+            raise ValueError("Seq2seq classification pools at the eos token of input_ids: pass input_ids.")
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=False,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        eos_id = self.config.eos_token_id
+        eos_mask = torch.isin(input_ids, torch.tensor(eos_id, device=input_ids.device)).to(hidden_states.device)
+        if not eos_mask.any(dim=-1).all():
+            raise ValueError(f"Every input row needs an eos token ({eos_id}) to pool at; add it when tokenizing.")
+        positions = torch.arange(input_ids.shape[-1], device=hidden_states.device)
+        last_eos = (positions * eos_mask).argmax(-1)  # (B,)
+        pooled = hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), last_eos]
+        logits = self.classifier(pooled)  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
+        return Seq2SeqSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
