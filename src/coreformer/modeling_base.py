@@ -46,6 +46,12 @@ class CoreformerPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_compile_fullgraph = True
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() refuses caches to any class whose name contains "reformer" (meant for Reformer) -- and
+        # "coreformer" does. Without this, generate() silently ignores cache_implementation="static".
+        return True
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)  # normal(initializer_range) linears/embeddings, unit norms, zero biases
