@@ -184,7 +184,7 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         logits = self.lm_head(hidden_states)  # (B, T, vocab)
         loss = None
         if labels is not None:
-            loss = ForMaskedLMLoss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = ForMaskedLMLoss(logits, labels.contiguous(), vocab_size=self.config.vocab_size, **kwargs)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -239,6 +239,11 @@ class CoreformerSeq2SeqForSequenceClassification(CoreformerSeq2SeqPreTrainedMode
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
+        if hidden_states.shape[1] != input_ids.shape[1]:
+            raise ValueError(
+                "The classifier reads the decoder at the eos positions of input_ids, so decoder inputs must align with "
+                "input_ids: leave decoder_input_ids unset (they default to input_ids shifted right)."
+            )
         eos_id = self.config.eos_token_id
         eos_mask = torch.isin(input_ids, torch.tensor(eos_id, device=input_ids.device)).to(hidden_states.device)
         if not eos_mask.any(dim=-1).all():

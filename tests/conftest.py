@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny configs for each family (hidden 32, 2 layers, 4 heads), offline Hub, fixed seeds."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import coreformer as cf  # noqa: E402
+
+VOCAB = 99
+PAD, BOS, EOS = 0, 1, 2
+
+FAMILIES = {
+    "encoder": (cf.CoreformerEncoderConfig, cf.CoreformerEncoderModel),
+    "decoder": (cf.CoreformerDecoderConfig, cf.CoreformerDecoderModel),
+    "seq2seq": (cf.CoreformerSeq2SeqConfig, cf.CoreformerSeq2SeqModel),
+}
+
+# Block options every family must support: the core is configured, never subclassed.
+VARIANTS = {
+    "default": {},
+    "rotary_rmsnorm_swiglu_gqa": dict(
+        position_embedding_type="rotary",
+        norm_type="rmsnorm",
+        norm_position="pre",
+        hidden_act="silu",
+        gated_mlp=True,
+        num_key_value_heads=2,
+        attention_bias=False,
+        mlp_bias=False,
+    ),
+    "sinusoidal_prenorm": dict(position_embedding_type="sinusoidal", norm_position="pre"),
+    "no_positions_mqa": dict(position_embedding_type="none", num_key_value_heads=1),
+}
+
+
+def tiny_config(family: str, **overrides):
+    """A tiny config of `family` with dropout off, so outputs are deterministic."""
+    config_class = FAMILIES[family][0]
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+    if family == "seq2seq":
+        fields.update(encoder_layers=2, decoder_layers=2, decoder_start_token_id=EOS)
+    else:
+        fields.update(num_hidden_layers=2)
+    fields.update(overrides)
+    return config_class(**fields)
+
+
+def tiny_model(model_class, family: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    return model_class(tiny_config(family, **overrides)).eval()
+
+
+def padded_batch(batch: int = 3, length: int = 10, left: bool = False, seed: int = 0):
+    """Random ids (no special tokens) with rows of decreasing length padded with PAD; returns (ids, mask)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=generator)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for row in range(1, batch):
+        pad = min(2 * row, length - 1)
+        if left:
+            mask[row, :pad] = 0
+        else:
+            mask[row, length - pad :] = 0
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+@pytest.fixture(params=list(FAMILIES))
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(params=list(VARIANTS))
+def variant(request) -> dict:
+    return VARIANTS[request.param]

@@ -1,0 +1,158 @@
+"""The attention core: backends agree, the family is chosen by is_causal / keys-values source, caches behave."""
+
+import pytest
+import torch
+from conftest import FAMILIES, PAD, VARIANTS, VOCAB, padded_batch, tiny_config, tiny_model
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+import coreformer as cf
+from coreformer.attention import Attention, eager_attention_forward, repeat_kv
+
+
+def _flex_runs() -> bool:
+    try:
+        model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+        model.set_attn_implementation("flex_attention")
+        with torch.no_grad():  # torch's flex_attention has no CPU backward; inference is what we compare
+            model(torch.randint(3, VOCAB, (1, 4)))
+        return True
+    except Exception:  # flex_attention needs a torch build with a working compiler for this device
+        return False
+
+
+FLEX = _flex_runs()
+
+
+def _forward(model, ids, mask, family):
+    with torch.no_grad():
+        if family == "seq2seq":
+            decoder_ids, decoder_mask = padded_batch(ids.shape[0], 7, seed=1)
+            return model(
+                ids, attention_mask=mask, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask
+            ).last_hidden_state, decoder_mask
+        return model(ids, attention_mask=mask).last_hidden_state, mask
+
+
+def _assert_backend_matches_eager(family: str, backend: str, variant: dict) -> None:
+    model = tiny_model(FAMILIES[family][1], family, **variant)
+    ids, mask = padded_batch(left=family == "decoder")
+    model.set_attn_implementation("eager")
+    reference, out_mask = _forward(model, ids, mask, family)
+    model.set_attn_implementation(backend)
+    output, _ = _forward(model, ids, mask, family)
+    real = out_mask.bool()  # padded query positions are undefined: compare real tokens only
+    torch.testing.assert_close(output[real], reference[real], atol=1e-5, rtol=0)
+
+
+def test_sdpa_matches_eager_with_padding(family, variant):
+    _assert_backend_matches_eager(family, "sdpa", variant)
+
+
+@pytest.mark.skipif(not FLEX, reason="flex_attention does not run with this torch build on this CPU")
+@pytest.mark.parametrize("variant_name", ["default", "rotary_rmsnorm_swiglu_gqa"])
+def test_flex_attention_matches_eager_with_padding(family, variant_name):
+    # Each flex configuration compiles a kernel (seconds on CPU): two variants cover both position paths.
+    _assert_backend_matches_eager(family, "flex_attention", VARIANTS[variant_name])
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_encoder_is_bidirectional(backend):
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+    model.set_attn_implementation(backend)
+    ids = torch.randint(3, VOCAB, (1, 8))
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1 - 3) % (VOCAB - 3) + 3
+    with torch.no_grad():
+        before, after = model(ids).last_hidden_state, model(changed).last_hidden_state
+    assert (before[0, 0] - after[0, 0]).abs().max() > 1e-4, "a later token must change earlier encoder outputs"
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_decoder_is_causal(backend):
+    model = tiny_model(cf.CoreformerDecoderModel, "decoder")
+    model.set_attn_implementation(backend)
+    ids = torch.randint(3, VOCAB, (1, 8))
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1 - 3) % (VOCAB - 3) + 3
+    with torch.no_grad():
+        before, after = model(ids).last_hidden_state, model(changed).last_hidden_state
+    torch.testing.assert_close(before[0, :-1], after[0, :-1], atol=0, rtol=0)
+    assert (before[0, -1] - after[0, -1]).abs().max() > 1e-4
+
+
+def test_every_attention_module_declares_its_causality():
+    seq2seq = tiny_model(cf.CoreformerSeq2SeqModel, "seq2seq")
+    for block in seq2seq.encoder.layers:
+        assert block.self_attn.is_causal is False
+    for block in seq2seq.decoder.layers:
+        assert block.self_attn.is_causal is True
+        assert block.cross_attn.is_causal is False and block.cross_attn.is_cross_attention
+    assert all(type(m) is Attention for m in seq2seq.modules() if isinstance(m, Attention))
+
+
+def test_cross_attention_cannot_be_causal():
+    with pytest.raises(ValueError, match="cannot be causal"):
+        Attention(tiny_config("seq2seq"), 0, is_causal=True, is_cross_attention=True)
+
+
+def test_grouped_query_attention_equals_repeated_heads():
+    config = tiny_config("decoder", num_key_value_heads=2)
+    attention = Attention(config, 0, is_causal=False).eval()
+    query = torch.randn(2, 4, 5, 8)
+    key, value = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    grouped, _ = eager_attention_forward(attention, query, key, value, None, scaling=8**-0.5)
+    expected = torch.softmax(query @ repeat_kv(key, 2).transpose(2, 3) / 8**0.5, dim=-1) @ repeat_kv(value, 2)
+    torch.testing.assert_close(grouped, expected.transpose(1, 2), atol=1e-6, rtol=0)
+
+
+def test_eager_returns_probabilities_that_sum_to_one_and_ignore_padding():
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", attn_implementation="eager")
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        attentions = model(ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(attentions) == 2 and attentions[0].shape == (3, 4, 10, 10)
+    torch.testing.assert_close(attentions[0].sum(-1), torch.ones(3, 4, 10))
+    padded_keys = (mask == 0)[:, None, None, :].expand_as(attentions[0])
+    assert attentions[0][padded_keys].abs().max() == 0
+
+
+def test_output_attentions_under_sdpa_names_the_fix():
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        model(torch.randint(3, VOCAB, (1, 4)), output_attentions=True)
+
+
+def test_cross_attention_keys_are_computed_once_per_generation():
+    model = tiny_model(cf.CoreformerSeq2SeqModel, "seq2seq")
+    ids, mask = padded_batch()
+    calls = []
+    model.decoder.layers[0].cross_attn.k_proj.register_forward_hook(lambda *args: calls.append(1))
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    decoder_ids = torch.full((3, 1), 2)
+    with torch.no_grad():
+        encoder_outputs = model.encoder(ids, attention_mask=mask)
+        for _ in range(4):
+            out = model(
+                attention_mask=mask,
+                encoder_outputs=encoder_outputs,
+                decoder_input_ids=decoder_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+    assert len(calls) == 1
+    assert cache.cross_attention_cache.get_seq_length() == ids.shape[1]
+    assert cache.self_attention_cache.get_seq_length() == 4
+
+
+def test_padding_token_rows_do_not_leak_into_real_tokens():
+    # A padded row must give the same real-token outputs as the same row alone without padding.
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+    ids, mask = padded_batch()
+    length = int(mask[2].sum())
+    with torch.no_grad():
+        batched = model(ids, attention_mask=mask).last_hidden_state[2, :length]
+        alone = model(ids[2:, :length]).last_hidden_state[0]
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
+    assert PAD not in ids[2, :length]
