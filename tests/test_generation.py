@@ -1,0 +1,128 @@
+"""Caches and generate(): incremental decoding equals a full forward; every decoding mode agrees with the reference."""
+
+import pytest
+import torch
+from conftest import PAD, VARIANTS, VOCAB, padded_batch, tiny_model
+from transformers.cache_utils import DynamicCache, StaticCache
+
+import coreformer as cf
+
+
+def _greedy(model, ids, mask, **kwargs):
+    # min_new_tokens keeps random weights from stopping at eos on step one, which would make every mode agree.
+    return model.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("variant_name", list(VARIANTS))
+def test_decoder_incremental_decoding_equals_full_forward(variant_name):
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **VARIANTS[variant_name])
+    ids, mask = padded_batch(left=True)
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        out = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(6, ids.shape[1]):
+            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=0)
+
+
+def test_seq2seq_incremental_decoding_equals_full_forward():
+    model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq")
+    ids, mask = padded_batch()
+    target = torch.randint(3, VOCAB, (3, 7))
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask, decoder_input_ids=target).logits
+        encoder_outputs = model.get_encoder()(ids, attention_mask=mask)
+        cache, steps = None, []
+        for t in range(target.shape[1]):
+            out = model(
+                attention_mask=mask,
+                encoder_outputs=encoder_outputs,
+                decoder_input_ids=target[:, t : t + 1],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            steps.append(out.logits)
+            cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("family", "head", "left"),
+    [("decoder", cf.CoreformerDecoderForCausalLM, True), ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False)],
+)
+def test_greedy_decoding_is_the_same_with_dynamic_static_and_no_cache(family, head, left):
+    model = tiny_model(head, family, position_embedding_type="rotary") if family == "decoder" else tiny_model(head, family)
+    ids, mask = padded_batch(left=left)
+    reference = _greedy(model, ids, mask, use_cache=False)
+    assert torch.equal(_greedy(model, ids, mask), reference)
+    assert torch.equal(_greedy(model, ids, mask, cache_implementation="static"), reference)
+    if family == "decoder":
+        static = StaticCache(config=model.config, max_cache_len=32)
+        assert torch.equal(_greedy(model, ids, mask, past_key_values=static), reference)
+
+
+@pytest.mark.parametrize(
+    ("family", "head", "left"),
+    [("decoder", cf.CoreformerDecoderForCausalLM, True), ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False)],
+)
+def test_batched_generation_with_padding_equals_one_row_at_a_time(family, head, left):
+    model = tiny_model(head, family)
+    ids, mask = padded_batch(left=left)
+    batched = _greedy(model, ids, mask)
+    for row in range(ids.shape[0]):
+        real = mask[row].bool()
+        alone = _greedy(model, ids[row : row + 1, real], mask[row : row + 1, real])
+        new_batched = batched[row, -8:]
+        assert torch.equal(alone[0, -8:], new_batched), row
+
+
+@pytest.mark.parametrize(
+    ("family", "head", "left"),
+    [("decoder", cf.CoreformerDecoderForCausalLM, True), ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False)],
+)
+def test_beam_search_sampling_and_assisted_decoding_run(family, head, left):
+    model = tiny_model(head, family)
+    ids, mask = padded_batch(left=left)
+    beams = model.generate(ids, attention_mask=mask, max_new_tokens=6, num_beams=4, num_return_sequences=2)
+    assert beams.shape[0] == 6
+    torch.manual_seed(0)
+    sampled = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=10)
+    torch.manual_seed(0)
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=10), sampled)
+    # Assisted decoding with the model as its own assistant must reproduce plain greedy decoding exactly.
+    one_ids, one_mask = ids[:1], mask[:1]
+    assisted = _greedy(model, one_ids, one_mask, assistant_model=model)
+    assert torch.equal(assisted, _greedy(model, one_ids, one_mask))
+
+
+def test_generation_stops_each_row_at_eos_and_pads_it():
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder")
+    ids, mask = padded_batch(left=True)
+    free = _greedy(model, ids, mask)[:, ids.shape[1] :]
+    eos = int(free[0, 0])  # make row 0's first new token the eos
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+    new = out[:, ids.shape[1] :]
+    for row in range(ids.shape[0]):
+        hits = (free[row] == eos).nonzero()
+        stop = int(hits[0]) + 1 if len(hits) else free.shape[1]
+        assert torch.equal(new[row, :stop], free[row, :stop])
+        assert (new[row, stop:] == PAD).all()
+
+
+def test_dynamic_cache_keeps_one_entry_per_layer_and_token():
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder")
+    ids = torch.randint(3, VOCAB, (2, 5))
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+    assert len(cache.layers) == 2 and cache.get_seq_length() == 5
+    assert cache.layers[0].keys.shape == (2, 4, 5, 8)  # (B, H_kv, T, D)
+
+
+def test_training_never_builds_a_cache():
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder").train()
+    ids = torch.randint(3, VOCAB, (2, 5))
+    assert model(ids, labels=ids).past_key_values is None
