@@ -53,6 +53,12 @@ MAIN_HEAD = {
 }
 
 
+# Reloaded weights are bitwise equal, and so are the outputs of every head but one: the multiple-choice scorer is a
+# 1-wide projection whose GEMV kernel depends on the memory alignment of the (memory-mapped) weights and may round the
+# last bit differently. So outputs are compared at 1e-6, far below any real difference.
+REPRODUCTION_ATOL = 1e-6
+
+
 def _inputs_for(head, ids, mask):
     if head is cf.CoreformerEncoderForMultipleChoice:  # (B, T) -> (B, 2 choices, T)
         return ids[:, None].repeat(1, 2, 1), mask[:, None].repeat(1, 2, 1)
@@ -76,7 +82,11 @@ def test_save_then_auto_load_gives_identical_outputs_for_every_head(family, tmp_
         reloaded = auto_class.from_pretrained(folder)
         assert type(reloaded) is head
         inputs = _inputs_for(head, ids, mask)
-        torch.testing.assert_close(_first_output(reloaded, *inputs), _first_output(model, *inputs), atol=0, rtol=0)
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(reloaded.state_dict()[name], tensor), name
+        torch.testing.assert_close(
+            _first_output(reloaded, *inputs), _first_output(model, *inputs), atol=REPRODUCTION_ATOL, rtol=0
+        )
 
 
 def test_saved_folder_has_safetensors_code_and_every_auto_class(family, tmp_path):
@@ -124,10 +134,8 @@ CHILD = textwrap.dedent(
         with torch.no_grad():
             output = model(input_ids=case["ids"], attention_mask=case["mask"])
         logits = output.to_tuple()[0]
-        # Bitwise equal in practice; a 1-wide projection (multiple choice) may take another SIMD path in a new
-        # process and round differently in the last bit, hence 1e-6 rather than 0.
         difference = (logits - case["logits"]).abs().max().item()
-        assert difference <= 1e-6, (case["folder"], difference)
+        assert difference <= float(sys.argv[2]), (case["folder"], difference)
         if "generated" in case:
             generated = model.generate(case["ids"], attention_mask=case["mask"], max_new_tokens=6, min_new_tokens=6,
                                        do_sample=False)
@@ -159,7 +167,7 @@ def test_remote_code_load_without_coreformer_matches_logits_and_generation(tmp_p
     torch.save(cases, tmp_path / "cases.pt")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     result = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env, cwd=tmp_path
+        [sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(REPRODUCTION_ATOL)], capture_output=True, text=True, env=env, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"remote-code loads: {len(cases)}" in result.stdout
