@@ -51,10 +51,15 @@ def test_seq2seq_incremental_decoding_equals_full_forward():
 
 @pytest.mark.parametrize(
     ("family", "head", "left"),
-    [("decoder", cf.CoreformerDecoderForCausalLM, True), ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False)],
+    [
+        ("decoder", cf.CoreformerDecoderForCausalLM, True),
+        ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False),
+    ],
 )
 def test_greedy_decoding_is_the_same_with_dynamic_static_and_no_cache(family, head, left):
-    model = tiny_model(head, family, position_embedding_type="rotary") if family == "decoder" else tiny_model(head, family)
+    model = (
+        tiny_model(head, family, position_embedding_type="rotary") if family == "decoder" else tiny_model(head, family)
+    )
     ids, mask = padded_batch(left=left)
     reference = _greedy(model, ids, mask, use_cache=False)
     assert torch.equal(_greedy(model, ids, mask), reference)
@@ -66,7 +71,10 @@ def test_greedy_decoding_is_the_same_with_dynamic_static_and_no_cache(family, he
 
 @pytest.mark.parametrize(
     ("family", "head", "left"),
-    [("decoder", cf.CoreformerDecoderForCausalLM, True), ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False)],
+    [
+        ("decoder", cf.CoreformerDecoderForCausalLM, True),
+        ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False),
+    ],
 )
 def test_batched_generation_with_padding_equals_one_row_at_a_time(family, head, left):
     model = tiny_model(head, family)
@@ -81,7 +89,10 @@ def test_batched_generation_with_padding_equals_one_row_at_a_time(family, head, 
 
 @pytest.mark.parametrize(
     ("family", "head", "left"),
-    [("decoder", cf.CoreformerDecoderForCausalLM, True), ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False)],
+    [
+        ("decoder", cf.CoreformerDecoderForCausalLM, True),
+        ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False),
+    ],
 )
 def test_beam_search_sampling_and_assisted_decoding_run(family, head, left):
     model = tiny_model(head, family)
@@ -103,7 +114,9 @@ def test_generation_stops_each_row_at_eos_and_pads_it():
     ids, mask = padded_batch(left=True)
     free = _greedy(model, ids, mask)[:, ids.shape[1] :]
     eos = int(free[0, 0])  # make row 0's first new token the eos
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=PAD
+    )
     new = out[:, ids.shape[1] :]
     for row in range(ids.shape[0]):
         hits = (free[row] == eos).nonzero()
@@ -126,3 +139,22 @@ def test_training_never_builds_a_cache():
     model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder").train()
     ids = torch.randint(3, VOCAB, (2, 5))
     assert model(ids, labels=ids).past_key_values is None
+
+
+@pytest.mark.slow
+def test_static_cache_decode_step_compiles_with_fullgraph():
+    # torch.compile(fullgraph=True) fails on any graph break: the input checks (.item()) must step aside while
+    # compiling, and masks, positions and the cache update must all trace.
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary")
+    ids = torch.randint(3, VOCAB, (2, 6))
+    next_ids, positions = torch.randint(3, VOCAB, (2, 1)), torch.full((2, 1), 6)
+    logits = []
+    for compiled in (False, True):
+        cache = StaticCache(config=model.config, max_cache_len=16)
+        with torch.no_grad():
+            model(ids, past_key_values=cache, use_cache=True)
+            step = torch.compile(model.forward, fullgraph=True) if compiled else model.forward
+            logits.append(
+                step(input_ids=next_ids, position_ids=positions, past_key_values=cache, use_cache=True).logits
+            )
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)

@@ -94,7 +94,13 @@ def test_saved_folder_has_safetensors_code_and_every_auto_class(family, tmp_path
     tiny_model(head, family).save_pretrained(tmp_path)
     files = set(os.listdir(tmp_path))
     assert "model.safetensors" in files and not any(name.endswith(".bin") for name in files)
-    assert {"configuration_coreformer.py", "attention.py", "layers.py", "modeling_base.py", f"modeling_{family}.py"} <= files
+    assert {
+        "configuration_coreformer.py",
+        "attention.py",
+        "layers.py",
+        "modeling_base.py",
+        f"modeling_{family}.py",
+    } <= files
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     expected = {"AutoConfig"} | {auto.__name__ for auto in AUTO_CLASSES[family]}
     assert set(auto_map) == expected
@@ -158,16 +164,26 @@ def test_remote_code_load_without_coreformer_matches_logits_and_generation(tmp_p
             folder = tmp_path / f"{family}-{head.__name__}"
             model.save_pretrained(folder)
             head_ids, head_mask = _inputs_for(head, ids, mask)
-            case = dict(auto_class=auto_class.__name__, folder=str(folder), ids=head_ids, mask=head_mask,
-                        logits=_first_output(model, head_ids, head_mask))
+            case = dict(
+                auto_class=auto_class.__name__,
+                folder=str(folder),
+                ids=head_ids,
+                mask=head_mask,
+                logits=_first_output(model, head_ids, head_mask),
+            )
             if head is GENERATIVE.get(family):
-                case["generated"] = model.generate(ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
-                                                   do_sample=False)
+                case["generated"] = model.generate(
+                    ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False
+                )
             cases.append(case)
     torch.save(cases, tmp_path / "cases.pt")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     result = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(REPRODUCTION_ATOL)], capture_output=True, text=True, env=env, cwd=tmp_path
+        [sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(REPRODUCTION_ATOL)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"remote-code loads: {len(cases)}" in result.stdout

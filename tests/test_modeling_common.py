@@ -14,7 +14,9 @@ def _inputs(family: str, batch: int = 3, length: int = 10, head=None) -> dict:
         return dict(input_ids=ids, attention_mask=torch.ones_like(mask))
     if family == "seq2seq":
         decoder_ids, decoder_mask = padded_batch(batch, 6, seed=1)
-        return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask)
+        return dict(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask
+        )
     return dict(input_ids=ids, attention_mask=mask)
 
 
@@ -82,7 +84,9 @@ def test_multiple_choice_scores_every_choice():
 def test_question_answering_gives_start_and_end_logits():
     model = tiny_model(cf.CoreformerEncoderForQuestionAnswering, "encoder")
     ids, mask = padded_batch()
-    output = model(ids, attention_mask=mask, start_positions=torch.tensor([1, 2, 3]), end_positions=torch.tensor([2, 4, 5]))
+    output = model(
+        ids, attention_mask=mask, start_positions=torch.tensor([1, 2, 3]), end_positions=torch.tensor([2, 4, 5])
+    )
     assert output.start_logits.shape == output.end_logits.shape == (3, 10)
     assert torch.isfinite(output.loss)
 
@@ -111,7 +115,9 @@ def test_return_dict_false_returns_a_tuple(family, head, make_labels, shape):
 
 
 def test_hidden_states_and_attentions_have_one_entry_per_layer(family):
-    head = {"encoder": cf.CoreformerEncoderModel, "decoder": cf.CoreformerDecoderModel}.get(family, cf.CoreformerSeq2SeqModel)
+    head = {"encoder": cf.CoreformerEncoderModel, "decoder": cf.CoreformerDecoderModel}.get(
+        family, cf.CoreformerSeq2SeqModel
+    )
     model = tiny_model(head, family, attn_implementation="eager")
     with torch.no_grad():
         output = model(**_inputs(family), output_hidden_states=True, output_attentions=True)
@@ -198,7 +204,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(family, head):
 
 
 def test_bad_inputs_get_one_clear_error(family):
-    head = {"encoder": cf.CoreformerEncoderModel, "decoder": cf.CoreformerDecoderModel}.get(family, cf.CoreformerSeq2SeqModel)
+    head = {"encoder": cf.CoreformerEncoderModel, "decoder": cf.CoreformerDecoderModel}.get(
+        family, cf.CoreformerSeq2SeqModel
+    )
     model = tiny_model(head, family)
     inputs = _inputs(family)
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -208,8 +216,11 @@ def test_bad_inputs_get_one_clear_error(family):
         model(**dict(inputs, input_ids=too_long, attention_mask=None))
     with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
         stack = model.encoder if family != "decoder" else model.decoder
-        stack(input_ids=inputs["input_ids"], inputs_embeds=torch.zeros(3, 10, 32), **(
-            {"encoder_hidden_states": torch.zeros(3, 10, 32)} if family == "seq2seq" else {}))
+        stack(
+            input_ids=inputs["input_ids"],
+            inputs_embeds=torch.zeros(3, 10, 32),
+            **({"encoder_hidden_states": torch.zeros(3, 10, 32)} if family == "seq2seq" else {}),
+        )
     with pytest.raises(ValueError, match="attention_mask has shape"):
         model(**dict(inputs, attention_mask=inputs["attention_mask"][:, :-1]))
 

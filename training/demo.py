@@ -18,7 +18,9 @@ TINY = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, intermediate_
 def build(family: str) -> tuple[torch.nn.Module, type]:
     torch.manual_seed(0)
     if family == "encoder":
-        return cf.CoreformerEncoderForMaskedLM(cf.CoreformerEncoderConfig(num_hidden_layers=2, **TINY)), AutoModelForMaskedLM
+        return cf.CoreformerEncoderForMaskedLM(
+            cf.CoreformerEncoderConfig(num_hidden_layers=2, **TINY)
+        ), AutoModelForMaskedLM
     if family == "decoder":
         config = cf.CoreformerDecoderConfig(num_hidden_layers=2, position_embedding_type="rotary", **TINY)
         return cf.CoreformerDecoderForCausalLM(config), AutoModelForCausalLM
