@@ -23,6 +23,7 @@ from .configuration_coreformer import (
     CoreformerEncoderConfig,
     CoreformerSeq2SeqConfig,
 )
+from .conversion import convert_from_hf
 from .modeling_decoder import (
     CoreformerDecoderForCausalLM,
     CoreformerDecoderForSequenceClassification,
@@ -92,4 +93,5 @@ __all__ = [
     "CoreformerSeq2SeqModel",
     "CoreformerSeq2SeqForConditionalGeneration",
     "CoreformerSeq2SeqForSequenceClassification",
+    "convert_from_hf",
 ]

