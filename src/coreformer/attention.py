@@ -8,13 +8,24 @@
 The family is chosen by `is_causal` and by where keys/values come from, never by a subclass. The score computation
 is dispatched through transformers' `ALL_ATTENTION_FUNCTIONS` (sdpa, flex_attention, flash_attention_2, ...) with
 `eager_attention_forward` below as the reference that also returns the attention probabilities.
+
+Each layer also has a type (`config.layer_types`). "full", "sliding" and "strided" differ only in the mask the stack
+builds for them; "lowrank" (Linformer) projects keys/values along the sequence before the same dispatch; "linear"
+replaces softmax by a kernel feature map (`linear_attention`), with `LinearAttentionStateLayer` as its cache.
 """
 
+import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.cache_utils import (
+    DYNAMIC_LAYER_TYPE_MAPPING,
+    STATIC_LAYER_TYPE_MAPPING,
+    Cache,
+    CacheLayerMixin,
+    EncoderDecoderCache,
+)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_coreformer import CoreformerConfig
@@ -77,6 +88,126 @@ def apply_rotary(
     return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
 
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1: a positive feature map (Katharopoulos et al. 2020, sec. 3.2.1)."""
+    return nn.functional.elu(x) + 1
+
+
+def performer_feature_map(x: torch.Tensor, projection: torch.Tensor, is_query: bool) -> torch.Tensor:
+    """FAVOR+ positive random features (Choromanski et al. 2021, Lemma 1): φ(x) = exp(Wx - |x|²/2) / √m, so that
+    E[φ(q)·φ(k)] = exp(q·k / √d) once q and k are scaled by d^-1/4. x: (B, H, T, D), projection: (D, m)."""
+    x = x * x.shape[-1] ** -0.25
+    logits = x @ projection - x.pow(2).sum(-1, keepdim=True) / 2  # (B, H, T, m)
+    if is_query:
+        # A per-query constant cancels between numerator and normaliser: subtract the max for a safe exp. Keys get
+        # none, since a data-dependent key constant would change between cached decoding steps.
+        logits = logits - logits.amax(-1, keepdim=True).detach()
+    return torch.exp(logits) / math.sqrt(projection.shape[-1])
+
+
+def linear_attention(
+    query_features: torch.Tensor,
+    key_features: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    causal: bool,
+    state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernelised attention φ(Q) (φ(K)ᵀ V) / φ(Q) Σφ(K) in O(L) (Katharopoulos et al. 2020, eq. 4-6).
+
+    Values carry an extra column of ones, so one product gives both the numerator and the normaliser. Causal
+    attention scans chunks: exact quadratic attention inside a chunk, plus the running state Σ φ(k) [v, 1]ᵀ of all
+    earlier chunks (eq. 9-10), which is also what the cache keeps for O(1) decoding.
+
+    Args:
+        query_features, key_features: (B, H, T, m) feature-mapped queries/keys (padding keys already zeroed).
+        value: (B, H, T, D).
+        state: (B, H, m, D + 1) running state from earlier tokens (causal decoding), or None.
+
+    Returns:
+        output (B, T, H, D) and the state after these tokens, (B, H, m, D + 1).
+    """
+    dtype = value.dtype
+    # Sums over thousands of positions: accumulate in fp32 whatever the compute dtype.
+    query_features, key_features = query_features.float(), key_features.float()
+    value = torch.cat([value.float(), value.new_ones(*value.shape[:-1], 1, dtype=torch.float32)], dim=-1)
+    batch, heads, length, features = key_features.shape
+    if state is None:
+        state = value.new_zeros(batch, heads, features, value.shape[-1])
+    if not causal:
+        state = state + key_features.transpose(-2, -1) @ value  # (B, H, m, D + 1)
+        output = query_features @ state
+    else:
+        outputs = []
+        for start in range(0, length, chunk_size):
+            q = query_features[:, :, start : start + chunk_size]
+            k = key_features[:, :, start : start + chunk_size]
+            v = value[:, :, start : start + chunk_size]
+            within = torch.tril(q @ k.transpose(-2, -1))  # (B, H, c, c): causal inside the chunk
+            outputs.append(within @ v + q @ state)
+            state = state + k.transpose(-2, -1) @ v
+        output = torch.cat(outputs, dim=2)
+    numerator, normaliser = output[..., :-1], output[..., -1:]
+    # A query that sees no key (padding) has normaliser 0: give it a zero output instead of NaN.
+    output = numerator / normaliser.clamp_min(1e-6)
+    return output.transpose(1, 2).to(dtype), state  # (B, T, H, D)
+
+
+class LinearAttentionStateLayer(CacheLayerMixin):
+    """Cache of a "linear" layer: the running state Σ φ(k) [v, 1]ᵀ (B, H, m, D + 1) and the tokens it has seen.
+
+    Registered under the layer type "coreformer_linear_attention", which the config's `get_text_config` hands to
+    transformers, so `DynamicCache(config=...)`, `StaticCache(config=...)` and generate() build it themselves.
+    """
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.state: torch.Tensor | None = None
+        self.num_tokens = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise TypeError("a linear-attention layer caches a running state, not keys and values")
+
+    def update_state(self, state: torch.Tensor, num_new_tokens: int) -> None:
+        self.state, self.is_initialized = state, True
+        self.num_tokens += num_new_tokens
+
+    def get_seq_length(self) -> int:
+        return self.num_tokens
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.num_tokens + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.state, self.num_tokens, self.is_initialized = None, 0, False
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.state is not None:
+            self.state = self.state.index_select(0, beam_idx.to(self.state.device))
+
+    def offload(self) -> None:
+        if self.state is not None:
+            self.state = self.state.to("cpu", non_blocking=True)
+
+    def prefetch(self) -> None:
+        pass
+
+
+# The same running state serves dynamic and static caches.
+DYNAMIC_LAYER_TYPE_MAPPING["coreformer_linear_attention"] = LinearAttentionStateLayer
+STATIC_LAYER_TYPE_MAPPING["coreformer_linear_attention"] = LinearAttentionStateLayer
+
+
 class Attention(nn.Module):
     """Multi-head (optionally grouped-query) scaled dot-product attention.
 
@@ -84,10 +215,20 @@ class Attention(nn.Module):
     cross-attention: attn(x, key_value_states=encoder_out, attention_mask=m)
     """
 
-    def __init__(self, config: CoreformerConfig, layer_idx: int, *, is_causal: bool, is_cross_attention: bool = False):
+    def __init__(
+        self,
+        config: CoreformerConfig,
+        layer_idx: int,
+        *,
+        is_causal: bool,
+        is_cross_attention: bool = False,
+        layer_type: str = "full",
+    ):
         super().__init__()
         if is_causal and is_cross_attention:
             raise ValueError("cross-attention sees the whole encoder output: it cannot be causal")
+        if is_cross_attention and layer_type != "full":
+            raise ValueError("cross-attention is always full attention over the encoder output")
         self.config = config
         self.layer_idx = layer_idx
         # transformers' sdpa/flash paths read `module.is_causal`: an encoder left at True would silently turn causal.
@@ -106,6 +247,65 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
+        self.layer_type = layer_type
+        if layer_type == "lowrank":
+            # Linformer's E and F (Wang et al. 2020, eq. 7): length n = max_position_embeddings -> k rows.
+            self.k_seq_proj = nn.Linear(config.max_position_embeddings, config.lowrank_k, bias=False)
+            self.v_seq_proj = nn.Linear(config.max_position_embeddings, config.lowrank_k, bias=False)
+        if layer_type == "linear" and config.linear_feature_map == "performer":
+            # Random features are part of the function: a persistent buffer, saved with the weights.
+            self.register_buffer("random_features", torch.empty(self.head_dim, config.linear_num_features))
+
+    def draw_random_features(self) -> torch.Tensor:
+        """Orthogonal Gaussian features (Performer's ORF variant), (head_dim, m); drawn by `_init_weights`."""
+        features = self.random_features.shape[1]
+        num_blocks = -(-features // self.head_dim)
+        blocks = [torch.linalg.qr(torch.randn(self.head_dim, self.head_dim))[0] for _ in range(num_blocks)]
+        norms = torch.randn(features, self.head_dim).norm(dim=-1)  # chi-distributed row norms, as for Gaussian rows
+        return (torch.cat(blocks, dim=1)[:, :features] * norms).to(self.random_features.dtype)
+
+    def _features(self, states: torch.Tensor, is_query: bool) -> torch.Tensor:
+        if self.config.linear_feature_map == "performer":
+            return performer_feature_map(states.float(), self.random_features.float(), is_query)
+        return elu_feature_map(states)
+
+    def _project_sequence(
+        self, key: torch.Tensor, value: torch.Tensor, padding_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Linformer: (B, H, S, D) keys/values -> (B, H, k, D), mixing positions with E/F cut to the first S columns."""
+        length = key.shape[2]
+        if padding_mask is not None:
+            keep = padding_mask[:, None, :, None].to(key.dtype)  # padded positions must not leak into the rows
+            key, value = key * keep, value * keep
+        project_k = self.k_seq_proj.weight[:, :length].to(key.dtype)  # (k, S)
+        project_v = self.v_seq_proj.weight[:, :length].to(value.dtype)
+        return project_k @ key, project_v @ value  # (B, H, k, D)
+
+    def _linear_forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, padding_mask: torch.Tensor | None, cache
+    ) -> torch.Tensor:
+        key, value = repeat_kv(key, self.num_key_value_groups), repeat_kv(value, self.num_key_value_groups)
+        key_features = self._features(key, is_query=False)
+        if padding_mask is not None:
+            new_tokens = padding_mask[:, -key.shape[2] :]  # (B, T): the mask also covers cached tokens
+            key_features = key_features * new_tokens[:, None, :, None].to(key_features.dtype)
+        layer = cache.layers[self.layer_idx] if cache is not None and len(cache.layers) > self.layer_idx else None
+        if cache is not None and not isinstance(layer, LinearAttentionStateLayer):
+            raise ValueError(
+                "This layer is linear attention, which caches a running state: build the cache from the config "
+                "(DynamicCache(config=model.config) or StaticCache(config=model.config, ...)) or let generate() do it."
+            )
+        output, state = linear_attention(
+            self._features(query, is_query=True),
+            key_features,
+            value,
+            causal=self.is_causal,
+            state=layer.state if layer is not None else None,
+        )
+        if layer is not None:
+            layer.update_state(state, key.shape[2])
+        return output
+
     def _split_heads(self, states: torch.Tensor, projection: nn.Linear) -> torch.Tensor:
         """(B, T, hidden) -> (B, heads, T, head_dim)."""
         return projection(states).view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)
@@ -119,6 +319,13 @@ class Attention(nn.Module):
             # Only an EncoderDecoderCache has room for cross-attention; with any other cache, recompute each step.
             is_encoder_decoder_cache = isinstance(past_key_values, EncoderDecoderCache)
             cache = past_key_values.cross_attention_cache if is_encoder_decoder_cache else None
+            layer = cache.layers[self.layer_idx] if cache is not None and len(cache.layers) > self.layer_idx else None
+            if getattr(layer, "is_sliding", False) or isinstance(layer, LinearAttentionStateLayer):
+                raise ValueError(
+                    "The cross-attention cache must keep every encoder key, but this one is laid out like the "
+                    "decoder's sliding/linear layers. Pass EncoderDecoderCache(DynamicCache(config=...), "
+                    "DynamicCache())."
+                )
             if cache is not None and past_key_values.is_updated.get(self.layer_idx):
                 # The encoder output does not change while decoding: its keys/values were computed on step one.
                 layer = cache.layers[self.layer_idx]
@@ -141,7 +348,8 @@ class Attention(nn.Module):
         """
         Args:
             hidden_states: (B, T, hidden) queries (and keys/values for self-attention).
-            attention_mask: the mask built once per forward by the stack for the configured backend.
+            attention_mask: the mask built once per forward by the stack for this layer's type and the backend; for
+                "lowrank" and "linear" layers, the (B, S) boolean padding mask (or None).
             key_value_states: (B, S, hidden) encoder output for cross-attention.
             position_embeddings: rotary (cos, sin), each (B, T, head_dim); self-attention only.
             past_key_values: a `Cache` (an `EncoderDecoderCache` in seq2seq decoders) updated in place.
@@ -156,10 +364,16 @@ class Attention(nn.Module):
 
         if position_embeddings is not None and not self.is_cross_attention:
             query, key = apply_rotary(query, key, *position_embeddings)
+        if self.layer_type == "linear":
+            output = self._linear_forward(query, key, value, attention_mask, cache)
+            return self.o_proj(output.reshape(batch, q_len, -1)), None
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
             if self.is_cross_attention:
                 past_key_values.is_updated[self.layer_idx] = True
+        if self.layer_type == "lowrank":
+            key, value = self._project_sequence(key, value, attention_mask)
+            attention_mask = None  # the projected rows mix all (real) positions: nothing left to mask
 
         attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward

@@ -11,10 +11,23 @@ Field names follow transformers' standard names so that its utilities (masks, ca
 directly. Every value is checked in `__post_init__`; a bad value raises one `ValueError` naming the field and the fix.
 """
 
+import copy
+
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
+# Attention per layer (`layer_types`): see `CoreformerConfig` and attention.py.
+LAYER_TYPES = ("full", "sliding", "strided", "lowrank", "linear")
+LINEAR_FEATURE_MAPS = ("elu", "performer")
+# What transformers' caches must hold for each of our layer types (it reads `layer_types` itself, with its own names).
+CACHE_LAYER_TYPES = {
+    "full": "full_attention",
+    "sliding": "sliding_attention",
+    "strided": "full_attention",  # every key may be needed later: the stride pattern reaches back indefinitely
+    "lowrank": "full_attention",  # encoder-only, never cached
+    "linear": "coreformer_linear_attention",  # a running state, see LinearAttentionStateLayer in attention.py
+}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 
@@ -65,6 +78,22 @@ class CoreformerConfig(PreTrainedConfig):
         initializer_range: Standard deviation of the normal weight init.
         tie_word_embeddings: The LM head shares its weight with the input embedding.
         use_cache: Return a KV cache from causal forwards (inference only; training never builds one).
+        layer_types: Attention of each layer (one entry per layer; default all "full"); in the seq2seq config this is
+            the encoder's list and `decoder_layer_types` the decoder's:
+            "full"     softmax attention over every (unmasked) key;
+            "sliding"  band: each query sees the `sliding_window` tokens before it (and after it, in an encoder);
+                       cached decoding keeps only that window;
+            "strided"  Sparse Transformer strided pattern (Child et al. 2019): the `stride` tokens before (around)
+                       the query plus every `stride`-th token before (around) it;
+            "lowrank"  Linformer (Wang et al. 2020): keys and values projected along the sequence to `lowrank_k`
+                       rows; bidirectional only, for sequences up to `max_position_embeddings`;
+            "linear"   kernel feature-map attention (Katharopoulos et al. 2020; Performer, Choromanski et al. 2021):
+                       O(L) in time and memory, with a running state in the cache (O(1) per generated token).
+        sliding_window: Tokens a "sliding" layer sees on each side of the query (the query itself comes on top).
+        stride: Period of the "strided" pattern, also the width of its local band.
+        lowrank_k: Projected sequence length of "lowrank" layers.
+        linear_feature_map: "elu" (elu(x) + 1) or "performer" (positive random features, softmax-kernel estimate).
+        linear_num_features: Random features per head for "performer" (default: head_dim).
     """
 
     vocab_size: int = 32000
@@ -101,6 +130,12 @@ class CoreformerConfig(PreTrainedConfig):
     pad_token_id: int | None = 0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    stride: int | None = None
+    lowrank_k: int | None = None
+    linear_feature_map: str = "elu"
+    linear_num_features: int | None = None
 
     # Filled by each family: the Auto classes written into config.json so that trust_remote_code finds them all.
     family_auto_map = {}
@@ -112,6 +147,11 @@ class CoreformerConfig(PreTrainedConfig):
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.final_norm is None:
             self.final_norm = self.norm_position == "pre"
+        for name, (count, _) in self.stack_layer_types().items():
+            if getattr(self, name) is None and isinstance(count, int):
+                setattr(self, name, ["full"] * count)
+        if self.linear_num_features is None:
+            self.linear_num_features = self.head_dim
         self.validate_fields()
         super().__post_init__(**kwargs)
         if self.family_auto_map:
@@ -120,6 +160,25 @@ class CoreformerConfig(PreTrainedConfig):
     def layer_counts(self) -> dict[str, int]:
         """The layer-count fields of this family, by name (validated to be positive)."""
         return {"num_hidden_layers": self.num_hidden_layers}
+
+    def stack_layer_types(self) -> dict[str, tuple[int, bool]]:
+        """Each layer-types field of this family -> (number of layers it must list, whether that stack is causal)."""
+        return {"layer_types": (self.num_hidden_layers, self.is_causal_stack)}
+
+    is_causal_stack = False
+
+    def get_text_config(self, decoder=None, encoder=None) -> PreTrainedConfig:
+        """transformers sizes its caches from `get_text_config(decoder=True).layer_types`, in its own vocabulary
+        ("full_attention", "sliding_attention", ...). Hand it a translated copy; users keep our names."""
+        text_config = super().get_text_config(decoder=decoder, encoder=encoder)
+        if not decoder or not text_config.layer_types or text_config.layer_types[0] in CACHE_LAYER_TYPES.values():
+            return text_config
+        translated = copy.copy(text_config)
+        translated.layer_types = [CACHE_LAYER_TYPES[layer_type] for layer_type in text_config.layer_types]
+        if text_config.sliding_window is not None:
+            # transformers' window counts the query itself and keeps `sliding_window - 1` past tokens in the cache.
+            translated.sliding_window = text_config.sliding_window + 1
+        return translated
 
     def validate_fields(self) -> None:
         """Raise one `ValueError` naming the first bad field and how to fix it."""
@@ -180,6 +239,7 @@ class CoreformerConfig(PreTrainedConfig):
         for name, value in dropouts.items():
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"`{name}` is a probability in [0, 1), got {value}.")
+        self.validate_layer_types()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             ids = getattr(self, name, None)
             for token_id in ids if isinstance(ids, list) else [ids]:
@@ -188,6 +248,50 @@ class CoreformerConfig(PreTrainedConfig):
                         f"`{name}` ({token_id}) must be a token id in [0, vocab_size={self.vocab_size}): "
                         f"set it to an id of your tokenizer or grow `vocab_size`."
                     )
+
+    def validate(self) -> None:
+        """transformers' strict-dataclass validation (run at init and save), with its layer-type check swapped for
+        ours: it only knows its own vocabulary, which `get_text_config` translates to where transformers reads it."""
+        for validator in type(self).__class_validators__:
+            if validator.__name__ != "validate_layer_type":
+                validator(self)
+        self.validate_layer_types()
+
+    def validate_layer_types(self) -> None:
+        """Each layer-types list has one known entry per layer, and every type used has its parameters."""
+        used = set()
+        for name, (count, causal) in self.stack_layer_types().items():
+            types = getattr(self, name)
+            if not isinstance(types, list) or len(types) != count:
+                raise ValueError(f"`{name}` needs one entry per layer ({count}), got {types!r}.")
+            unknown = sorted(set(types) - set(LAYER_TYPES))
+            if unknown:
+                raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {LAYER_TYPES}.")
+            if causal and "lowrank" in types:
+                raise ValueError(
+                    f"`{name}` puts 'lowrank' (Linformer) in a causal stack: its projection mixes all positions along "
+                    f"the sequence, so every output would see future tokens. Linformer is bidirectional only (encoder "
+                    f"layers); use 'sliding', 'strided' or 'linear' for decoders."
+                )
+            used.update(types)
+        needs = {"sliding": "sliding_window", "strided": "stride", "lowrank": "lowrank_k"}
+        for layer_type, parameter in needs.items():
+            value = getattr(self, parameter)
+            if layer_type in used and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"'{layer_type}' layers need `{parameter}`, a positive integer; got {value!r}.")
+        if "strided" in used and self.stride < 2:
+            raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {self.stride}.")
+        if "lowrank" in used and self.lowrank_k > self.max_position_embeddings:
+            raise ValueError(
+                f"`lowrank_k` ({self.lowrank_k}) projects sequences of up to max_position_embeddings "
+                f"({self.max_position_embeddings}) tokens: it must not exceed that length."
+            )
+        if self.linear_feature_map not in LINEAR_FEATURE_MAPS:
+            raise ValueError(
+                f"`linear_feature_map` must be one of {LINEAR_FEATURE_MAPS}, got {self.linear_feature_map!r}."
+            )
+        if not isinstance(self.linear_num_features, int) or self.linear_num_features < 1:
+            raise ValueError(f"`linear_num_features` must be a positive integer, got {self.linear_num_features!r}.")
 
 
 _ENCODER_HEADS = {
@@ -243,6 +347,7 @@ class CoreformerDecoderConfig(CoreformerConfig):
     family_auto_map = _family_auto_map("CoreformerDecoderConfig", _DECODER_HEADS, "modeling_decoder")
 
     num_hidden_layers: int = 12
+    is_causal_stack = True
     max_position_embeddings: int = 1024
     hidden_act: str = "gelu_new"
     norm_position: str = "pre"
@@ -280,8 +385,15 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = 1
 
+    decoder_layer_types: list[str] | None = None
+
     def layer_counts(self) -> dict[str, int]:
         return {"encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers}
+
+    def stack_layer_types(self) -> dict[str, tuple[int, bool]]:
+        # get_text_config(decoder=True) renames decoder_* fields onto the plain names: decoder_layer_types becomes
+        # the layer_types transformers' caches read.
+        return {"layer_types": (self.encoder_layers, False), "decoder_layer_types": (self.decoder_layers, True)}
 
     def validate_fields(self) -> None:
         super().validate_fields()

@@ -98,10 +98,19 @@ class RotaryEmbedding(nn.Module):
 class Block(GradientCheckpointingLayer):
     """Self-attention, optional cross-attention, MLP; each a residual branch with a pre- or post-norm."""
 
-    def __init__(self, config: CoreformerConfig, layer_idx: int, *, is_causal: bool, cross_attention: bool = False):
+    def __init__(
+        self,
+        config: CoreformerConfig,
+        layer_idx: int,
+        *,
+        is_causal: bool,
+        cross_attention: bool = False,
+        layer_type: str = "full",
+    ):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
-        self.self_attn = Attention(config, layer_idx, is_causal=is_causal)
+        self.layer_type = layer_type
+        self.self_attn = Attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
         self.self_attn_norm = build_norm(config)
         self.cross_attn = (
             Attention(config, layer_idx, is_causal=False, is_cross_attention=True) if cross_attention else None

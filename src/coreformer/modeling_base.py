@@ -3,13 +3,18 @@
 `CoreformerStack` is the one encoder/decoder stack. It embeds tokens, builds the masks and the rotary (cos, sin)
 once per forward, runs its blocks and applies the final norm. The families differ only in how they build it:
 
-    encoder model   CoreformerStack(config, n, embed_tokens, is_causal=False)
-    decoder model   CoreformerStack(config, n, embed_tokens, is_causal=True)
-    seq2seq model   encoder stack as above + CoreformerStack(..., is_causal=True, cross_attention=True)
+    encoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=False)
+    decoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=True)
+    seq2seq model   encoder stack as above + CoreformerStack(config, config.decoder_layer_types, ...,
+                                                             is_causal=True, cross_attention=True)
+
+Layers may differ in attention type (`layer_types`): the stack builds one mask per type present, once per forward.
 
 Head pieces (`LMHeadTransform`, `ClassificationHead`, the pooling functions) and the token-classification head, which
 is the same for every family with a single stack, live here too.
 """
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -62,10 +67,32 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             projection = module.o_proj if isinstance(module, Attention) else module.down_proj
             num_layers = sum(self.config.layer_counts().values())
             init.normal_(projection.weight, mean=0.0, std=std / (2 * num_layers) ** 0.5)
+        if isinstance(module, Attention) and module.layer_type == "linear" and hasattr(module, "random_features"):
+            init.copy_(module.random_features, module.draw_random_features())
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
         elif isinstance(module, SinusoidalPositions):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
+
+
+def sliding_window_overlay(window: int) -> Callable:
+    """Band mask: a query sees keys at most `window` positions away (ANDed with causality in decoders)."""
+
+    def allowed(batch_idx, head_idx, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= window
+
+    return allowed
+
+
+def strided_overlay(stride: int) -> Callable:
+    """Sparse Transformer strided pattern (Child et al. 2019, sec. 4.2): A(1) the `stride` nearest positions,
+    A(2) every position a multiple of `stride` away."""
+
+    def allowed(batch_idx, head_idx, q_idx, kv_idx):
+        distance = (q_idx - kv_idx).abs()
+        return (distance < stride) | (distance % stride == 0)
+
+    return allowed
 
 
 class CoreformerStack(nn.Module):
@@ -73,7 +100,7 @@ class CoreformerStack(nn.Module):
 
     Args:
         config: the family config.
-        num_layers: number of blocks.
+        layer_types: the attention type of each block ("full", "sliding", ...); its length is the depth.
         embed_tokens: the token embedding; the seq2seq model passes its one shared embedding to both stacks.
         is_causal: causal self-attention (decoder) or bidirectional (encoder).
         cross_attention: add cross-attention to the encoder output in every block.
@@ -82,7 +109,7 @@ class CoreformerStack(nn.Module):
     def __init__(
         self,
         config: CoreformerConfig,
-        num_layers: int,
+        layer_types: list[str],
         embed_tokens: nn.Embedding,
         *,
         is_causal: bool,
@@ -110,8 +137,10 @@ class CoreformerStack(nn.Module):
         self.embedding_norm = build_norm(config) if config.embedding_layernorm else None
         self.dropout = nn.Dropout(config.hidden_dropout)
 
+        self.layer_types = list(layer_types)
         self.layers = nn.ModuleList(
-            Block(config, i, is_causal=is_causal, cross_attention=cross_attention) for i in range(num_layers)
+            Block(config, i, is_causal=is_causal, cross_attention=cross_attention, layer_type=layer_type)
+            for i, layer_type in enumerate(self.layer_types)
         )
         self.norm = build_norm(config) if config.final_norm else None
 
@@ -164,6 +193,57 @@ class CoreformerStack(nn.Module):
             hidden_states = self.embedding_norm(hidden_states)
         return self.dropout(hidden_states)
 
+    def build_masks(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+        position_ids: torch.Tensor,
+    ) -> dict[str, torch.Tensor | None]:
+        """One mask per attention type in the stack, in the form the configured backend wants.
+
+        "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
+        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself.
+        """
+        implementation = self.config._attn_implementation
+        patterns = {"sliding", "strided"} & set(self.layer_types)
+        if patterns and implementation is not None and implementation.startswith("flash"):
+            raise ValueError(
+                f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
+                f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
+            )
+        masks: dict[str, torch.Tensor | None] = {}
+        for layer_type in dict.fromkeys(self.layer_types):
+            if layer_type in ("lowrank", "linear"):
+                if attention_mask is not None and attention_mask.dim() != 2:
+                    raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
+                masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
+                continue
+            overlay = {
+                "full": None,
+                "sliding": sliding_window_overlay(self.config.sliding_window),
+                "strided": strided_overlay(self.config.stride),
+            }[layer_type]
+            if self.is_causal:
+                masks[layer_type] = create_causal_mask(
+                    config=self.config,
+                    inputs_embeds=hidden_states,
+                    attention_mask=attention_mask,
+                    past_key_values=cache,
+                    position_ids=position_ids,
+                    and_mask_function=overlay,
+                    # Size the mask by a cache layer of this type: a sliding layer holds only its window.
+                    layer_idx=self.layer_types.index(layer_type) if cache is not None else None,
+                )
+            else:
+                masks[layer_type] = create_bidirectional_mask(
+                    config=self.config,
+                    inputs_embeds=hidden_states,
+                    attention_mask=attention_mask,
+                    and_mask_function=overlay,
+                )
+        return masks
+
     @can_return_tuple
     def forward(
         self,
@@ -213,7 +293,8 @@ class CoreformerStack(nn.Module):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
             if self.cross_attention:
-                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=self.config))
+                # Cross-attention keeps every encoder key whatever the decoder's layer types: a plain cache.
+                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache())
         self_attention_cache = (
             past_key_values.self_attention_cache
             if isinstance(past_key_values, EncoderDecoderCache)
@@ -237,18 +318,7 @@ class CoreformerStack(nn.Module):
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
 
         # Masks and rotary angles are built once here and shared by every block.
-        if self.is_causal:
-            attention_mask = create_causal_mask(
-                config=self.config,
-                inputs_embeds=hidden_states,
-                attention_mask=attention_mask,
-                past_key_values=self_attention_cache,
-                position_ids=position_ids,
-            )
-        else:
-            attention_mask = create_bidirectional_mask(
-                config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
-            )
+        masks = self.build_masks(hidden_states, attention_mask, self_attention_cache, position_ids)
         if self.cross_attention:
             encoder_attention_mask = create_bidirectional_mask(
                 config=self.config,
@@ -265,7 +335,7 @@ class CoreformerStack(nn.Module):
             # Tensors that need gradients go positionally: reentrant checkpointing only sees positional inputs.
             hidden_states, self_weights, cross_weights = block(
                 hidden_states,
-                attention_mask,
+                masks[block.layer_type],
                 encoder_hidden_states,
                 encoder_attention_mask=encoder_attention_mask,
                 position_embeddings=position_embeddings,
@@ -367,6 +437,57 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    def build_masks(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+        position_ids: torch.Tensor,
+    ) -> dict[str, torch.Tensor | None]:
+        """One mask per attention type in the stack, in the form the configured backend wants.
+
+        "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
+        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself.
+        """
+        implementation = self.config._attn_implementation
+        patterns = {"sliding", "strided"} & set(self.layer_types)
+        if patterns and implementation is not None and implementation.startswith("flash"):
+            raise ValueError(
+                f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
+                f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
+            )
+        masks: dict[str, torch.Tensor | None] = {}
+        for layer_type in dict.fromkeys(self.layer_types):
+            if layer_type in ("lowrank", "linear"):
+                if attention_mask is not None and attention_mask.dim() != 2:
+                    raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
+                masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
+                continue
+            overlay = {
+                "full": None,
+                "sliding": sliding_window_overlay(self.config.sliding_window),
+                "strided": strided_overlay(self.config.stride),
+            }[layer_type]
+            if self.is_causal:
+                masks[layer_type] = create_causal_mask(
+                    config=self.config,
+                    inputs_embeds=hidden_states,
+                    attention_mask=attention_mask,
+                    past_key_values=cache,
+                    position_ids=position_ids,
+                    and_mask_function=overlay,
+                    # Size the mask by a cache layer of this type: a sliding layer holds only its window.
+                    layer_idx=self.layer_types.index(layer_type) if cache is not None else None,
+                )
+            else:
+                masks[layer_type] = create_bidirectional_mask(
+                    config=self.config,
+                    inputs_embeds=hidden_states,
+                    attention_mask=attention_mask,
+                    and_mask_function=overlay,
+                )
+        return masks
+
     @can_return_tuple
     def forward(
         self,
@@ -412,6 +533,57 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
         self.model = self.base_model_class(config)
         self.classifier = ClassificationHead(config, config.num_labels)
         self.post_init()
+
+    def build_masks(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+        position_ids: torch.Tensor,
+    ) -> dict[str, torch.Tensor | None]:
+        """One mask per attention type in the stack, in the form the configured backend wants.
+
+        "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
+        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself.
+        """
+        implementation = self.config._attn_implementation
+        patterns = {"sliding", "strided"} & set(self.layer_types)
+        if patterns and implementation is not None and implementation.startswith("flash"):
+            raise ValueError(
+                f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
+                f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
+            )
+        masks: dict[str, torch.Tensor | None] = {}
+        for layer_type in dict.fromkeys(self.layer_types):
+            if layer_type in ("lowrank", "linear"):
+                if attention_mask is not None and attention_mask.dim() != 2:
+                    raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
+                masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
+                continue
+            overlay = {
+                "full": None,
+                "sliding": sliding_window_overlay(self.config.sliding_window),
+                "strided": strided_overlay(self.config.stride),
+            }[layer_type]
+            if self.is_causal:
+                masks[layer_type] = create_causal_mask(
+                    config=self.config,
+                    inputs_embeds=hidden_states,
+                    attention_mask=attention_mask,
+                    past_key_values=cache,
+                    position_ids=position_ids,
+                    and_mask_function=overlay,
+                    # Size the mask by a cache layer of this type: a sliding layer holds only its window.
+                    layer_idx=self.layer_types.index(layer_type) if cache is not None else None,
+                )
+            else:
+                masks[layer_type] = create_bidirectional_mask(
+                    config=self.config,
+                    inputs_embeds=hidden_states,
+                    attention_mask=attention_mask,
+                    and_mask_function=overlay,
+                )
+        return masks
 
     @can_return_tuple
     def forward(

@@ -34,8 +34,9 @@ class CoreformerDecoderModel(CoreformerDecoderPreTrainedModel):
 
     def __init__(self, config: CoreformerDecoderConfig):
         super().__init__(config)
-        embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.decoder = CoreformerStack(config, config.num_hidden_layers, embed_tokens, is_causal=True)
+        # No padding_idx: GPT-style vocabularies often pad with eos, whose embedding must keep learning.
+        embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.decoder = CoreformerStack(config, config.layer_types, embed_tokens, is_causal=True)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

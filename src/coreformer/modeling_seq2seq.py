@@ -11,7 +11,7 @@ CoreformerSeq2SeqForSequenceClassification    decoder state at the last eos toke
 import torch
 from torch import nn
 from transformers import GenerationMixin
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -50,8 +50,10 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
     def __init__(self, config: CoreformerSeq2SeqConfig):
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.encoder = CoreformerStack(config, config.encoder_layers, self.shared, is_causal=False)
-        self.decoder = CoreformerStack(config, config.decoder_layers, self.shared, is_causal=True, cross_attention=True)
+        self.encoder = CoreformerStack(config, config.layer_types, self.shared, is_causal=False)
+        self.decoder = CoreformerStack(
+            config, config.decoder_layer_types, self.shared, is_causal=True, cross_attention=True
+        )
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
@@ -199,6 +201,14 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        cache = model_kwargs.get("past_key_values")
+        if isinstance(cache, EncoderDecoderCache) and set(self.config.decoder_layer_types) != {"full"}:
+            # generate() lays the cross-attention cache out like the decoder's self-attention (sliding windows,
+            # linear states), but cross-attention always keeps every encoder key: give it a plain cache.
+            cache.cross_attention_cache = DynamicCache()
 
 
 class CoreformerSeq2SeqForSequenceClassification(CoreformerSeq2SeqPreTrainedModel):

@@ -1,0 +1,289 @@
+"""Efficient attention per layer (`layer_types`): each type against an explicit reference, caches, and whole models."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import PAD, VOCAB, padded_batch, tiny_config, tiny_model
+from transformers.cache_utils import DynamicCache
+
+import coreformer as cf
+from coreformer.attention import elu_feature_map, linear_attention, performer_feature_map
+
+PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
+
+
+def _explicit_mask(layer_type: str, mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The dense (B, 1, T, T) additive mask a layer type stands for, written out position by position."""
+    length = mask.shape[1]
+    q = torch.arange(length)[:, None]
+    kv = torch.arange(length)[None, :]
+    distance = (q - kv).abs()
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    if layer_type == "sliding":
+        allowed = distance <= PARAMETERS["sliding_window"]
+    elif layer_type == "strided":
+        stride = PARAMETERS["stride"]
+        allowed = (distance < stride) | (distance % stride == 0)
+    if causal:
+        allowed = allowed & (kv <= q)
+    allowed = allowed[None, None] & mask.bool()[:, None, None, :]
+    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+
+@pytest.mark.parametrize("layer_type", ["full", "sliding", "strided"])
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_masked_types_equal_an_explicit_dense_mask(layer_type, family, backend):
+    model_class = cf.CoreformerEncoderModel if family == "encoder" else cf.CoreformerDecoderModel
+    model = tiny_model(model_class, family, layer_types=[layer_type] * 2, **PARAMETERS)
+    reference = tiny_model(model_class, family, **PARAMETERS)  # all "full": the explicit mask does the work
+    reference.load_state_dict(model.state_dict())
+    model.set_attn_implementation(backend)
+    reference.set_attn_implementation("eager")
+    ids, mask = padded_batch(length=12, left=family == "decoder")
+    with torch.no_grad():
+        output = model(ids, attention_mask=mask).last_hidden_state
+        expected = reference(
+            ids, attention_mask=_explicit_mask(layer_type, mask, family == "decoder")
+        ).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(output[real], expected[real], atol=1e-5, rtol=0)
+
+
+def _flex_compiles_here() -> bool:
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["sliding"] * 2, **PARAMETERS)
+    model.set_attn_implementation("flex_attention")
+    try:
+        with torch.no_grad():
+            model(torch.randint(3, VOCAB, (1, 4)))
+        return True
+    except Exception:  # flex_attention needs torch's compiler for this device
+        return False
+
+
+@pytest.mark.skipif(not _flex_compiles_here(), reason="flex_attention does not compile with this torch build here")
+@pytest.mark.parametrize("layer_type", ["sliding", "strided"])
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_masked_types_under_flex_attention_match_eager(layer_type, family):
+    # flex turns the same mask function into a block-sparse BlockMask.
+    model_class = cf.CoreformerEncoderModel if family == "encoder" else cf.CoreformerDecoderModel
+    model = tiny_model(model_class, family, layer_types=[layer_type] * 2, **PARAMETERS)
+    ids, mask = padded_batch(length=12, left=family == "decoder")
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        expected = model(ids, attention_mask=mask).last_hidden_state
+        model.set_attn_implementation("flex_attention")
+        output = model(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(output[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=0)
+
+
+def _quadratic_linear_attention(query_features, key_features, value, causal):
+    """The O(L²) form: A = φ(Q) φ(K)ᵀ (causally masked), output = A V / rowsum(A)."""
+    scores = query_features @ key_features.transpose(-2, -1)
+    if causal:
+        scores = torch.tril(scores)
+    return (scores @ value / scores.sum(-1, keepdim=True)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "performer"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_linear_attention_o_l_form_equals_its_quadratic_form(feature_map, causal):
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 3, 150, 8, generator=generator) for _ in range(3))  # 150 spans 3 chunks
+    if feature_map == "elu":
+        query_features, key_features = elu_feature_map(query), elu_feature_map(key)
+    else:
+        projection = torch.randn(8, 16, generator=generator)
+        query_features = performer_feature_map(query, projection, is_query=True)
+        key_features = performer_feature_map(key, projection, is_query=False)
+    output, _ = linear_attention(query_features, key_features, value, causal=causal)
+    expected = _quadratic_linear_attention(query_features, key_features, value, causal)
+    torch.testing.assert_close(output, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_linear_attention_state_continues_exactly_token_by_token():
+    generator = torch.Generator().manual_seed(1)
+    query, key, value = (elu_feature_map(torch.randn(1, 2, 10, 4, generator=generator)) for _ in range(3))
+    full, _ = linear_attention(query, key, value, causal=True)
+    state, steps = None, []
+    for t in range(10):
+        step, state = linear_attention(
+            query[:, :, t : t + 1], key[:, :, t : t + 1], value[:, :, t : t + 1], causal=True, state=state
+        )
+        steps.append(step)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("layer_type", ["full", "sliding", "strided", "linear"])
+def test_cached_decoding_equals_the_full_forward(layer_type):
+    model = tiny_model(
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        layer_types=[layer_type, "full"],
+        position_embedding_type="rotary",
+        **PARAMETERS,
+    )
+    ids, mask = padded_batch(length=14, left=True)
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        out = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(6, ids.shape[1]):
+            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=0)
+    if layer_type == "sliding":
+        # The sliding layer keeps only its window; the full layer keeps everything.
+        assert cache.layers[0].keys.shape[2] == PARAMETERS["sliding_window"]
+        assert cache.layers[1].keys.shape[2] == ids.shape[1]
+    if layer_type == "linear":
+        assert cache.layers[0].state.shape == (3, 4, 8, 9)  # (B, H, features, head_dim + 1): no growth with length
+
+
+def test_linear_attention_cache_needs_the_model_config():
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=["linear", "full"])
+    with pytest.raises(ValueError, match="DynamicCache\\(config=model.config\\)"):
+        model(torch.randint(3, VOCAB, (1, 4)), past_key_values=DynamicCache(), use_cache=True)
+
+
+def test_lowrank_encoder_ignores_right_padding():
+    # Padded keys are zeroed before the projection and E/F are cut to the sequence length, so a padded row equals
+    # the same row alone.
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["lowrank", "lowrank"], **PARAMETERS)
+    ids, mask = padded_batch(length=12)
+    length = int(mask[2].sum())
+    with torch.no_grad():
+        batched = model(ids, attention_mask=mask).last_hidden_state[2, :length]
+        alone = model(ids[2:, :length]).last_hidden_state[0]
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
+    assert PAD not in ids[2, :length]
+
+
+MIXED = {
+    "encoder": dict(layer_types=["sliding", "lowrank", "linear", "strided"]),
+    "decoder": dict(layer_types=["sliding", "linear", "strided", "full"], position_embedding_type="rotary"),
+    "seq2seq": dict(layer_types=["lowrank", "sliding"], decoder_layer_types=["linear", "sliding"]),
+}
+HEADS = {
+    "encoder": cf.CoreformerEncoderForMaskedLM,
+    "decoder": cf.CoreformerDecoderForCausalLM,
+    "seq2seq": cf.CoreformerSeq2SeqForConditionalGeneration,
+}
+
+
+def _mixed_model(family: str, **extra):
+    layers = {"num_hidden_layers": 4} if family != "seq2seq" else {}
+    return tiny_model(HEADS[family], family, **MIXED[family], **layers, **PARAMETERS, **extra)
+
+
+def test_mixed_layer_types_train_and_generate(family):
+    model = _mixed_model(family, linear_feature_map="performer").train()
+    ids, mask = padded_batch(batch=4, length=12, left=family == "decoder")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    losses = []
+    for _ in range(20):
+        loss = model(ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses
+    if family == "encoder":
+        return
+    model.eval()
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    reference = model.generate(ids, use_cache=False, **kwargs)
+    assert torch.equal(model.generate(ids, **kwargs), reference)
+    assert model.generate(ids, num_beams=3, **{k: v for k, v in kwargs.items() if k != "do_sample"}).shape[0] == 4
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["coreformer"] = None
+    import torch, transformers
+    for case in torch.load(sys.argv[1]):
+        model = getattr(transformers, case["auto_class"]).from_pretrained(case["folder"], trust_remote_code=True)
+        assert model.config.layer_types == case["layer_types"], model.config.layer_types
+        with torch.no_grad():
+            logits = model(input_ids=case["ids"], attention_mask=case["mask"]).logits
+        assert (logits - case["logits"]).abs().max() <= 1e-6, case["folder"]
+        if "generated" in case:
+            generated = model.generate(case["ids"], attention_mask=case["mask"], max_new_tokens=5, min_new_tokens=5,
+                                       do_sample=False)
+            assert torch.equal(generated, case["generated"]), case["folder"]
+    print("ok")
+    """
+)
+
+
+@pytest.mark.slow
+def test_mixed_layer_types_save_load_and_remote_code(tmp_path):
+    auto_classes = {
+        "encoder": "AutoModelForMaskedLM",
+        "decoder": "AutoModelForCausalLM",
+        "seq2seq": "AutoModelForSeq2SeqLM",
+    }
+    cases = []
+    for family, auto_class in auto_classes.items():
+        model = _mixed_model(family, linear_feature_map="performer")
+        ids, mask = padded_batch(length=12, left=family == "decoder")
+        folder = tmp_path / family
+        model.save_pretrained(folder)
+        reloaded = type(model).from_pretrained(folder).eval()
+        with torch.no_grad():
+            logits = model(ids, attention_mask=mask).logits
+            torch.testing.assert_close(reloaded(ids, attention_mask=mask).logits, logits, atol=0, rtol=0)
+        case = dict(
+            auto_class=auto_class,
+            folder=str(folder),
+            ids=ids,
+            mask=mask,
+            logits=logits,
+            layer_types=model.config.layer_types,
+        )
+        if family != "encoder":
+            case["generated"] = model.generate(
+                ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False
+            )
+        cases.append(case)
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_layer_types_are_validated_with_the_fix():
+    with pytest.raises(ValueError, match="'lowrank' \\(Linformer\\) in a causal stack"):
+        tiny_config("decoder", layer_types=["lowrank", "full"], lowrank_k=4)
+    with pytest.raises(ValueError, match="'lowrank' \\(Linformer\\) in a causal stack"):
+        tiny_config("seq2seq", decoder_layer_types=["lowrank", "full"], lowrank_k=4)
+    with pytest.raises(ValueError, match="'sliding' layers need `sliding_window`"):
+        tiny_config("encoder", layer_types=["sliding", "full"])
+    with pytest.raises(ValueError, match="unknown attention types \\['reformer'\\]"):
+        tiny_config("encoder", layer_types=["reformer", "full"])
+    with pytest.raises(ValueError, match="one entry per layer \\(2\\)"):
+        tiny_config("decoder", layer_types=["full"])
+    with pytest.raises(ValueError, match="`stride` must be >= 2"):
+        tiny_config("decoder", layer_types=["strided", "full"], stride=1)
+    model = tiny_model(cf.CoreformerDecoderModel, "decoder", layer_types=["sliding", "full"], sliding_window=2)
+    model.config._attn_implementation = "flash_attention_2"  # what from_pretrained would set on a GPU
+    with pytest.raises(ValueError, match="flash_attention_2 ignores"):
+        model(torch.randint(3, VOCAB, (1, 4)))
+
+
+def test_transformers_sees_its_own_layer_type_names():
+    config = tiny_config("decoder", layer_types=["sliding", "linear"], sliding_window=2)
+    assert config.layer_types == ["sliding", "linear"]
+    translated = config.get_text_config(decoder=True)
+    assert translated.layer_types == ["sliding_attention", "coreformer_linear_attention"]
+    assert translated.sliding_window == 3  # transformers counts the query itself
+    seq2seq = tiny_config("seq2seq", decoder_layer_types=["sliding", "full"], sliding_window=2)
+    assert seq2seq.get_text_config(decoder=True).layer_types == ["sliding_attention", "full_attention"]
