@@ -88,6 +88,64 @@ def apply_rotary(
     return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
 
+def sliding_window_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    window: int,
+    causal: bool,
+    padding_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Band attention in O(L·w) time and memory: queries in chunks of c, each against only the keys its band can
+    reach (c + w of them, c + 2w in an encoder), as in Longformer's chunked local attention (Beltagy et al. 2020).
+
+    Computes exactly what the dense band mask does, without ever forming an L x L score or mask matrix.
+
+    Args:
+        query: (B, H, T, D); key, value: (B, H, T, D) (key/value heads already repeated).
+        window: keys at most `window` positions away are visible.
+        padding_mask: (B, T) boolean, True for real tokens, or None.
+
+    Returns:
+        (B, T, H, D)
+    """
+    batch, heads, length, head_dim = query.shape
+    chunk = chunk_size or max(window, 64)
+    num_chunks = -(-length // chunk)
+    left, right = window, num_chunks * chunk - length + (0 if causal else window)
+    span = chunk + window + (0 if causal else window)
+
+    def chunks_of_keys(states: torch.Tensor) -> torch.Tensor:
+        # (B, H, T, D) -> (B * n, H, span, D): chunk i sees padded positions [i*c, i*c + span) = [i*c - w, ...).
+        padded = nn.functional.pad(states, (0, 0, left, right))
+        windows = padded.unfold(2, span, chunk).transpose(-1, -2)  # (B, H, n, span, D)
+        return windows.transpose(1, 2).reshape(batch * num_chunks, heads, span, head_dim)
+
+    queries = nn.functional.pad(query, (0, 0, 0, num_chunks * chunk - length))
+    queries = queries.view(batch, heads, num_chunks, chunk, head_dim).transpose(1, 2)
+    queries = queries.reshape(batch * num_chunks, heads, chunk, head_dim)  # (B * n, H, c, D)
+
+    # Which keys each query may see: the band, relative to the chunk (the same for every chunk) ...
+    distance = torch.arange(chunk, device=query.device)[:, None] + window - torch.arange(span, device=query.device)
+    band = (distance >= 0) if causal else (distance >= -window)
+    band = band & (distance <= window)  # (c, span); distance 0 is the query itself
+    # ... and which of those keys are real tokens rather than padding (the sequence's or ours).
+    real = padding_mask.bool() if padding_mask is not None else query.new_ones(batch, length, dtype=torch.bool)
+    real = nn.functional.pad(real, (left, right), value=False).unfold(1, span, chunk)  # (B, n, span)
+    # A query always sees itself, so that no row is empty (padding queries get a defined, unused output).
+    allowed = (band & real.reshape(batch * num_chunks, 1, 1, span)) | (distance == 0)  # (B * n, 1, c, span)
+
+    output = nn.functional.scaled_dot_product_attention(
+        queries, chunks_of_keys(key), chunks_of_keys(value), attn_mask=allowed, dropout_p=dropout, scale=scaling
+    )  # (B * n, H, c, D)
+    output = output.view(batch, num_chunks, heads, chunk, head_dim).transpose(2, 3)  # (B, n, c, H, D)
+    return output.reshape(batch, num_chunks * chunk, heads, head_dim)[:, :length]
+
+
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """elu(x) + 1: a positive feature map (Katharopoulos et al. 2020, sec. 3.2.1)."""
     return nn.functional.elu(x) + 1
@@ -374,6 +432,20 @@ class Attention(nn.Module):
         if self.layer_type == "lowrank":
             key, value = self._project_sequence(key, value, attention_mask)
             attention_mask = None  # the projected rows mix all (real) positions: nothing left to mask
+        if self.layer_type == "sliding" and (attention_mask is None or getattr(attention_mask, "ndim", 0) == 2):
+            # The stack hands a sliding layer its 2D padding mask when the chunked band path applies (see
+            # CoreformerStack.build_masks): sdpa without a cache.
+            output = sliding_window_attention(
+                query,
+                repeat_kv(key, self.num_key_value_groups),
+                repeat_kv(value, self.num_key_value_groups),
+                window=self.config.sliding_window,
+                causal=self.is_causal,
+                padding_mask=attention_mask,
+                scaling=self.scaling,
+                dropout=self.attention_dropout if self.training else 0.0,
+            )
+            return self.o_proj(output.reshape(batch, q_len, -1)), None
 
         attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward

@@ -199,11 +199,14 @@ class CoreformerStack(nn.Module):
         attention_mask: torch.Tensor | None,
         cache: Cache | None,
         position_ids: torch.Tensor,
+        packed: bool,
     ) -> dict[str, torch.Tensor | None]:
         """One mask per attention type in the stack, in the form the configured backend wants.
 
         "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
-        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself.
+        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself,
+        and so do "sliding" layers on the chunked band path. `packed`: the caller passed its own position ids, which
+        may restart mid-row (packed documents).
         """
         implementation = self.config._attn_implementation
         patterns = {"sliding", "strided"} & set(self.layer_types)
@@ -212,9 +215,13 @@ class CoreformerStack(nn.Module):
                 f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
                 f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
             )
+        # Sliding layers run a chunked O(L·w) band kernel under sdpa when nothing constrains the keys beyond padding:
+        # no cache (whose window bookkeeping the dense mask handles) and no packed sequences (documents that
+        # restart their position ids, which transformers' mask machinery separates).
+        chunked_band = implementation == "sdpa" and cache is None and not (attention_mask is None and packed)
         masks: dict[str, torch.Tensor | None] = {}
         for layer_type in dict.fromkeys(self.layer_types):
-            if layer_type in ("lowrank", "linear"):
+            if layer_type in ("lowrank", "linear") or (layer_type == "sliding" and chunked_band):
                 if attention_mask is not None and attention_mask.dim() != 2:
                     raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
                 masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
@@ -311,6 +318,7 @@ class CoreformerStack(nn.Module):
                 f"{past_length + length}) (batch, cached + new tokens): pass the mask the tokenizer returned with "
                 f"these input_ids."
             )
+        caller_positions = position_ids is not None
         if position_ids is None:
             device = (input_ids if input_ids is not None else inputs_embeds).device
             position_ids = torch.arange(past_length, past_length + length, device=device).unsqueeze(0)  # (1, T)
@@ -318,7 +326,7 @@ class CoreformerStack(nn.Module):
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
 
         # Masks and rotary angles are built once here and shared by every block.
-        masks = self.build_masks(hidden_states, attention_mask, self_attention_cache, position_ids)
+        masks = self.build_masks(hidden_states, attention_mask, self_attention_cache, position_ids, caller_positions)
         if self.cross_attention:
             encoder_attention_mask = create_bidirectional_mask(
                 config=self.config,
@@ -443,11 +451,14 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
         attention_mask: torch.Tensor | None,
         cache: Cache | None,
         position_ids: torch.Tensor,
+        packed: bool,
     ) -> dict[str, torch.Tensor | None]:
         """One mask per attention type in the stack, in the form the configured backend wants.
 
         "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
-        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself.
+        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself,
+        and so do "sliding" layers on the chunked band path. `packed`: the caller passed its own position ids, which
+        may restart mid-row (packed documents).
         """
         implementation = self.config._attn_implementation
         patterns = {"sliding", "strided"} & set(self.layer_types)
@@ -456,9 +467,13 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
                 f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
                 f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
             )
+        # Sliding layers run a chunked O(L·w) band kernel under sdpa when nothing constrains the keys beyond padding:
+        # no cache (whose window bookkeeping the dense mask handles) and no packed sequences (documents that
+        # restart their position ids, which transformers' mask machinery separates).
+        chunked_band = implementation == "sdpa" and cache is None and not (attention_mask is None and packed)
         masks: dict[str, torch.Tensor | None] = {}
         for layer_type in dict.fromkeys(self.layer_types):
-            if layer_type in ("lowrank", "linear"):
+            if layer_type in ("lowrank", "linear") or (layer_type == "sliding" and chunked_band):
                 if attention_mask is not None and attention_mask.dim() != 2:
                     raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
                 masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
@@ -540,11 +555,14 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
         attention_mask: torch.Tensor | None,
         cache: Cache | None,
         position_ids: torch.Tensor,
+        packed: bool,
     ) -> dict[str, torch.Tensor | None]:
         """One mask per attention type in the stack, in the form the configured backend wants.
 
         "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
-        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself.
+        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself,
+        and so do "sliding" layers on the chunked band path. `packed`: the caller passed its own position ids, which
+        may restart mid-row (packed documents).
         """
         implementation = self.config._attn_implementation
         patterns = {"sliding", "strided"} & set(self.layer_types)
@@ -553,9 +571,13 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
                 f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
                 f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
             )
+        # Sliding layers run a chunked O(L·w) band kernel under sdpa when nothing constrains the keys beyond padding:
+        # no cache (whose window bookkeeping the dense mask handles) and no packed sequences (documents that
+        # restart their position ids, which transformers' mask machinery separates).
+        chunked_band = implementation == "sdpa" and cache is None and not (attention_mask is None and packed)
         masks: dict[str, torch.Tensor | None] = {}
         for layer_type in dict.fromkeys(self.layer_types):
-            if layer_type in ("lowrank", "linear"):
+            if layer_type in ("lowrank", "linear") or (layer_type == "sliding" and chunked_band):
                 if attention_mask is not None and attention_mask.dim() != 2:
                     raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
                 masks[layer_type] = attention_mask.bool() if attention_mask is not None else None

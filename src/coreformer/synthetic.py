@@ -22,7 +22,7 @@ class AssociativeRecall:
 
     num_keys: int = 8
     num_values: int = 8
-    num_pairs: int = 4
+    num_pairs: int = 3
 
     @property
     def vocab_size(self) -> int:

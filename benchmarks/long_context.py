@@ -1,0 +1,201 @@
+"""Time and peak memory of one forward + backward pass versus sequence length, for each attention type.
+
+Each (type, length) runs in its own subprocess so that peak memory (the process's max RSS above its baseline after
+building the model) belongs to that measurement alone. Also reports how each type does on the associative-recall
+task (`coreformer.synthetic`), trained briefly. Writes a markdown table to stdout, JSON and a PNG plot.
+
+    python benchmarks/long_context.py                       # 512 ... 16384 on CPU, ~10 minutes
+    python benchmarks/long_context.py --lengths 256 512 --repeats 1 --skip-recall   # a smoke run
+"""
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import coreformer as cf
+from coreformer.synthetic import AssociativeRecall, train_associative_recall
+
+TYPES = ("full", "sliding", "strided", "lowrank", "linear")
+# "full_eager": full attention under the eager backend, which materialises the L x L probabilities. torch's sdpa
+# kernel on CPU is flash-style and keeps even full attention's memory linear in L; eager shows the classic O(L²).
+ROWS = ("full_eager", *TYPES)
+
+
+def build_model(layer_type: str, length: int, args: argparse.Namespace) -> torch.nn.Module:
+    """An encoder stack (every type, incl. encoder-only Linformer, applies bidirectionally) of one attention type."""
+    backend = "eager" if layer_type == "full_eager" else "sdpa"
+    layer_type = layer_type.removesuffix("_eager")
+    config = cf.CoreformerEncoderConfig(
+        vocab_size=1024,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        intermediate_size=4 * args.hidden_size,
+        max_position_embeddings=length,
+        position_embedding_type="rotary",
+        hidden_dropout=0.0,
+        layer_types=[layer_type] * args.layers,
+        sliding_window=args.window,
+        stride=args.stride,
+        lowrank_k=min(args.lowrank_k, length),
+        attn_implementation=backend,
+    )
+    torch.manual_seed(0)
+    return cf.CoreformerEncoderModel(config)
+
+
+def measure_one(layer_type: str, length: int, args: argparse.Namespace) -> dict:
+    """Median forward+backward seconds and peak MiB above baseline, in this process (run in a fresh subprocess)."""
+    torch.set_num_threads(args.threads)
+    model = build_model(layer_type, length, args).train()
+    ids = torch.randint(0, 1024, (args.batch_size, length))
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    times = []
+    for repeat in range(args.repeats + 1):  # the first run warms up allocators and kernels
+        start = time.perf_counter()
+        model(ids).last_hidden_state.float().pow(2).mean().backward()
+        elapsed = time.perf_counter() - start
+        model.zero_grad(set_to_none=True)
+        if repeat:
+            times.append(elapsed)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "type": layer_type,
+        "length": length,
+        "seconds": statistics.median(times),
+        "peak_mib": (peak - baseline) / 1024,
+    }
+
+
+def measure_all(args: argparse.Namespace) -> list[dict]:
+    results = []
+    for length in args.lengths:
+        for layer_type in args.types:
+            limit = args.max_eager_length if layer_type == "full_eager" else args.max_full_length
+            if layer_type.startswith("full") and length > limit:
+                continue
+            command = [sys.executable, __file__, "--one", layer_type, str(length), *sys.argv[1:]]
+            child = subprocess.run(command, capture_output=True, text=True)
+            if child.returncode != 0:
+                raise SystemExit(f"{layer_type} at {length} failed:\n{child.stderr[-2000:]}")
+            result = json.loads(child.stdout.strip().splitlines()[-1])
+            print(
+                f"  {layer_type:8s} L={length:6d}  {result['seconds']:8.3f} s  {result['peak_mib']:8.1f} MiB",
+                flush=True,
+            )
+            results.append(result)
+    return results
+
+
+def recall_accuracy(args: argparse.Namespace) -> dict[str, float]:
+    """Associative recall (decoder, causal) per type; lowrank is encoder-only, so it has no entry."""
+    task = AssociativeRecall()
+    accuracies = {}
+    for layer_type in ("full", "sliding", "strided", "linear"):
+        config = cf.CoreformerDecoderConfig(
+            vocab_size=task.vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=task.length,
+            position_embedding_type="rotary",
+            hidden_dropout=0.0,
+            pad_token_id=0,
+            bos_token_id=None,
+            eos_token_id=None,
+            layer_types=[layer_type] * 2,
+            sliding_window=2,
+            stride=3,
+        )
+        accuracies[layer_type] = train_associative_recall(config, task, steps=args.recall_steps, lr=1e-3)
+        print(f"  recall {layer_type:8s} accuracy {accuracies[layer_type]:.3f}", flush=True)
+    return accuracies
+
+
+def markdown(results: list[dict], args: argparse.Namespace) -> str:
+    lengths = sorted({r["length"] for r in results})
+    by_key = {(r["type"], r["length"]): r for r in results}
+    lines = ["| type | " + " | ".join(f"L={n}" for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+    for layer_type in args.types:
+        cells = []
+        for length in lengths:
+            r = by_key.get((layer_type, length))
+            cells.append(f"{r['seconds']:.3f} s / {r['peak_mib']:.0f} MiB" if r else "—")
+        lines.append(f"| {layer_type} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for layer_type in dict.fromkeys(r["type"] for r in results):
+        rows = sorted((r for r in results if r["type"] == layer_type), key=lambda r: r["length"])
+        lengths = [r["length"] for r in rows]
+        time_axis.plot(lengths, [r["seconds"] for r in rows], marker="o", label=layer_type)
+        memory_axis.plot(lengths, [r["peak_mib"] for r in rows], marker="o", label=layer_type)
+    for axis, label in ((time_axis, "forward + backward (s)"), (memory_axis, "peak memory above baseline (MiB)")):
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("sequence length")
+        axis.set_ylabel(label)
+        axis.grid(True, which="both", alpha=0.3)
+    time_axis.legend()
+    figure.suptitle("coreformer attention types on CPU (encoder, batch 1)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--types", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--max-full-length", type=int, default=16384, help="skip full attention beyond this length")
+    parser.add_argument("--max-eager-length", type=int, default=8192, help="eager full attention needs O(L²) memory")
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--window", type=int, default=128, help="sliding_window (ModernBERT's local layers: 128)")
+    parser.add_argument("--stride", type=int, default=128)
+    parser.add_argument("--lowrank-k", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--recall-steps", type=int, default=1200)
+    parser.add_argument("--skip-recall", action="store_true")
+    parser.add_argument("--output-dir", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--one", nargs=2, metavar=("TYPE", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure_one(args.one[0], int(args.one[1]), args)))
+        return
+
+    print(f"machine: {platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}")
+    results = measure_all(args)
+    accuracies = {} if args.skip_recall else recall_accuracy(args)
+    table = markdown(results, args)
+    print("\nforward + backward time / peak memory above baseline\n" + table)
+    if accuracies:
+        print("\nassociative recall accuracy: " + ", ".join(f"{t} {a:.3f}" for t, a in accuracies.items()))
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("one", "output_dir")}
+    report = {"settings": settings, "torch": torch.__version__, "results": results, "recall_accuracy": accuracies}
+    (args.output_dir / "long_context.json").write_text(json.dumps(report, indent=2))
+    plot(results, args.output_dir / "long_context.png")
+    print(f"\nwrote {args.output_dir / 'long_context.json'} and {args.output_dir / 'long_context.png'}")
+
+
+if __name__ == "__main__":
+    main()
