@@ -11,8 +11,8 @@ from conftest import PAD, VOCAB, padded_batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache
 
 import coreformer as cf
-from coreformer.synthetic import AssociativeRecall, train_associative_recall
 from coreformer.attention import elu_feature_map, linear_attention, performer_feature_map, sliding_window_attention
+from coreformer.synthetic import AssociativeRecall, train_associative_recall
 
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
 
