@@ -61,14 +61,15 @@ def eager_attention_forward(
     """
     key = repeat_kv(key, module.num_key_value_groups)
     value = repeat_kv(value, module.num_key_value_groups)
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, T, S)
+    # Scores and softmax in fp32 whatever the compute dtype: a bf16 score near 1e3 is only known to ±4, enough to
+    # reorder a peaked softmax, and bf16 exponentials lose the small probabilities.
+    scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling  # (B, H, T, S)
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    # Softmax in fp32 whatever the compute dtype: bf16 exponentials lose the small probabilities.
-    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = nn.functional.softmax(scores, dim=-1).to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, D)
     return output, probs
@@ -366,7 +367,8 @@ class Attention(nn.Module):
 
     def _split_heads(self, states: torch.Tensor, projection: nn.Linear) -> torch.Tensor:
         """(B, T, hidden) -> (B, heads, T, head_dim)."""
-        return projection(states).view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)
+        heads = projection.out_features // self.head_dim  # explicit, so that empty batches reshape too
+        return projection(states).view(*states.shape[:-1], heads, self.head_dim).transpose(1, 2)
 
     def _keys_values(
         self, source: torch.Tensor | None, past_key_values: Cache | None
@@ -422,9 +424,17 @@ class Attention(nn.Module):
 
         if position_embeddings is not None and not self.is_cross_attention:
             query, key = apply_rotary(query, key, *position_embeddings)
+        output, weights = self._attend(query, key, value, attention_mask, past_key_values, cache, **kwargs)
+        output = output.reshape(batch, q_len, self.num_heads * self.head_dim)  # (B, T, H, D) -> (B, T, H*D)
+        return self.o_proj(output), weights
+
+    def _attend(self, query, key, value, attention_mask, past_key_values, cache, **kwargs):
+        """Scores and weighted values for this layer's type: (B, H, T, D) queries -> (B, T, H, D), weights."""
+        dropout = self.attention_dropout if self.training else 0.0
+        if query.shape[0] == 0:  # an empty batch (e.g. a data shard's remainder): kernels reject it, there is no work
+            return query.transpose(1, 2), None
         if self.layer_type == "linear":
-            output = self._linear_forward(query, key, value, attention_mask, cache)
-            return self.o_proj(output.reshape(batch, q_len, -1)), None
+            return self._linear_forward(query, key, value, attention_mask, cache), None
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
             if self.is_cross_attention:
@@ -443,21 +453,10 @@ class Attention(nn.Module):
                 causal=self.is_causal,
                 padding_mask=attention_mask,
                 scaling=self.scaling,
-                dropout=self.attention_dropout if self.training else 0.0,
+                dropout=dropout,
             )
-            return self.o_proj(output.reshape(batch, q_len, -1)), None
-
+            return output, None
         attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        output, weights = attention_fn(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
-        )
-        return self.o_proj(output.reshape(batch, q_len, -1)), weights  # (B, T, H, D) -> (B, T, hidden)
+        return attention_fn(self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs)

@@ -144,6 +144,26 @@ class CoreformerStack(nn.Module):
         )
         self.norm = build_norm(config) if config.final_norm else None
 
+    def _check_input_shapes(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
+        if input_ids is not None:
+            if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+                raise ValueError(
+                    f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}; to feed vectors, "
+                    f"pass them as inputs_embeds."
+                )
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}.")
+            length = input_ids.shape[1]
+        else:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
+                raise ValueError(
+                    f"inputs_embeds must be (batch, seq_len, hidden_size={self.config.hidden_size}), got shape "
+                    f"{tuple(inputs_embeds.shape)}."
+                )
+            length = inputs_embeds.shape[1]
+        if length == 0:
+            raise ValueError("The input has no tokens (seq_len 0): every row needs at least one token.")
+
     def _check_input_ids(self, input_ids: torch.Tensor) -> None:
         # An out-of-range id is an opaque IndexError on CPU and a device-side assert on GPU: name it here instead.
         if is_torchdynamo_compiling() or input_ids.numel() == 0:
@@ -280,6 +300,10 @@ class CoreformerStack(nn.Module):
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        self._check_input_shapes(input_ids, inputs_embeds)
+        if inputs_embeds is not None and not torch.is_autocast_enabled(inputs_embeds.device.type):
+            # Embeddings computed elsewhere (another dtype) would fail deep inside the first matmul: match the model.
+            inputs_embeds = inputs_embeds.to(self.embed_tokens.weight.dtype)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
