@@ -45,3 +45,16 @@ def test_long_context_benchmark_runs_and_writes_table_json_and_plot(tmp_path):
     assert all(r["seconds"] > 0 for r in report["results"])
     assert set(report["recall_accuracy"]) == {"full", "sliding", "strided", "linear"}
     assert (tmp_path / "long_context.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_compare_harness_runs_and_checks_both_models_compute_the_same_function(tmp_path):
+    # The harness refuses to time a pair whose outputs or generated tokens differ, so a clean exit means every
+    # path (training fp32/bf16, padded encoder, dynamic and static cache generation, seq2seq) matched.
+    output = tmp_path / "compare.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--tiny", "--output", str(output)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(output.read_text())["rows"]
+    assert len(rows) == 7 and all(row["coreformer_per_s"] > 0 and row["reference_per_s"] > 0 for row in rows)
+    assert "| decoder training step (bf16) |" in result.stdout
