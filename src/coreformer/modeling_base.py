@@ -469,64 +469,6 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def build_masks(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        packed: bool,
-    ) -> dict[str, torch.Tensor | None]:
-        """One mask per attention type in the stack, in the form the configured backend wants.
-
-        "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
-        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself,
-        and so do "sliding" layers on the chunked band path. `packed`: the caller passed its own position ids, which
-        may restart mid-row (packed documents).
-        """
-        implementation = self.config._attn_implementation
-        patterns = {"sliding", "strided"} & set(self.layer_types)
-        if patterns and implementation is not None and implementation.startswith("flash"):
-            raise ValueError(
-                f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
-                f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
-            )
-        # Sliding layers run a chunked O(L·w) band kernel under sdpa when nothing constrains the keys beyond padding:
-        # no cache (whose window bookkeeping the dense mask handles) and no packed sequences (documents that
-        # restart their position ids, which transformers' mask machinery separates).
-        chunked_band = implementation == "sdpa" and cache is None and not (attention_mask is None and packed)
-        masks: dict[str, torch.Tensor | None] = {}
-        for layer_type in dict.fromkeys(self.layer_types):
-            if layer_type in ("lowrank", "linear") or (layer_type == "sliding" and chunked_band):
-                if attention_mask is not None and attention_mask.dim() != 2:
-                    raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
-                masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
-                continue
-            overlay = {
-                "full": None,
-                "sliding": sliding_window_overlay(self.config.sliding_window),
-                "strided": strided_overlay(self.config.stride),
-            }[layer_type]
-            if self.is_causal:
-                masks[layer_type] = create_causal_mask(
-                    config=self.config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    past_key_values=cache,
-                    position_ids=position_ids,
-                    and_mask_function=overlay,
-                    # Size the mask by a cache layer of this type: a sliding layer holds only its window.
-                    layer_idx=self.layer_types.index(layer_type) if cache is not None else None,
-                )
-            else:
-                masks[layer_type] = create_bidirectional_mask(
-                    config=self.config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    and_mask_function=overlay,
-                )
-        return masks
-
     @can_return_tuple
     def forward(
         self,
@@ -572,64 +514,6 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
         self.model = self.base_model_class(config)
         self.classifier = ClassificationHead(config, config.num_labels)
         self.post_init()
-
-    def build_masks(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        packed: bool,
-    ) -> dict[str, torch.Tensor | None]:
-        """One mask per attention type in the stack, in the form the configured backend wants.
-
-        "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
-        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself,
-        and so do "sliding" layers on the chunked band path. `packed`: the caller passed its own position ids, which
-        may restart mid-row (packed documents).
-        """
-        implementation = self.config._attn_implementation
-        patterns = {"sliding", "strided"} & set(self.layer_types)
-        if patterns and implementation is not None and implementation.startswith("flash"):
-            raise ValueError(
-                f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
-                f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
-            )
-        # Sliding layers run a chunked O(L·w) band kernel under sdpa when nothing constrains the keys beyond padding:
-        # no cache (whose window bookkeeping the dense mask handles) and no packed sequences (documents that
-        # restart their position ids, which transformers' mask machinery separates).
-        chunked_band = implementation == "sdpa" and cache is None and not (attention_mask is None and packed)
-        masks: dict[str, torch.Tensor | None] = {}
-        for layer_type in dict.fromkeys(self.layer_types):
-            if layer_type in ("lowrank", "linear") or (layer_type == "sliding" and chunked_band):
-                if attention_mask is not None and attention_mask.dim() != 2:
-                    raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
-                masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
-                continue
-            overlay = {
-                "full": None,
-                "sliding": sliding_window_overlay(self.config.sliding_window),
-                "strided": strided_overlay(self.config.stride),
-            }[layer_type]
-            if self.is_causal:
-                masks[layer_type] = create_causal_mask(
-                    config=self.config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    past_key_values=cache,
-                    position_ids=position_ids,
-                    and_mask_function=overlay,
-                    # Size the mask by a cache layer of this type: a sliding layer holds only its window.
-                    layer_idx=self.layer_types.index(layer_type) if cache is not None else None,
-                )
-            else:
-                masks[layer_type] = create_bidirectional_mask(
-                    config=self.config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    and_mask_function=overlay,
-                )
-        return masks
 
     @can_return_tuple
     def forward(
