@@ -1,11 +1,18 @@
 """Bad and unusual input: every config either builds a working model or is refused naming the field; odd batches and
 low precision give correct results or one clear error."""
 
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import FAMILIES, VOCAB, padded_batch, tiny_config, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers import AutoModel, AutoModelForCausalLM
 
 import coreformer as cf
 from coreformer.configuration_coreformer import LAYER_TYPES
@@ -157,3 +164,68 @@ def test_attention_mask_of_the_wrong_length_is_refused_naming_the_shapes():
     with pytest.raises(ValueError, match=r"attention_mask has shape \(3, 9\) but the input needs \(3, 10\)"):
         model(ids, attention_mask=mask[:, :9])
     assert tiny_config("encoder").vocab_size == VOCAB
+
+
+def test_a_checkpoint_of_another_family_or_model_type_is_refused(tmp_path):
+    tiny_model(cf.CoreformerDecoderForCausalLM, "decoder").save_pretrained(tmp_path / "decoder")
+    with pytest.raises(ValueError, match="'coreformer_decoder' model, not 'coreformer_encoder'"):
+        cf.CoreformerEncoderForMaskedLM.from_pretrained(tmp_path / "decoder")
+    bert = {"model_type": "bert", "vocab_size": 10, "hidden_size": 8, "num_attention_heads": 2}
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps(bert))
+    with pytest.raises(ValueError, match="convert it first with `coreformer convert"):
+        cf.CoreformerEncoderModel.from_pretrained(tmp_path / "bert")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_truncated_or_corrupt_weights_name_the_checkpoint_and_the_fix(tmp_path, damage):
+    tiny_model(cf.CoreformerDecoderForCausalLM, "decoder").save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a safetensors file" * 4)
+    with pytest.raises(ValueError, match="truncated or corrupt .* save the checkpoint again"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_a_config_from_a_newer_version_with_unknown_fields_still_loads(tmp_path):
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["attention_sink_tokens"] = 4  # a field this version does not know
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reloaded = AutoModel.from_pretrained(tmp_path)
+    ids = torch.randint(3, VOCAB, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).last_hidden_state, model(ids).last_hidden_state, atol=0, rtol=0)
+
+
+DETERMINISM = textwrap.dedent(
+    """
+    import hashlib, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from conftest import padded_batch, tiny_model
+    import coreformer as cf
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", seed=7, hidden_dropout=0.1).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids, mask = padded_batch()
+    losses = []
+    for _ in range(5):
+        loss = model(ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    print(losses, digest)
+    """
+)
+
+
+def test_the_same_seed_gives_identical_weights_and_losses_across_runs():
+    # Two fresh processes (dropout on, so the RNG matters) must agree bit for bit.
+    tests_dir = str(Path(__file__).parent)
+    runs = [
+        subprocess.run([sys.executable, "-c", DETERMINISM, tests_dir], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    assert runs[0].stdout == runs[1].stdout and runs[0].stdout.strip()

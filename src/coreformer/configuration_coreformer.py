@@ -157,6 +157,19 @@ class CoreformerConfig(PreTrainedConfig):
         if self.family_auto_map:
             self.auto_map = dict(self.family_auto_map)
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> "CoreformerConfig":
+        # transformers only warns when a config.json of another model type is loaded into this class, and the model
+        # then comes up with freshly initialised weights: refuse instead, saying what the folder holds.
+        found = config_dict.get("model_type")
+        if found and cls.model_type and found != cls.model_type:
+            if found.startswith("coreformer_"):
+                fix = f"load it with the Auto classes or the {found.split('_', 1)[1]} family's classes"
+            else:
+                fix = "convert it first with `coreformer convert SRC DST` (BERT, RoBERTa, GPT-2, BART)"
+            raise ValueError(f"This checkpoint is a '{found}' model, not '{cls.model_type}': {fix}.")
+        return super().from_dict(config_dict, **kwargs)
+
     def layer_counts(self) -> dict[str, int]:
         """The layer-count fields of this family, by name (validated to be positive)."""
         return {"num_hidden_layers": self.num_hidden_layers}

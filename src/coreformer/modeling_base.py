@@ -17,6 +17,7 @@ is the same for every family with a single stack, live here too.
 from collections.abc import Callable
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -50,6 +51,16 @@ class CoreformerPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise ValueError(
+                f"The weights of {pretrained_model_name_or_path} are truncated or corrupt ({error}): download or save "
+                f"the checkpoint again."
+            ) from error
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
