@@ -1,0 +1,82 @@
+"""Pretrain a coreformer encoder (MLM), decoder (causal LM) or seq2seq model (BART denoising) with Accelerate.
+
+    python training/pretrain.py --family decoder --preset tiny --output-dir outputs/decoder-tiny
+    accelerate launch training/pretrain.py --family encoder --preset small --output-dir outputs/encoder-small
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 training/pretrain.py --family decoder ...
+    accelerate launch --config_file training/configs/accelerate/fsdp.yaml training/pretrain.py --config FILE ...
+
+Settings come from the dataclass defaults, then the preset (training/configs/{family}-{preset}.yaml; default tiny) or
+--config FILE (YAML/JSON: the same keys plus `model:`, the family config's fields), then the flags given here. Rerun
+with --resume-from-checkpoint latest to continue a run from its newest checkpoint (bit-identical on CPU).
+Everything lives in coreformer.pretraining; this file only parses the command line.
+"""
+
+import argparse
+import sys
+import typing
+from pathlib import Path
+
+from coreformer.pretraining import (
+    FAMILIES,
+    PRESETS,
+    PretrainingArguments,
+    PretrainingError,
+    argument_fields,
+    resolve_arguments,
+    run_pretraining,
+)
+
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def _flag_type(annotation):
+    """int | None -> int; the library checks and converts again, this only gives argparse a parser."""
+    options = [option for option in typing.get_args(annotation) if option is not type(None)]
+    return options[0] if options else annotation
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pretrain.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", choices=PRESETS, help="model + run settings from training/configs (default: tiny)")
+    source.add_argument("--config", metavar="FILE", help="a YAML/JSON file of model + run settings")
+    hints = typing.get_type_hints(PretrainingArguments)
+    for spec in argument_fields():
+        flag = "--" + spec.name.replace("_", "-")
+        help_text = spec.metadata["help"]
+        kind = _flag_type(hints[spec.name])
+        if spec.name == "family":  # no default here: a --config file may name the family
+            parser.add_argument(flag, choices=FAMILIES, default=argparse.SUPPRESS, help=help_text)
+        elif kind is bool:
+            parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_text)
+        else:
+            parser.add_argument(
+                flag,
+                type=kind,
+                choices=spec.metadata.get("choices"),
+                default=argparse.SUPPRESS,  # only flags given on the command line override the preset
+                metavar=None if spec.metadata.get("choices") else spec.name.split("_")[-1].upper(),
+                help=f"{help_text} (default: {spec.default})",
+            )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    given = vars(build_parser().parse_args(argv))
+    preset, config = given.pop("preset", None), given.pop("config", None)
+    family = given.pop("family", None)
+    try:
+        args = resolve_arguments(
+            family=family, preset=preset, config_file=config, overrides=given, configs_dir=CONFIGS_DIR
+        )
+        run_pretraining(args)
+    except PretrainingError as error:
+        print(f"pretrain.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
