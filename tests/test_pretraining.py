@@ -6,6 +6,7 @@ Runs are tiny (hidden 32, 2 layers, vocab 384 trained on 12 documents, blocks of
 in this process and in every child, so that in-process and subprocess runs compute bit-identical numbers.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -179,6 +180,7 @@ def test_output_folder_loads_with_auto_classes_and_holds_card_metrics_plot(train
     saved = json.loads((output_dir / "metrics.json").read_text())
     assert saved["final_eval_loss"] == metrics["final_eval_loss"] and saved["world_size"] == 1
     assert (output_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert tokenizer.model_max_length == model.config.max_position_embeddings == 64
 
 
 def test_tracker_is_tensorboard_exactly_when_it_is_installed(trained):
@@ -434,9 +436,11 @@ def test_resume_from_a_checkpoint_of_another_family_is_refused(trained, tmp_path
     decoder_dir, _ = trained["decoder"]
     before = snapshot(decoder_dir)
     checkpoint = find_latest_checkpoint(decoder_dir)
-    with pytest.raises(PretrainingError, match="is from a decoder run; this run trains the encoder family"):
+    with pytest.raises(
+        PretrainingError, match="belongs to a run of the decoder family; this run trains the encoder family"
+    ):
         run_pretraining(tiny_args("encoder", decoder_dir, resume_from_checkpoint="latest"))
-    with pytest.raises(PretrainingError, match="is from a decoder run"):
+    with pytest.raises(PretrainingError, match="belongs to a run of the decoder family"):
         run_pretraining(tiny_args("seq2seq", tmp_path / "new", resume_from_checkpoint=str(checkpoint)))
     wider = tiny_args("decoder", decoder_dir, resume_from_checkpoint="latest", model=dict(hidden_size=64))
     with pytest.raises(PretrainingError, match="another model config .*hidden_size"):
@@ -444,30 +448,32 @@ def test_resume_from_a_checkpoint_of_another_family_is_refused(trained, tmp_path
     assert snapshot(decoder_dir) == before and not (tmp_path / "new").exists()
 
 
-def test_cli_help_documents_every_flag_and_errors_are_one_line(tmp_path):
-    env = child_env(tmp_path)
-    help_text = subprocess.run(
-        [sys.executable, str(PRETRAIN), "--help"], capture_output=True, text=True, env=env, timeout=120
-    ).stdout
+def load_cli():
+    """training/pretrain.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("pretrain_cli", PRETRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_help_documents_every_flag_and_errors_are_one_line(tmp_path, capsys):
+    cli = load_cli()
+    help_text = cli.build_parser().format_help()
     flags = "--family --preset --config --dataset --text-column --tokenizer --max-steps --batch-size --grad-accum --lr"
     flags += " --warmup-steps --mixed-precision --seed --output-dir --save-every --keep-last --eval-every"
     flags += " --resume-from-checkpoint --overwrite --block-size"
     for flag in flags.split():
         assert flag in help_text, flag
-    result = subprocess.run(
-        [sys.executable, str(PRETRAIN), "--family", "decoder", "--dataset", "nowhere/data.jsonl"]
-        + ["--output-dir", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert "(default: 0.05)" in help_text  # defaults are shown
+    argv = ["--family", "decoder", "--dataset", "nowhere/data.jsonl", "--output-dir", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "pretrain.py: error: Local data file 'nowhere/data.jsonl' does not exist."
     )
     assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        cli.main(["--family", "decoder", "--preset", "tiny", "--config", "x.yaml"])  # argparse: one or the other
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -485,6 +491,10 @@ def test_every_preset_resolves_and_pads_the_vocabulary_to_64(trained, family):
         assert config.vocab_size % 64 == 0 and len(tokenizer) <= config.vocab_size < len(tokenizer) + 64
         assert args.block_size <= config.max_position_embeddings
         build_collator(tokenizer, args)
+    if family == "decoder":  # the JSON example: a Llama-style block
+        args = resolve_arguments(config_file=CONFIGS / "decoder-tiny-llama.json")
+        config = build_model_config(args, tokenizer)
+        assert (config.norm_type, config.gated_mlp, config.num_key_value_heads) == ("rmsnorm", True, 2)
 
 
 def test_flags_override_the_config_file_which_overrides_defaults(tmp_path):

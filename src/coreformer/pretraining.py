@@ -257,7 +257,8 @@ def preset_path(family: str, preset: str, configs_dir: str | Path | None = None)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """A YAML (.yaml/.yml) or JSON (.json) run config: PretrainingArguments keys plus `model:`."""
+    """A YAML (.yaml/.yml) or JSON (.json) run config: PretrainingArguments keys plus `model:`. Top-level keys that
+    start with "_" are comments (JSON has no other kind) and are dropped."""
     path = Path(path)
     if not path.is_file():
         raise PretrainingError(f"Config file {str(path)!r} does not exist.")
@@ -279,7 +280,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise
     if not isinstance(values, dict):
         raise PretrainingError(f"Config file {str(path)!r} must hold a mapping of settings.")
-    return values
+    return {key: value for key, value in values.items() if not str(key).startswith("_")}
 
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
@@ -602,8 +603,9 @@ def resolve_resume(args: PretrainingArguments, output_dir: Path) -> Path | None:
     state = read_trainer_state(checkpoint)
     if state.get("family") != args.family:
         raise PretrainingError(
-            f"Checkpoint {str(checkpoint)!r} is from a {state.get('family')} run; this run trains the {args.family} "
-            f"family. Pass --family {state.get('family')} with the same preset, or start a new --output-dir."
+            f"Checkpoint {str(checkpoint)!r} belongs to a run of the {state.get('family')} family; this run trains the "
+            f"{args.family} family. Pass --family {state.get('family')} with the same preset, or start a new "
+            f"--output-dir."
         )
     saved_model = state.get("args", {}).get("model", {})
     if saved_model != args.model:
@@ -698,11 +700,11 @@ _PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "
 
 
 def flops_per_token(config, num_parameters: int, block_size: int) -> float:
-    """Training FLOPs per token: 6 N for the matmuls plus 12 L d T for attention (PaLM, Chowdhery et al. 2022,
-    appendix B), with N the parameters outside the embedding table."""
+    """Training FLOPs per token, forward + backward: 6 N for the weight matmuls (the tied embedding counts once, as
+    the LM head) plus 12 L d T for attention scores and values (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's
+    estimate_mfu). Exact for the decoder; for the seq2seq model each token passes one stack, so it overestimates."""
     layers = sum(config.layer_counts().values())
-    non_embedding = num_parameters - config.vocab_size * config.hidden_size
-    return 6 * non_embedding + 12 * layers * config.hidden_size * block_size
+    return 6 * num_parameters + 12 * layers * config.hidden_size * block_size
 
 
 def plot_losses(history: dict[str, list[dict]], path: Path, title: str) -> None:
@@ -732,8 +734,11 @@ MODEL_CARD_TEMPLATE = """---
 
 # {{ model_name }}
 
-A {{ description }} with {{ num_parameters }} parameters, pretrained from scratch with
-[coreformer](https://github.com/) by {{ objective }} on {{ dataset_description }}.
+A {{ description }} with {{ num_parameters }} parameters, pretrained from scratch with coreformer's
+`training/pretrain.py`.
+
+- objective: {{ objective }}
+- data: {{ dataset_description }}
 
 The architecture is coreformer's ({{ config_class }}); the modeling code is saved next to the weights, so the model
 loads with `trust_remote_code=True` where coreformer is not installed.
@@ -958,16 +963,22 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
         tokenizer = shared_tokenizer(
             accelerator, lambda: train_tokenizer(args.family, iter_texts(splits["train"]), args.vocab_size)
         )
-        tokenizer_name = f"trained here ({'WordPiece' if args.family == 'encoder' else 'byte-level BPE'})"
+        tokenizer_name = (
+            f"{'WordPiece' if args.family == 'encoder' else 'byte-level BPE'} trained on the training split"
+        )
     config = build_model_config(args, tokenizer)
-    train_examples = build_examples(splits["train"], tokenizer, args)
-    eval_examples = build_examples(splits["validation"], tokenizer, args)
+    with accelerator.main_process_first():  # a dataset on disk: the main process writes the map caches, others read
+        train_examples = build_examples(splits["train"], tokenizer, args)
+        eval_examples = build_examples(splits["validation"], tokenizer, args)
     for name, examples in (("training", train_examples), ("held-out", eval_examples)):
         if len(examples) == 0:
             raise PretrainingError(
                 f"The {name} split gives no example of --block-size {args.block_size} tokens; use more text or a "
                 f"smaller --block-size."
             )
+    # So that `tokenizer(text, truncation=True)` on the saved tokenizer stops where the model's positions do (set
+    # after tokenizing: documents longer than this are meant to be windowed or packed, not warned about).
+    tokenizer.model_max_length = min(tokenizer.model_max_length, config.max_position_embeddings)
 
     # ---- the run folder ----
     accelerator.wait_for_everyone()
@@ -1050,7 +1061,7 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
         initial=step,
         desc=f"{args.family} pretraining",
         unit="step",
-        disable=not accelerator.is_local_main_process,
+        disable=not accelerator.is_main_process,
         dynamic_ncols=True,
     )
     data = iter(loader)
