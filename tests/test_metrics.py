@@ -274,3 +274,52 @@ def test_generation_metrics_decode_ids_and_match_the_libraries():
     assert result["bleu"] == close(sacrebleu_library.corpus_bleu(generated, [reference]).score)
     special = {tokenizer.pad_token_id}
     assert result["gen_len"] == close(np.mean([sum(t not in special for t in row) for row in predicted]))
+
+
+@pytest.mark.parametrize(
+    ("family", "head", "causal"),
+    [
+        ("decoder", cf.CoreformerDecoderForCausalLM, True),
+        ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False),
+    ],
+)
+def test_trainer_evaluate_reports_the_perplexity_of_its_loss(family, head, causal, tmp_path):
+    """Wired into Trainer (preprocess_logits_for_metrics before gathering): one evaluation batch of equal-length
+    rows, so Trainer's eval_loss is the token mean and the perplexity must be exp(eval_loss)."""
+    from transformers import Trainer, TrainingArguments
+
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.randint(3, 99, (6, 8), generator=generator)
+    dataset = [{"input_ids": row, "labels": row} for row in rows]
+    compute_metrics, preprocess = language_modeling_metrics(causal=causal)
+    arguments = TrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=8, report_to=[], use_cpu=True, disable_tqdm=True
+    )
+    trainer = Trainer(
+        model=tiny_model(head, family),
+        args=arguments,
+        eval_dataset=dataset,
+        compute_metrics=compute_metrics,
+        preprocess_logits_for_metrics=preprocess,
+    )
+    result = trainer.evaluate()
+    assert result["eval_perplexity"] == close(math.exp(result["eval_loss"]), rel=1e-5)
+
+
+def test_trainer_evaluate_reads_seq2seq_classifier_logits(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randint(3, 99, (6, 8), generator=generator)
+    rows[:, -1] = 2  # the seq2seq classifier pools at eos
+    labels = torch.tensor([0, 1, 1, 0, 1, 0])
+    dataset = [{"input_ids": row, "labels": label} for row, label in zip(rows, labels, strict=True)]
+    model = tiny_model(cf.CoreformerSeq2SeqForSequenceClassification, "seq2seq", num_labels=2)
+    arguments = TrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=4, report_to=[], use_cpu=True, disable_tqdm=True
+    )
+    trainer = Trainer(model=model, args=arguments, eval_dataset=dataset, compute_metrics=classification_metrics())
+    result = trainer.evaluate()
+    with torch.no_grad():
+        predicted = model(input_ids=rows).logits.argmax(-1)
+    assert result["eval_accuracy"] == close((predicted == labels).float().mean().item())
