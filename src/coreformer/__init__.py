@@ -43,6 +43,7 @@ from .modeling_seq2seq import (
     CoreformerSeq2SeqForSequenceClassification,
     CoreformerSeq2SeqModel,
 )
+from .pipelines import save_with_pipeline  # importing registers the custom QA and text2text pipeline tasks
 
 __version__ = "0.1.0"
 
@@ -94,4 +95,5 @@ __all__ = [
     "CoreformerSeq2SeqForConditionalGeneration",
     "CoreformerSeq2SeqForSequenceClassification",
     "convert_from_hf",
+    "save_with_pipeline",
 ]

@@ -1,6 +1,7 @@
 """The `coreformer` console command (declared in pyproject.toml as `coreformer = "coreformer.cli:main"`).
 
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
+    coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] -o map.png
 
 `convert` reads a local transformers checkpoint folder (config.json + model.safetensors or pytorch_model.bin),
 converts it with `convert_from_hf` and writes a coreformer folder that loads with `trust_remote_code=True` where
@@ -20,6 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from . import attention_maps
+from .pipelines import save_with_pipeline
 
 CHECK_TOLERANCE = 1e-4
 WEIGHT_FILES = (
@@ -194,9 +198,12 @@ def convert(args: argparse.Namespace) -> int:
     print(f"converted {type(hf_model).__name__} -> {type(model).__name__}")
 
     with staged_folder(dst, args.overwrite) as staging:
-        model.save_pretrained(staging)  # config.json, model.safetensors, generation_config.json, modeling *.py
         if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
+            # config.json, model.safetensors, generation_config.json, modeling *.py, tokenizer, and for QA and
+            # seq2seq heads the custom pipeline that serves them (transformers 5 dropped those tasks).
+            save_with_pipeline(model, tokenizer, staging)
+        else:
+            model.save_pretrained(staging)
         if args.check:
             # Check the written folder, not the in-memory model: that also covers saving and loading.
             reloaded = type(model).from_pretrained(staging).eval()
@@ -228,7 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
     convert_parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
     convert_parser.add_argument("--skip-tokenizer", action="store_true", help="do not copy the tokenizer")
     convert_parser.set_defaults(handler=convert)
+
+    maps_parser = commands.add_parser("attention-map", help="plot a saved model's attention probabilities for a text")
+    attention_maps.build_parser(maps_parser)
+    maps_parser.set_defaults(handler=attention_map)
     return parser
+
+
+def attention_map(args: argparse.Namespace) -> int:
+    try:
+        return attention_maps.run(args)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
 
 
 def main(argv: list[str] | None = None) -> int:
