@@ -125,7 +125,8 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     for family in FAMILIES:
         output_dir = tmp_path_factory.mktemp(f"run-{family}")
         report_to = "auto" if family == "decoder" else "none"
-        args = tiny_args(family, output_dir, save_every=10, keep_last=2, report_to=report_to)
+        prompt = "import " if family == "encoder" else "def "
+        args = tiny_args(family, output_dir, save_every=10, keep_last=2, report_to=report_to, sample_prompt=prompt)
         runs[family] = (output_dir, run_pretraining(args))
     return runs
 
@@ -179,8 +180,12 @@ def test_output_folder_loads_with_auto_classes_and_holds_card_metrics_plot(train
     assert f"{metrics['final_eval_loss']:.4f}" in card and AUTO_CLASSES[family].__name__ in card
     saved = json.loads((output_dir / "metrics.json").read_text())
     assert saved["final_eval_loss"] == metrics["final_eval_loss"] and saved["world_size"] == 1
+    assert saved["sample"] == metrics["sample"]
     assert (output_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert tokenizer.model_max_length == model.config.max_position_embeddings == 64
+    # --sample-prompt: the final folder reloaded through the Auto classes, and what it makes of a prompt
+    assert metrics["sample"].startswith("import " if family == "encoder" else "def ")
+    assert len(metrics["sample"]) > len("import [MASK]")
 
 
 def test_tracker_is_tensorboard_exactly_when_it_is_installed(trained):

@@ -188,6 +188,11 @@ class PretrainingArguments:
     )
     report_to: str = _arg("auto", "tracker: tensorboard, none, or auto (tensorboard when installed)", choices=REPORT_TO)
     num_workers: int = _arg(0, "DataLoader worker processes")
+    sample_prompt: str | None = _arg(
+        None,
+        "at the end, reload the final folder with its Auto class and print a sample for this prompt (generated text; "
+        "the encoder's top predictions for [MASK])",
+    )
 
     def __post_init__(self) -> None:
         choices = {"family": FAMILIES, "mixed_precision": MIXED_PRECISION, "report_to": REPORT_TO}
@@ -837,6 +842,32 @@ def _looks_local(source: str) -> bool:
     return Path(source).expanduser().exists() or source.startswith((".", "/", "~")) or any(c in source for c in "*?[")
 
 
+@torch.no_grad()
+def sample_from_folder(folder: str | Path, family: str, prompt: str, *, seed: int = 0, max_new_tokens: int = 64) -> str:
+    """Load `folder` the way a user would (Auto class + AutoTokenizer) and show what the model does with `prompt`:
+    the prompt continued (decoder) or "prompt -> output" (seq2seq), sampled with top-k 40 and temperature 0.8; for
+    the encoder, "prompt -> the five likeliest tokens at [MASK]" (a [MASK] is appended when the prompt has none)."""
+    import transformers
+
+    model = getattr(transformers, _FAMILY[family]["auto_class"]).from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if family == "encoder":
+        text = prompt if tokenizer.mask_token in prompt else f"{prompt}{tokenizer.mask_token}"
+        inputs = tokenizer(text, return_tensors="pt")
+        position = (inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero()[0, 0]
+        top = model(**inputs).logits[0, position].topk(5).indices
+        return f"{text} -> {tokenizer.convert_ids_to_tokens(top.tolist())}"
+    inputs = tokenizer(prompt, return_tensors="pt")
+    used = inputs["input_ids"].shape[1] if family == "decoder" else 1  # positions taken before the first new token
+    max_new_tokens = max(1, min(max_new_tokens, model.config.max_position_embeddings - used))
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    generated = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True, top_k=40, temperature=0.8)
+    torch.random.set_rng_state(generator_state)
+    text = tokenizer.decode(generated[0], skip_special_tokens=True)
+    return text if family == "decoder" else f"{prompt} -> {text}"  # seq2seq: the prompt denoised
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1010,7 +1041,7 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
         lr=args.lr,
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon,
-        fused=accelerator.device.type == "cuda" or None,  # fused kernels exist for CUDA tensors only
+        fused=True if accelerator.device.type == "cuda" else None,  # fused kernels exist for CUDA tensors only
     )
     scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -1183,6 +1214,12 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
             f"done: {step} steps, held-out loss {history['eval'][0]['loss']:.4f} -> {last_eval['loss']:.4f} "
             f"(perplexity {last_eval['perplexity']:.2f}), {tokens_per_second or 0:,.0f} tokens/s; wrote {output_dir}"
         )
+        if args.sample_prompt is not None:
+            metrics["sample"] = sample_from_folder(output_dir, args.family, args.sample_prompt, seed=args.seed)
+            _write_json(output_dir / f".{METRICS}.tmp", metrics)
+            os.replace(output_dir / f".{METRICS}.tmp", output_dir / METRICS)
+            accelerator.print(f"sample ({_FAMILY[args.family]['auto_class']}.from_pretrained({str(output_dir)!r})):")
+            accelerator.print(metrics["sample"])
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return metrics
