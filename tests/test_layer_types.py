@@ -1,5 +1,6 @@
 """Efficient attention per layer (`layer_types`): each type against an explicit reference, caches, and whole models."""
 
+import json
 import os
 import subprocess
 import sys
@@ -346,3 +347,14 @@ def test_full_attention_learns_associative_recall():
     accuracy = train_associative_recall(config, task, steps=800, lr=1e-3)
     chance = 1 / task.num_values
     assert accuracy > 0.9, f"accuracy {accuracy:.3f} (chance {chance:.3f})"
+
+
+def test_all_full_layer_types_stay_out_of_config_json_and_come_back_on_load(tmp_path):
+    # transformers' generic config (used e.g. by AutoTokenizer where coreformer is not installed) rejects layer-type
+    # names it does not know, so the default is not written; non-default lists are, and both round-trip.
+    for name, overrides in {"default": {}, "mixed": dict(layer_types=["sliding", "full"], sliding_window=2)}.items():
+        config = tiny_config("decoder", **overrides)
+        config.save_pretrained(tmp_path / name)
+        written = json.loads((tmp_path / name / "config.json").read_text())
+        assert ("layer_types" in written) == (name == "mixed")
+        assert cf.CoreformerDecoderConfig.from_pretrained(tmp_path / name).layer_types == config.layer_types

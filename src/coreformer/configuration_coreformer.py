@@ -157,6 +157,16 @@ class CoreformerConfig(PreTrainedConfig):
         if self.family_auto_map:
             self.auto_map = dict(self.family_auto_map)
 
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        # An all-"full" list is the default and is rebuilt on load; leaving it out of config.json keeps the file
+        # readable by transformers' generic config (AutoTokenizer on a machine without coreformer), whose strict
+        # validation knows only transformers' own layer-type names.
+        for name in self.stack_layer_types():
+            if set(output.get(name) or ()) <= {"full"}:
+                output.pop(name, None)
+        return output
+
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs) -> "CoreformerConfig":
         # transformers only warns when a config.json of another model type is loaded into this class, and the model
