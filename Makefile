@@ -1,5 +1,6 @@
 # Two entry points, each setting up .venv itself on a fresh machine with only Python:
-#   make demo   build, save, reload and generate with a tiny model of each family
+#   make demo   pretrain a tiny decoder on the embedded corpus (a few minutes on 2 CPU cores), reload it with
+#               AutoModelForCausalLM and print a generated sample
 #   make test   the test suite (CPU, offline)
 PYTHON ?= python3
 VENV := .venv
@@ -21,7 +22,8 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python training/demo.py
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python training/pretrain.py --family decoder --preset tiny \
+		--output-dir outputs/quickstart --overwrite --sample-prompt "def "
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2
