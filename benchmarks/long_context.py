@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import coreformer as cf
-from coreformer.synthetic import AssociativeRecall, train_associative_recall
+from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
 
 TYPES = ("full", "sliding", "strided", "lowrank", "linear")
 # "full_eager": full attention under the eager backend, which materialises the L x L probabilities. torch's sdpa
@@ -100,22 +100,7 @@ def recall_accuracy(args: argparse.Namespace) -> dict[str, float]:
     task = AssociativeRecall()
     accuracies = {}
     for layer_type in ("full", "sliding", "strided", "linear"):
-        config = cf.CoreformerDecoderConfig(
-            vocab_size=task.vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=task.length,
-            position_embedding_type="rotary",
-            hidden_dropout=0.0,
-            pad_token_id=0,
-            bos_token_id=None,
-            eos_token_id=None,
-            layer_types=[layer_type] * 2,
-            sliding_window=2,
-            stride=3,
-        )
+        config = recall_model_config(task, layer_type)
         accuracies[layer_type] = train_associative_recall(config, task, steps=args.recall_steps, lr=1e-3)
         print(f"  recall {layer_type:8s} accuracy {accuracies[layer_type]:.3f}", flush=True)
     return accuracies

@@ -13,7 +13,7 @@ from transformers.cache_utils import DynamicCache
 
 import coreformer as cf
 from coreformer.attention import elu_feature_map, linear_attention, performer_feature_map, sliding_window_attention
-from coreformer.synthetic import AssociativeRecall, train_associative_recall
+from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
 
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
 
@@ -331,19 +331,7 @@ def test_full_attention_learns_associative_recall():
     # Two layers of full attention must find an earlier key and copy what followed it (an induction circuit); it
     # appears abruptly, after ~500 steps here. How the other types do is reported by benchmarks/long_context.py.
     task = AssociativeRecall()
-    config = cf.CoreformerDecoderConfig(
-        vocab_size=task.vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=task.length,
-        position_embedding_type="rotary",
-        hidden_dropout=0.0,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+    config = recall_model_config(task, "full")
     accuracy = train_associative_recall(config, task, steps=800, lr=1e-3)
     chance = 1 / task.num_values
     assert accuracy > 0.9, f"accuracy {accuracy:.3f} (chance {chance:.3f})"

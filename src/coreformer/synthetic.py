@@ -46,6 +46,27 @@ class AssociativeRecall:
         return ids, labels
 
 
+def recall_model_config(task: AssociativeRecall, layer_type: str = "full") -> CoreformerDecoderConfig:
+    """The small decoder the recall results are quoted for: 2 layers of `layer_type`, 64 wide, 2 heads, rotary
+    positions; sliding layers see 2 tokens back, strided layers use stride 3."""
+    return CoreformerDecoderConfig(
+        vocab_size=task.vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=task.length,
+        position_embedding_type="rotary",
+        hidden_dropout=0.0,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        layer_types=[layer_type] * 2,
+        sliding_window=2,
+        stride=3,
+    )
+
+
 def train_associative_recall(
     config: CoreformerDecoderConfig,
     task: AssociativeRecall = AssociativeRecall(),
