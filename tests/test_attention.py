@@ -55,27 +55,25 @@ def test_flex_attention_matches_eager_with_padding(family, variant_name):
     _assert_backend_matches_eager(family, "flex_attention", VARIANTS[variant_name])
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
-def test_encoder_is_bidirectional(backend):
-    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+def _outputs_before_and_after_changing_the_last_token(model_class, family: str, backend: str):
+    model = tiny_model(model_class, family)
     model.set_attn_implementation(backend)
     ids = torch.randint(3, VOCAB, (1, 8))
     changed = ids.clone()
     changed[0, -1] = (ids[0, -1] + 1 - 3) % (VOCAB - 3) + 3
     with torch.no_grad():
-        before, after = model(ids).last_hidden_state, model(changed).last_hidden_state
+        return model(ids).last_hidden_state, model(changed).last_hidden_state
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_encoder_is_bidirectional(backend):
+    before, after = _outputs_before_and_after_changing_the_last_token(cf.CoreformerEncoderModel, "encoder", backend)
     assert (before[0, 0] - after[0, 0]).abs().max() > 1e-4, "a later token must change earlier encoder outputs"
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_decoder_is_causal(backend):
-    model = tiny_model(cf.CoreformerDecoderModel, "decoder")
-    model.set_attn_implementation(backend)
-    ids = torch.randint(3, VOCAB, (1, 8))
-    changed = ids.clone()
-    changed[0, -1] = (ids[0, -1] + 1 - 3) % (VOCAB - 3) + 3
-    with torch.no_grad():
-        before, after = model(ids).last_hidden_state, model(changed).last_hidden_state
+    before, after = _outputs_before_and_after_changing_the_last_token(cf.CoreformerDecoderModel, "decoder", backend)
     torch.testing.assert_close(before[0, :-1], after[0, :-1], atol=0, rtol=0)
     assert (before[0, -1] - after[0, -1]).abs().max() > 1e-4
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import PAD, VARIANTS, VOCAB, padded_batch, tiny_model
+from conftest import PAD, VARIANTS, VOCAB, decode_incrementally, padded_batch, tiny_model
 from transformers.cache_utils import DynamicCache, StaticCache
 
 import coreformer as cf
@@ -17,15 +17,9 @@ def _greedy(model, ids, mask, **kwargs):
 def test_decoder_incremental_decoding_equals_full_forward(variant_name):
     model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **VARIANTS[variant_name])
     ids, mask = padded_batch(left=True)
-    with torch.no_grad():
-        full = model(ids, attention_mask=mask).logits
-        out = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
-        steps, cache = [out.logits], out.past_key_values
-        for t in range(6, ids.shape[1]):
-            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
-            steps.append(out.logits)
+    incremental, full, cache = decode_incrementally(model, ids, mask)
     real = mask.bool()
-    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(incremental[real], full[real], atol=1e-5, rtol=0)
 
 
 def test_seq2seq_incremental_decoding_equals_full_forward():

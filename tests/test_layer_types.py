@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, padded_batch, tiny_config, tiny_model
+from conftest import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache
 
 import coreformer as cf
@@ -165,15 +165,9 @@ def test_cached_decoding_equals_the_full_forward(layer_type):
         **PARAMETERS,
     )
     ids, mask = padded_batch(length=14, left=True)
-    with torch.no_grad():
-        full = model(ids, attention_mask=mask).logits
-        out = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
-        steps, cache = [out.logits], out.past_key_values
-        for t in range(6, ids.shape[1]):
-            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
-            steps.append(out.logits)
+    incremental, full, cache = decode_incrementally(model, ids, mask)
     real = mask.bool()
-    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(incremental[real], full[real], atol=1e-5, rtol=0)
     if layer_type == "sliding":
         # The sliding layer keeps only its window; the full layer keeps everything.
         assert cache.layers[0].keys.shape[2] == PARAMETERS["sliding_window"]
