@@ -19,6 +19,7 @@ import transformers
 
 from coreformer import CoreformerEncoderModel, cli, convert_from_hf
 from coreformer.conversion import SUPPORTED_ARCHITECTURES
+from coreformer.model_card import validate_model_card
 
 TOLERANCE = 1e-4
 VOCAB = 99
@@ -296,6 +297,12 @@ def test_cli_convert_check_passes_on_tiny_checkpoints(tmp_path, capsys, name, we
     assert (dst / "model.safetensors").is_file() and (dst / "modeling_base.py").is_file()
     assert (dst / "generation_config.json").is_file() == name.endswith(("LMHeadModel", "ConditionalGeneration"))
     assert leftovers(dst.parent) == []
+    # the model card: kind "converted", the source, and the measured difference in its model-index
+    card = validate_model_card(dst / "README.md")
+    assert "converted" in card.data.tags and card.data.license == "other"  # the tiny source has no card
+    (result,) = card.data.eval_results
+    assert result.metric_type == "max_abs_diff_vs_transformers" and 0 <= result.metric_value <= cli.CHECK_TOLERANCE
+    assert f"`{src}`" in card.text and f'from_pretrained("{dst}", trust_remote_code=True)' in card.text
 
 
 def break_unsupported(src: Path) -> None:
@@ -437,3 +444,14 @@ def test_remote_code_load_without_coreformer_matches_transformers(converted_mini
     assert result.returncode == 0, result.stderr[-3000:]
     difference = float(result.stdout.split("max abs difference")[-1])
     assert difference <= TOLERANCE
+
+
+def test_cli_converted_card_carries_the_source_license_and_hub_datasets(tmp_path):
+    src = save_tiny_checkpoint("BertForMaskedLM", tmp_path / "src")
+    (src / "README.md").write_text("---\nlicense: mit\ndatasets:\n- wikitext\n- ./local.txt\n---\n# source\n")
+    dst = tmp_path / "dst"
+    assert cli.main(["convert", str(src), str(dst)]) == 0
+    card = validate_model_card(dst)
+    assert card.data.license == "mit" and card.data.datasets == ["wikitext"]  # local paths never reach metadata
+    assert card.data.pipeline_tag == "fill-mask" and card.data.eval_results is None  # no --check, no numbers
+    assert "was not checked against the source model" in card.text

@@ -5,8 +5,9 @@
 
 `convert` reads a local transformers checkpoint folder (config.json + model.safetensors or pytorch_model.bin),
 converts it with `convert_from_hf` and writes a coreformer folder that loads with `trust_remote_code=True` where
-coreformer is not installed. DST is built in a temporary sibling folder and renamed into place only when everything
-(and `--check`, if asked) succeeded, so a failed run leaves nothing behind.
+coreformer is not installed, with a model card (README.md, model_cards/converted.md: the source, and the `--check`
+difference in its model-index when the check ran). DST is built in a temporary sibling folder and renamed into place
+only when everything (and `--check`, if asked) succeeded, so a failed run leaves nothing behind.
 
 Each subcommand is a function `(args) -> exit code` registered in `build_parser`. Exit codes: 0 success, 1 `--check`
 found a difference above tolerance, 2 a usage or input error (one message on stderr, nothing written).
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from . import attention_maps
+from .model_card import ModelCardInfo, is_hub_id, write_model_card
 from .pipelines import save_with_pipeline
 
 CHECK_TOLERANCE = 1e-4
@@ -214,8 +216,90 @@ def convert(args: argparse.Namespace) -> int:
             if worst > CHECK_TOLERANCE:
                 print(f"check failed: {worst:.3g} > {CHECK_TOLERANCE}; {dst} not written.", file=sys.stderr)
                 raise _CheckFailedError
+        info = converted_card_info(src, hf_model, model, tokenizer, differences if args.check else None)
+        write_model_card(staging, info, path_hint=str(dst))
     print(f"wrote {dst}")
     return 0
+
+
+# The Hub pipeline tag of each coreformer head, by class-name suffix (multiple choice has none).
+_PIPELINE_TAGS = {
+    "ForMaskedLM": "fill-mask",
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
+    "ForCausalLM": "text-generation",
+    "ForConditionalGeneration": "text2text-generation",
+    "Model": "feature-extraction",
+}
+
+
+def _source_card_metadata(src: Path) -> dict:
+    """The metadata of the source folder's README.md (license, datasets), or {} when it has no readable card."""
+    from huggingface_hub import ModelCard
+
+    try:
+        return ModelCard.load(src / "README.md").data.to_dict() if (src / "README.md").is_file() else {}
+    except Exception:  # a card without metadata or with metadata huggingface_hub rejects: nothing to carry over
+        return {}
+
+
+def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict[str, float] | None) -> ModelCardInfo:
+    """The card of a converted folder: what it was converted from, and the `--check` differences when measured.
+    License and Hub datasets come from the source folder's card when it has one (the weights are the source's); with
+    no card the license is "other" and the text says the source's terms apply."""
+    source_card = _source_card_metadata(src)
+    datasets = source_card.get("datasets") or []
+    datasets = [datasets] if isinstance(datasets, str) else datasets
+    datasets = [name for name in datasets if isinstance(name, str) and is_hub_id(name)]
+    source_license = source_card.get("license") if isinstance(source_card.get("license"), str) else None
+    limitations = ""  # the template's default
+    if source_license is None:
+        limitations = (
+            "The source folder has no model card, so its license is not recorded here (`license: other`): the terms "
+            "of the source checkpoint apply. Outputs match the source model up to floating-point rounding, as "
+            "measured above when the check was run."
+        )
+    name = type(model).__name__
+    family = {"coreformer_encoder": "encoder", "coreformer_decoder": "decoder", "coreformer_seq2seq": "seq2seq"}[
+        model.config.model_type
+    ]
+    pipeline_tag = next((tag for suffix, tag in _PIPELINE_TAGS.items() if name.endswith(suffix)), None)
+    hyperparameters = [
+        ("source class", type(hf_model).__name__),
+        ("coreformer class", name),
+        ("source folder", f"`{src}`"),
+        ("tokenizer", "copied from the source" if tokenizer is not None else "none (not in the source, or skipped)"),
+    ]
+    eval_results = {}
+    if differences is not None:
+        eval_results["max_abs_diff_vs_transformers"] = max(differences.values())
+        for key, value in differences.items():
+            hyperparameters.append((f"check: max abs difference, {key}", f"{value:.3g}"))
+        hyperparameters.append(("check tolerance", CHECK_TOLERANCE))
+        inputs = "tokenized sample texts" if tokenizer is not None else "random token ids"
+        hyperparameters.append(("check inputs", f"{inputs}, right-padded; padding positions ignored"))
+    return ModelCardInfo(
+        kind="converted",
+        title=f"coreformer {name} from {src.resolve().name}",
+        family=family,
+        auto_class=type(model)._auto_class,
+        summary=(
+            f"`{type(hf_model).__name__}` from `{src}` converted to coreformer's `{name}` with `coreformer convert`: "
+            f"the same weights under coreformer's parameter names, computing the same outputs."
+        ),
+        num_parameters=model.num_parameters(),
+        base_model=str(src),
+        datasets=datasets,
+        pipeline_tag=pipeline_tag,
+        task_type=pipeline_tag or "multiple-choice",
+        eval_results=eval_results,
+        eval_dataset="coreformer convert --check sample batch",
+        hyperparameters=hyperparameters,
+        license=source_license or "other",
+        limitations=limitations,
+        tags=["conversion"],
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -85,17 +85,21 @@ def is_hub_id(name: str) -> bool:
     return bool(_HUB_ID.fullmatch(name)) and ".." not in name and not Path(name).expanduser().exists()
 
 
-def format_value(value: Any) -> str:
-    """A table cell: floats to 4 decimals (or 3 significant digits when tiny or huge), `|` escaped."""
-    if isinstance(value, float):
-        text = f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.3g}"
-    elif isinstance(value, int) and not isinstance(value, bool):
+def format_metric(value: float) -> str:
+    """A metric for the card's text: 4 decimals, or 3 significant digits when tiny or huge."""
+    return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.3g}"
+
+
+def format_cell(value: Any) -> str:
+    """A markdown table cell: ints with thousands separators, None as "none"; `|`, `<` and newlines escaped so the
+    table keeps its shape and `</s>` stays visible."""
+    if isinstance(value, int) and not isinstance(value, bool):
         text = f"{value:,}"
     elif value is None:
         text = "none"
     else:
         text = str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return text.replace("|", "\\|").replace("<", "&lt;").replace("\n", " ")
 
 
 def _check_info(info: ModelCardInfo) -> None:
@@ -162,9 +166,9 @@ def render_model_card(info: ModelCardInfo, path_hint: str = "path/to/folder") ->
         auto_class=info.auto_class,
         path=path_hint,
         usage=info.usage.strip(),
-        hyperparameters=[(format_value(name), format_value(value)) for name, value in info.hyperparameters],
+        hyperparameters=[(format_cell(name), format_cell(value)) for name, value in info.hyperparameters],
         eval_dataset=info.eval_dataset or (info.datasets[0] if info.datasets else None),
-        metric_rows=[(format_value(name), format_value(float(value))) for name, value in info.eval_results.items()],
+        metric_rows=[(format_cell(name), format_metric(float(value))) for name, value in info.eval_results.items()],
         intended_use=info.intended_use.strip(),
         limitations=info.limitations.strip(),
     )

@@ -5,7 +5,7 @@
     run_pretraining(args) -> dict    tokenizer, data, model, Accelerate loop, checkpoints, final folder; the metrics
     find_latest_checkpoint(dir)      newest complete `checkpoints/step-N` (temporary folders never count)
     GlobalBatches                    global batch number -> collated batch: the data order of every run
-    render_model_card(...)           the final folder's README.md (huggingface_hub ModelCard)
+    render_model_card(...)           the final folder's README.md (model_card_info -> coreformer.model_card)
 
 Objectives, one per family (collators in pretraining_data.py):
 
@@ -59,6 +59,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
 from .configuration_coreformer import CoreformerDecoderConfig, CoreformerEncoderConfig, CoreformerSeq2SeqConfig
+from .model_card import ModelCardInfo
+from .model_card import render_model_card as render_card
 from .modeling_decoder import CoreformerDecoderForCausalLM
 from .modeling_encoder import CoreformerEncoderForMaskedLM
 from .modeling_seq2seq import CoreformerSeq2SeqForConditionalGeneration
@@ -733,49 +735,6 @@ def plot_losses(history: dict[str, list[dict]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-MODEL_CARD_TEMPLATE = """---
-{{ card_data }}
----
-
-# {{ model_name }}
-
-A {{ description }} with {{ num_parameters }} parameters, pretrained from scratch with coreformer's
-`training/pretrain.py`.
-
-- objective: {{ objective }}
-- data: {{ dataset_description }}
-
-The architecture is coreformer's ({{ config_class }}); the modeling code is saved next to the weights, so the model
-loads with `trust_remote_code=True` where coreformer is not installed.
-
-## How to load
-
-```python
-from transformers import AutoTokenizer, {{ auto_class }}
-
-tokenizer = AutoTokenizer.from_pretrained("{{ path }}", trust_remote_code=True)
-model = {{ auto_class }}.from_pretrained("{{ path }}", trust_remote_code=True)
-{{ usage }}
-```
-
-## Training
-
-| setting | value |
-|---|---|
-{% for name, value in hyperparameters %}| {{ name }} | {{ value }} |
-{% endfor %}
-## Evaluation
-
-Held-out split ({{ eval_tokens }} label tokens): loss **{{ eval_loss }}** nats/token, perplexity
-**{{ eval_perplexity }}**, after {{ steps }} steps ({{ tokens_seen }} training tokens, {{ tokens_per_second }}
-tokens/s on {{ device }}).
-
-## Limitations
-
-A small research model trained on a small corpus: it has not been evaluated on any downstream task and is not meant
-for production use.
-"""
-
 _USAGE = {
     "encoder": 'inputs = tokenizer("import [MASK]", return_tensors="pt")\nlogits = model(**inputs).logits',
     "decoder": 'inputs = tokenizer("def ", return_tensors="pt")\n'
@@ -785,25 +744,27 @@ _USAGE = {
 }
 
 
-def render_model_card(args: PretrainingArguments, metrics: dict[str, Any], path_hint: str) -> str:
-    """README.md of the final folder: metadata (license, library, tags, datasets) + how to load + the numbers."""
-    from huggingface_hub import ModelCard, ModelCardData
-
+def model_card_info(args: PretrainingArguments, metrics: dict[str, Any]) -> ModelCardInfo:
+    """What the final folder's card says (model_cards/pretrained.md): the run's settings and its held-out numbers,
+    which also go into the card's model-index (loss and perplexity on the held-out split)."""
     family = _FAMILY[args.family]
     hub_dataset = args.dataset if args.dataset and not _looks_local(args.dataset) else None
-    card_data = ModelCardData(
-        license="apache-2.0",
-        library_name="transformers",
-        pipeline_tag=family["pipeline_tag"],
-        tags=["coreformer", args.family, "pretraining", "custom_code"],
-        datasets=[hub_dataset] if hub_dataset else None,
-    )
     if args.dataset is None:
         dataset_description = "the Python standard library's own source files (coreformer's embedded corpus)"
     else:
         dataset_description = f"`{args.dataset}`" + (f" ({args.dataset_config})" if args.dataset_config else "")
+    tokens_per_second = f"{metrics['tokens_per_second']:,.0f}" if metrics["tokens_per_second"] else "n/a"
+    summary = (
+        f"A {family['description']} with {metrics['num_parameters']:,} parameters, pretrained from scratch with "
+        f"coreformer's `training/pretrain.py` on {dataset_description}. After {metrics['steps']} steps "
+        f"({metrics['tokens_seen']:,} training tokens, {tokens_per_second} tokens/s on {metrics['device']}) the "
+        f"held-out loss is {metrics['final_eval_loss']:.4f} nats/token (perplexity "
+        f"{metrics['final_eval_perplexity']:.2f}) on {metrics['final_eval_tokens']:,} held-out label tokens. The "
+        f"architecture is coreformer's ({family['config'].__name__})."
+    )
     hyperparameters = [
         ("preset / config", args.preset),
+        ("objective", family["objective"]),
         ("steps", metrics["steps"]),
         ("processes x micro-batch x accumulation", f"{metrics['world_size']} x {args.batch_size} x {args.grad_accum}"),
         ("block size", args.block_size),
@@ -814,28 +775,30 @@ def render_model_card(args: PretrainingArguments, metrics: dict[str, Any], path_
         ("vocabulary", f"{metrics['vocab_size']} ({metrics['tokenizer']})"),
         ("seed", args.seed),
     ]
-    card = ModelCard.from_template(
-        card_data,
-        template_str=MODEL_CARD_TEMPLATE,
-        model_name=f"coreformer {args.family} ({args.preset})",
-        description=family["description"],
-        num_parameters=f"{metrics['num_parameters']:,}",
-        objective=family["objective"],
-        dataset_description=dataset_description,
-        config_class=family["config"].__name__,
+    return ModelCardInfo(
+        kind="pretrained",
+        title=f"coreformer {args.family} ({args.preset})",
+        family=args.family,
         auto_class=family["auto_class"],
-        path=path_hint,
-        usage=_USAGE[args.family],
+        summary=summary,
+        num_parameters=metrics["num_parameters"],
+        datasets=[hub_dataset] if hub_dataset else [],
+        dataset_description=dataset_description,
+        pipeline_tag=family["pipeline_tag"],
+        task_type=family["pipeline_tag"],
+        task_name=family["objective"].split(" (")[0],
+        eval_results={"loss": metrics["final_eval_loss"], "perplexity": metrics["final_eval_perplexity"]},
+        eval_dataset=hub_dataset or f"{args.dataset or 'coreformer embedded corpus'} (held-out split)",
         hyperparameters=hyperparameters,
-        eval_tokens=f"{metrics['final_eval_tokens']:,}",
-        eval_loss=f"{metrics['final_eval_loss']:.4f}",
-        eval_perplexity=f"{metrics['final_eval_perplexity']:.2f}",
-        steps=metrics["steps"],
-        tokens_seen=f"{metrics['tokens_seen']:,}",
-        tokens_per_second=f"{metrics['tokens_per_second']:,.0f}" if metrics["tokens_per_second"] else "n/a",
-        device=metrics["device"],
+        usage=_USAGE[args.family],
+        tags=["pretraining"],
     )
-    return str(card)
+
+
+def render_model_card(args: PretrainingArguments, metrics: dict[str, Any], path_hint: str) -> str:
+    """README.md of the final folder: metadata (license, library, tags, datasets, model-index) + how to load + the
+    numbers, from coreformer.model_card's "pretrained" template."""
+    return str(render_card(model_card_info(args, metrics), path_hint))
 
 
 def _looks_local(source: str) -> bool:
