@@ -154,3 +154,49 @@ def test_padding_token_rows_do_not_leak_into_real_tokens():
         alone = model(ids[2:, :length]).last_hidden_state[0]
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
     assert PAD not in ids[2, :length]
+
+
+def _loss_and_gradients(model, ids, mask, family):
+    inputs = dict(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    if family == "seq2seq":
+        inputs.update(zip(("decoder_input_ids", "decoder_attention_mask"), padded_batch(ids.shape[0], 7, seed=1)))
+    model.zero_grad()
+    output = model(**inputs)
+    real = (inputs.get("decoder_attention_mask", mask)).bool()
+    states = output.last_hidden_state[real]
+    states.square().sum().backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    hidden = [h[real] for h in (output.decoder_hidden_states if family == "seq2seq" else output.hidden_states)]
+    return states.detach(), hidden, gradients
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right_padding", "left_padding"])
+def test_unpadded_stack_computes_what_the_padded_one_does(family, variant, left, monkeypatch):
+    # The stack runs projections/MLPs on the real tokens only (Unpadding); against the padded computation the real
+    # tokens' outputs, every layer's hidden states and the gradients must agree.
+    model = tiny_model(FAMILIES[family][1], family, **variant).train()  # dropout is 0: training mode is deterministic
+    ids, mask = padded_batch(left=left)
+    calls = []
+    original = cf.modeling_base.CoreformerStack.unpadding
+    monkeypatch.setattr(
+        cf.modeling_base.CoreformerStack, "unpadding", lambda *a: calls.append(original(*a)) or calls[-1]
+    )
+    unpadded = _loss_and_gradients(model, ids, mask, family)
+    assert any(call is not None for call in calls), "the padded batch did not take the unpadded path"
+    monkeypatch.setattr(cf.modeling_base.CoreformerStack, "unpadding", lambda *a: None)
+    padded = _loss_and_gradients(model, ids, mask, family)
+    torch.testing.assert_close(unpadded[0], padded[0], atol=1e-5, rtol=0)
+    for ours, reference in zip(unpadded[1], padded[1], strict=True):
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=0)
+    assert unpadded[2].keys() == padded[2].keys()
+    for name in padded[2]:
+        torch.testing.assert_close(unpadded[2][name], padded[2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_unpadded_stack_leaves_zeros_at_the_padding():
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        output = model(ids, attention_mask=mask).last_hidden_state
+    assert torch.equal(output[~mask.bool()], torch.zeros_like(output[~mask.bool()]))
+    assert output[mask.bool()].abs().sum() > 0

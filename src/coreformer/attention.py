@@ -16,6 +16,7 @@ replaces softmax by a kernel feature map (`linear_attention`), with `LinearAtten
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -73,6 +74,33 @@ def eager_attention_forward(
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, D)
     return output, probs
+
+
+class Unpadding(NamedTuple):
+    """Where the real tokens of a right- or left-padded (B, L) batch sit, so that the position-wise work (projections,
+    MLPs, norms) runs on those N tokens alone: ModernBERT's unpadding (Warner et al. 2024), ~2x on batches of mixed
+    lengths. Scores still see the padded (B, L) layout and the usual mask, so every backend and layer type works.
+
+    indices: (N,) flat positions b * L + t of the real tokens.
+    """
+
+    indices: torch.Tensor
+    batch: int
+    length: int
+
+    @classmethod
+    def from_padding_mask(cls, padding_mask: torch.Tensor) -> "Unpadding":
+        """padding_mask: (B, L), nonzero for real tokens."""
+        return cls(padding_mask.flatten().nonzero().squeeze(1), *padding_mask.shape)
+
+    def unpad(self, states: torch.Tensor) -> torch.Tensor:
+        """(B, L, ...) -> (N, ...)"""
+        return states.reshape(self.batch * self.length, *states.shape[2:]).index_select(0, self.indices)
+
+    def pad(self, states: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, L, ...), zeros at the padding."""
+        padded = states.new_zeros(self.batch * self.length, *states.shape[1:]).index_copy(0, self.indices, states)
+        return padded.view(self.batch, self.length, *states.shape[1:])
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -365,13 +393,18 @@ class Attention(nn.Module):
             layer.update_state(state, key.shape[2])
         return output
 
-    def _split_heads(self, states: torch.Tensor, projection: nn.Linear) -> torch.Tensor:
-        """(B, T, hidden) -> (B, heads, T, head_dim)."""
+    def _split_heads(
+        self, states: torch.Tensor, projection: nn.Linear, unpadding: Unpadding | None = None
+    ) -> torch.Tensor:
+        """(B, T, hidden) -> (B, heads, T, head_dim); unpadded (N, hidden) states are projected, then padded."""
         heads = projection.out_features // self.head_dim  # explicit, so that empty batches reshape too
-        return projection(states).view(*states.shape[:-1], heads, self.head_dim).transpose(1, 2)
+        projected = projection(states)
+        if unpadding is not None:
+            projected = unpadding.pad(projected)  # (N, heads * head_dim) -> (B, L, heads * head_dim)
+        return projected.view(*projected.shape[:-1], heads, self.head_dim).transpose(1, 2)
 
     def _keys_values(
-        self, source: torch.Tensor | None, past_key_values: Cache | None
+        self, source: torch.Tensor | None, past_key_values: Cache | None, unpadding: Unpadding | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, Cache | None]:
         """Project keys/values from `source`, or reuse them from a cross-attention cache that already holds them."""
         cache = past_key_values
@@ -394,7 +427,8 @@ class Attention(nn.Module):
             cache = past_key_values.self_attention_cache
         if source is None:
             raise ValueError("cross-attention needs `key_value_states` (the encoder output) on its first call")
-        return self._split_heads(source, self.k_proj), self._split_heads(source, self.v_proj), cache
+        key = self._split_heads(source, self.k_proj, unpadding)
+        return key, self._split_heads(source, self.v_proj, unpadding), cache
 
     def forward(
         self,
@@ -413,19 +447,26 @@ class Attention(nn.Module):
             key_value_states: (B, S, hidden) encoder output for cross-attention.
             position_embeddings: rotary (cos, sin), each (B, T, head_dim); self-attention only.
             past_key_values: a `Cache` (an `EncoderDecoderCache` in seq2seq decoders) updated in place.
+            unpadding (keyword): set by the stack when `hidden_states` holds only the real tokens of a padded batch,
+                (N, hidden); the output is then (N, hidden) too.
 
         Returns:
             output (B, T, hidden) and attention probabilities (B, H, T, S) when the backend returns them (eager).
         """
-        batch, q_len = hidden_states.shape[:2]
-        query = self._split_heads(hidden_states, self.q_proj)  # (B, H, T, D)
+        unpadding: Unpadding | None = kwargs.pop("unpadding", None)
+        query = self._split_heads(hidden_states, self.q_proj, unpadding)  # (B, H, T, D)
         source = key_value_states if self.is_cross_attention else hidden_states
-        key, value, cache = self._keys_values(source, past_key_values)  # (B, H_kv, S, D)
+        # Cross-attention keys come from the (padded) encoder output, whatever the queries' layout.
+        key, value, cache = self._keys_values(
+            source, past_key_values, None if self.is_cross_attention else unpadding
+        )  # (B, H_kv, S, D)
 
         if position_embeddings is not None and not self.is_cross_attention:
             query, key = apply_rotary(query, key, *position_embeddings)
         output, weights = self._attend(query, key, value, attention_mask, past_key_values, cache, **kwargs)
-        output = output.reshape(batch, q_len, self.num_heads * self.head_dim)  # (B, T, H, D) -> (B, T, H*D)
+        if unpadding is not None:
+            output = unpadding.unpad(output)  # (B, T, H, D) -> (N, H, D)
+        output = output.flatten(-2)  # (..., H, D) -> (..., H*D)
         return self.o_proj(output), weights
 
     def _attend(self, query, key, value, attention_mask, past_key_values, cache, **kwargs):

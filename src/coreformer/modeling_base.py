@@ -21,7 +21,6 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import (
@@ -33,9 +32,17 @@ from transformers.modeling_outputs import (
 from transformers.utils import can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
-from .attention import Attention
+from .attention import Attention, Unpadding
 from .configuration_coreformer import CoreformerConfig
-from .layers import MLP, Block, RotaryEmbedding, SinusoidalPositions, build_norm, sinusoidal_table
+from .layers import (
+    MLP,
+    Block,
+    RotaryEmbedding,
+    SinusoidalPositions,
+    build_activation,
+    build_norm,
+    sinusoidal_table,
+)
 
 
 class CoreformerPreTrainedModel(PreTrainedModel):
@@ -282,6 +289,18 @@ class CoreformerStack(nn.Module):
                 )
         return masks
 
+    def unpadding(self, attention_mask: torch.Tensor | None, cache: Cache | None) -> Unpadding | None:
+        """Where the real tokens are, when the batch is padded and nothing needs the padded layout between blocks.
+
+        With a cache the padded layout is what gets cached; under torch.compile the data-dependent token count would
+        break the graph. Padding positions come out of the stack as zeros.
+        """
+        if cache is not None or attention_mask is None or attention_mask.dim() != 2 or is_torchdynamo_compiling():
+            return None
+        if attention_mask.numel() == 0 or bool(attention_mask.all()):
+            return None
+        return Unpadding.from_padding_mask(attention_mask)
+
     @can_return_tuple
     def forward(
         self,
@@ -370,6 +389,10 @@ class CoreformerStack(nn.Module):
                 encoder_hidden_states=encoder_hidden_states,
             )
         position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
+        unpadding = self.unpadding(attention_mask, past_key_values)
+        if unpadding is not None:
+            hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N real tokens, hidden)
+            kwargs["unpadding"] = unpadding
 
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -397,6 +420,10 @@ class CoreformerStack(nn.Module):
             if output_hidden_states:
                 # As in transformers: the last hidden state reported is the normed one.
                 all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
+        if unpadding is not None:
+            hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden), zeros at the padding
+            if output_hidden_states:
+                all_hidden_states = tuple(unpadding.pad(states) for states in all_hidden_states)
 
         if not self.is_causal:
             return BaseModelOutput(
@@ -421,7 +448,7 @@ class LMHeadTransform(nn.Module):
     def __init__(self, config: CoreformerConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act_fn = ACT2FN[config.hidden_act]
+        self.act_fn = build_activation(config.hidden_act)
         self.norm = build_norm(config)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
