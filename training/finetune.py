@@ -1,0 +1,76 @@
+"""Fine-tune a coreformer folder with transformers' Trainer (Seq2SeqTrainer for seq2seq).
+
+    python training/finetune.py --task sequence-classification --model outputs/encoder-tiny --output-dir out/cls
+    python training/finetune.py --task token-classification --model M --dataset conll2003 --label-column ner_tags ...
+    python training/finetune.py --task question-answering --model M --train-file train.jsonl --validation-file dev.jsonl
+    python training/finetune.py --task causal-lm --model outputs/decoder-tiny --peft lora --output-dir out/clm-lora
+    python training/finetune.py --task seq2seq --model outputs/seq2seq-tiny --max-steps 500 --output-dir out/sum
+
+Tasks: sequence-classification (run_glue), token-classification (run_ner), question-answering (run_qa), causal-lm
+(run_clm), seq2seq (run_summarization). Without --dataset / --train-file each task trains on its embedded offline
+default, built from the Python standard library (see README, "Fine-tuning"). Settings come from the dataclass
+defaults, then --config FILE (YAML/JSON of the same keys), then the flags given here; the example scripts' flag names
+(--model_name_or_path, --dataset_name, --max_seq_length, --per_device_train_batch_size, --learning_rate,
+--overwrite_output_dir, ...) are accepted too. Everything lives in coreformer.finetuning; this file only parses the
+command line.
+"""
+
+import argparse
+import sys
+import typing
+
+from coreformer.finetuning import (
+    FinetuningArguments,
+    FinetuningError,
+    argument_fields,
+    resolve_arguments,
+    run_finetuning,
+)
+
+
+def _flag_type(annotation):
+    """int | None -> int; the library checks and converts again, this only gives argparse a parser."""
+    options = [option for option in typing.get_args(annotation) if option is not type(None)]
+    return options[0] if options else annotation
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="finetune.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", metavar="FILE", help="a YAML/JSON file of settings (the flags' names as keys)")
+    hints = typing.get_type_hints(FinetuningArguments)
+    for spec in argument_fields():
+        names = ["--" + spec.name.replace("_", "-")]
+        names += [name for name in ("--" + spec.name, *spec.metadata.get("aliases", ())) if name not in names]
+        kind = _flag_type(hints[spec.name])
+        options = dict(dest=spec.name, default=argparse.SUPPRESS)  # only flags given override the config file
+        if kind is bool:
+            parser.add_argument(*names, action="store_true", help=spec.metadata["help"], **options)
+        else:
+            parser.add_argument(
+                *names,
+                type=kind,
+                choices=spec.metadata.get("choices"),
+                metavar=None if spec.metadata.get("choices") else spec.name.split("_")[-1].upper(),
+                help=f"{spec.metadata['help']} (default: {spec.default})",
+                **options,
+            )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    given = vars(build_parser().parse_args(argv))
+    config = given.pop("config", None)
+    try:
+        metrics = run_finetuning(resolve_arguments(config_file=config, overrides=given))
+    except FinetuningError as error:
+        print(f"finetune.py: error: {error}", file=sys.stderr)
+        return 2
+    shown = {key: round(value, 4) for key, value in metrics.items() if key.startswith("eval_")}
+    print(f"done: {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
