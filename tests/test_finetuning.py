@@ -36,6 +36,7 @@ from coreformer.finetuning import (
     FinetuningError,
     embedded_dataset,
     evaluate_folder,
+    load_task_data,
     python_token_tags,
     question_answering_predictions,
     run_finetuning,
@@ -301,6 +302,21 @@ def test_embedded_question_answering_spans_are_where_the_answers_are():
     for row in splits["train"]:
         (text,), (start,) = row["answers"]["text"], row["answers"]["answer_start"]
         assert row["context"][start : start + len(text)] == text
+
+
+def test_a_csv_without_validation_split_is_split_and_its_columns_renamed_by_the_options(tmp_path):
+    rows = [{"sentence": f"line {i}", "topic": "even" if i % 2 == 0 else "odd"} for i in range(20)]
+    path = tmp_path / "train.csv"
+    path.write_text("sentence,topic\n" + "".join(f"{row['sentence']},{row['topic']}\n" for row in rows))
+    args = FinetuningArguments(
+        model="unused", dataset=str(path), text_column="sentence", label_column="topic", validation_fraction=0.25
+    )
+    splits, description = load_task_data(args)
+    assert (len(splits["train"]), len(splits["validation"])) == (15, 5)
+    assert sorted([*splits["train"]["sentence"], *splits["validation"]["sentence"]]) == sorted(
+        r["sentence"] for r in rows
+    )
+    assert "train.csv" in description
 
 
 def test_embedded_datasets_are_the_same_on_every_build():

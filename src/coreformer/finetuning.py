@@ -1361,6 +1361,7 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
         metrics = {**train_metrics, **eval_metrics, "epoch": float(trainer.state.epoch or 0.0)}
 
         trained = trainer.model
+        adapter_parameters = sum(p.numel() for p in trained.parameters() if p.requires_grad)  # LoRA + copied heads
         if args.peft == "lora":
             trained.save_pretrained(staging / ADAPTER_DIR)
             tokenizer.save_pretrained(staging / ADAPTER_DIR)
@@ -1378,7 +1379,7 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
             staging, _card_info(args, family, num_parameters, metrics, data_description, False), str(output_dir)
         )
         if args.peft == "lora":
-            adapter_info = _card_info(args, family, trainer.model.num_parameters(), metrics, data_description, True)
+            adapter_info = _card_info(args, family, adapter_parameters, metrics, data_description, True)
             _write_card(staging / ADAPTER_DIR, adapter_info, str(output_dir / ADAPTER_DIR))
         _commit(staging, output_dir)
     finally:
