@@ -21,6 +21,7 @@ import torch
 from transformers import BartConfig, BartForConditionalGeneration, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
 from coreformer import convert_from_hf
+from coreformer.pretraining import flops_per_token
 
 
 def interleaved(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
@@ -53,6 +54,28 @@ def assert_same_function(reference: torch.Tensor, ours: torch.Tensor, name: str,
     difference = (reference.float() - ours.float()).abs().max().item()
     if difference > tolerance:
         raise SystemExit(f"{name}: coreformer and the reference differ by {difference:.2e} (> {tolerance}): not timing")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else the architecture."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    return platform.machine()
+
+
+def bf16_gemm_peak(size: int, repeats: int = 5) -> float:
+    """The machine's bf16 matmul FLOP/s: the best of `repeats` (size x size) @ (size x size) products."""
+    a, b = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
 
 
 def gpt2_pair(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -96,7 +119,14 @@ def decoder_training(args: argparse.Namespace, precision: str) -> dict:
         losses = [m(input_ids=ids, labels=ids).loss for m in models.values()]
     assert_same_function(losses[0], losses[1], "decoder training loss", 1e-4 if precision == "fp32" else 5e-2)
     times = interleaved(runs, args.repeats)
-    return row(f"decoder training step ({precision})", ids.numel(), "tok/s", times)
+    result = row(f"decoder training step ({precision})", ids.numel(), "tok/s", times)
+    ours = models["coreformer"]
+    # Model FLOP/s of the step (6N + attention, as pretraining.py's MFU), against the GEMM peak measured here.
+    result["flops_per_token"] = flops_per_token(ours.config, ours.num_parameters(), args.train_seq)
+    if precision == "bf16":
+        for name in ("reference", "coreformer"):
+            result[f"{name}_peak_fraction"] = result[f"{name}_per_s"] * result["flops_per_token"] / args.bf16_peak
+    return result
 
 
 def encoder_inference(args: argparse.Namespace) -> dict:
@@ -182,7 +212,8 @@ def seq2seq_generation(args: argparse.Namespace) -> dict:
     return generation((reference, convert_from_hf(reference)), ids, mask, "seq2seq generation", args)
 
 
-def markdown(rows: list[dict], machine: str) -> str:
+def markdown(rows: list[dict], machine: str, bf16_peak: float) -> str:
+    notes = []
     lines = [
         f"Machine: {machine}",
         "",
@@ -190,12 +221,18 @@ def markdown(rows: list[dict], machine: str) -> str:
         "|---|---|---|---|---|",
     ]
     for r in rows:
+        if "coreformer_peak_fraction" in r:
+            notes.append(
+                f"{r['benchmark']}: {r['flops_per_token'] / 1e6:.0f} MFLOP/token; model FLOP/s = "
+                f"{r['reference_peak_fraction']:.0%} (transformers) and {r['coreformer_peak_fraction']:.0%} "
+                f"(coreformer) of the measured bf16 GEMM peak, {bf16_peak / 1e9:,.0f} GFLOP/s."
+            )
         spread = "{:.3f}-{:.3f} / {:.3f}-{:.3f}".format(*r["reference_spread_s"], *r["coreformer_spread_s"])
         lines.append(
             f"| {r['benchmark']} | {r['reference_per_s']:,.0f} {r['unit']} | {r['coreformer_per_s']:,.0f} {r['unit']} "
             f"| {r['speedup']:.2f}x | {spread} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + notes)
 
 
 def main() -> None:
@@ -251,7 +288,9 @@ def main() -> None:
         args.repeats = 1
     vars(args).update(shapes)
 
-    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    args.bf16_peak = bf16_gemm_peak(256 if args.tiny else 2048)
+    print(f"measured bf16 GEMM peak: {args.bf16_peak / 1e9:,.0f} GFLOP/s", flush=True)
     rows = [
         decoder_training(args, "fp32"),
         decoder_training(args, "bf16"),
@@ -263,10 +302,11 @@ def main() -> None:
     ]
     for r in rows:
         print(f"  {r['benchmark']}: {r['speedup']:.2f}x", flush=True)
-    print("\n" + markdown(rows, machine))
+    print("\n" + markdown(rows, machine, args.bf16_peak))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "output"}
-    args.output.write_text(json.dumps({"machine": machine, "settings": settings, "rows": rows}, indent=2, default=str))
+    report = {"machine": machine, "bf16_gemm_peak_flops": args.bf16_peak, "settings": settings, "rows": rows}
+    args.output.write_text(json.dumps(report, indent=2, default=str))
     print(f"\nwrote {args.output}")
 
 

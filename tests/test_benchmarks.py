@@ -58,3 +58,6 @@ def test_compare_harness_runs_and_checks_both_models_compute_the_same_function(t
     rows = json.loads(output.read_text())["rows"]
     assert len(rows) == 7 and all(row["coreformer_per_s"] > 0 and row["reference_per_s"] > 0 for row in rows)
     assert "| decoder training step (bf16) |" in result.stdout
+    bf16_row = next(row for row in rows if row["benchmark"] == "decoder training step (bf16)")
+    assert 0 < bf16_row["coreformer_peak_fraction"] and bf16_row["flops_per_token"] > 0
+    assert "of the measured bf16 GEMM peak" in result.stdout
