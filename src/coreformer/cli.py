@@ -14,11 +14,7 @@ found a difference above tolerance, 2 a usage or input error (one message on std
 """
 
 import argparse
-import contextlib
-import shutil
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -26,6 +22,7 @@ import torch
 from . import attention_maps
 from .model_card import ModelCardInfo, is_hub_id, write_model_card
 from .pipelines import save_with_pipeline
+from .saving import staged_folder
 
 CHECK_TOLERANCE = 1e-4
 WEIGHT_FILES = (
@@ -164,27 +161,6 @@ def max_abs_difference(reference, converted, inputs: dict[str, torch.Tensor]) ->
     return differences
 
 
-@contextlib.contextmanager
-def staged_folder(dst: Path, overwrite: bool) -> Iterator[Path]:
-    """Yield a temporary sibling of `dst` to fill; on success rename it to `dst` (replacing it), on error delete it."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = dst.with_name(f".{dst.name}.partial-{uuid.uuid4().hex[:8]}")
-    staging.mkdir()  # a plain mkdir, unlike mkdtemp, gives the folder the user's usual permissions
-    try:
-        yield staging
-        if dst.exists():
-            _check_destination(dst, overwrite)  # it may have been filled while we worked
-            retired = dst.with_name(f".{dst.name}.replaced-{uuid.uuid4().hex[:8]}")
-            dst.rename(retired)
-            staging.rename(dst)
-            shutil.rmtree(retired)
-        else:
-            staging.rename(dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
 def convert(args: argparse.Namespace) -> int:
     """`coreformer convert`: SRC (transformers folder) -> DST (coreformer folder)."""
     from .conversion import convert_from_hf
@@ -199,7 +175,7 @@ def convert(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from error
     print(f"converted {type(hf_model).__name__} -> {type(model).__name__}")
 
-    with staged_folder(dst, args.overwrite) as staging:
+    with staged_folder(dst) as staging:
         if tokenizer is not None:
             # config.json, model.safetensors, generation_config.json, modeling *.py, tokenizer, and for QA and
             # seq2seq heads the custom pipeline that serves them (transformers 5 dropped those tasks).
@@ -218,6 +194,7 @@ def convert(args: argparse.Namespace) -> int:
                 raise _CheckFailedError
         info = converted_card_info(src, hf_model, model, tokenizer, differences if args.check else None)
         write_model_card(staging, info, path_hint=str(dst))
+        _check_destination(dst, args.overwrite)  # it may have been filled while we worked
     print(f"wrote {dst}")
     return 0
 

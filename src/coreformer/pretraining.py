@@ -73,6 +73,7 @@ from .pretraining_data import (
     pack_into_blocks,
     tokenize_dataset,
 )
+from .saving import replace_folder
 from .tokenizer_training import token_config_kwargs, train_tokenizer
 
 FAMILIES = ("encoder", "decoder", "seq2seq")
@@ -646,7 +647,8 @@ def _remove_stale_temporaries(output_dir: Path) -> None:
     for folder in (output_dir / CHECKPOINTS_DIR, output_dir):
         if folder.is_dir():
             for path in folder.iterdir():
-                if path.name.startswith((".tmp-", ".old-", _FINAL_STAGING)):
+                # .step-N.replaced-PID: replace_folder's fallback (no atomic exchange) killed between its renames.
+                if path.name.startswith((".tmp-", ".old-", ".step-", _FINAL_STAGING)):
                     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -669,13 +671,7 @@ def save_checkpoint(
     if accelerator.is_main_process:
         tokenizer.save_pretrained(staging / "tokenizer")
         _write_json(staging / TRAINER_STATE, trainer_state)
-        if final.exists():  # re-saving a step after resuming from an older checkpoint
-            retired = root / f".old-step-{step}"
-            final.rename(retired)
-            staging.rename(final)
-            shutil.rmtree(retired)
-        else:
-            staging.rename(final)
+        replace_folder(staging, final)  # final exists when re-saving a step after resuming from an older checkpoint
         for old in list_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()

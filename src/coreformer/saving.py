@@ -1,0 +1,103 @@
+"""Atomic folder saves: every folder coreformer writes (a converted model, a fine-tuned run, a training checkpoint) is
+filled in a hidden sibling and swapped into place in one step, so a kill at any moment leaves either the previous
+folder or the new one at the destination, never a mix and never nothing.
+
+    with staged_folder(destination) as staging:   # .NAME.partial-PID, deleted if the block raises
+        model.save_pretrained(staging)
+    # here `destination` is the new folder; the previous one is gone
+
+On Linux the swap is renameat2(RENAME_EXCHANGE), one system call; elsewhere (or on filesystems without it) it is two
+renames, with a moment in which the previous folder sits at .NAME.replaced-PID. Leftovers of killed saves are removed
+by the next save to the same destination. Nothing here imports the modeling files.
+"""
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+_AT_FDCWD = -100  # paths relative to the working directory (linux/fcntl.h)
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+@cache
+def _renameat2():
+    if sys.platform != "linux":
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return getattr(libc, "renameat2", None)  # glibc >= 2.28
+
+
+def exchange(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one atomic step; False where the system or filesystem cannot."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+def replace_folder(staging: Path, destination: Path) -> None:
+    """Put the finished folder `staging` at `destination`, replacing (and deleting) whatever is there."""
+    if not destination.exists():
+        staging.rename(destination)
+        return
+    if exchange(staging, destination):
+        shutil.rmtree(staging)  # it now holds the previous folder
+        return
+    retired = destination.with_name(f".{destination.name}.replaced-{os.getpid()}")
+    shutil.rmtree(retired, ignore_errors=True)
+    destination.rename(retired)
+    staging.rename(destination)
+    shutil.rmtree(retired)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_saves(destination: Path) -> None:
+    """Delete what killed saves to `destination` left behind (their process is gone); live saves are left alone."""
+    if not destination.parent.is_dir():
+        return
+    for path in destination.parent.glob(f".{destination.name}.*-*"):
+        kind, _, pid = path.name[len(destination.name) + 2 :].rpartition("-")
+        if kind in ("partial", "replaced") and pid.isdigit() and not _is_running(int(pid)):
+            if kind == "replaced" and not destination.exists():
+                path.rename(destination)  # killed between the two renames: the previous folder comes back
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_folder(destination: str | Path) -> Iterator[Path]:
+    """Yield an empty hidden sibling of `destination` to fill; when the block finishes it replaces `destination`
+    atomically, when it raises (or the process dies) `destination` is untouched and the sibling is deleted."""
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_saves(destination)
+    staging = destination.with_name(f".{destination.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()  # a plain mkdir, unlike mkdtemp, gives the folder the user's usual permissions
+    try:
+        yield staging
+        replace_folder(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

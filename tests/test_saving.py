@@ -1,0 +1,147 @@
+"""Atomic folder saves (coreformer.saving): a kill at any moment of a save leaves the previous folder intact."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import transformers
+
+from coreformer import cli, saving
+
+
+def contents(folder: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def make_folder(path: Path, **files: str) -> Path:
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return path
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("atomic_exchange", [True, False], ids=["renameat2", "two_renames"])
+def test_replace_folder_puts_the_new_folder_in_place_of_the_old(tmp_path, monkeypatch, atomic_exchange):
+    if not atomic_exchange:
+        monkeypatch.setattr(saving, "exchange", lambda first, second: False)
+    elif not saving.exchange(make_folder(tmp_path / "a", x="1"), make_folder(tmp_path / "b", y="2")):
+        pytest.skip("this system or filesystem has no renameat2(RENAME_EXCHANGE)")
+    old = make_folder(tmp_path / "model", **{"config.json": "old", "stale.bin": "old"})
+    new = make_folder(tmp_path / ".model.partial-1", **{"config.json": "new"})
+    saving.replace_folder(new, old)
+    assert contents(old) == contents(make_folder(tmp_path / "expected", **{"config.json": "new"}))
+    assert not new.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".model")) == []
+
+
+def test_staged_folder_leaves_the_destination_untouched_when_the_save_fails(tmp_path):
+    destination = make_folder(tmp_path / "model", **{"config.json": "old"})
+    with pytest.raises(RuntimeError, match="disk full"), saving.staged_folder(destination) as staging:
+        (staging / "config.json").write_text("half")
+        raise RuntimeError("disk full")
+    assert (destination / "config.json").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_leftovers_of_killed_saves_are_cleaned_and_a_half_swapped_folder_comes_back(tmp_path):
+    pid = dead_pid()
+    partial = make_folder(tmp_path / f".model.partial-{pid}", **{"config.json": "half"})
+    live = make_folder(tmp_path / f".model.partial-{os.getpid()}", **{"config.json": "live"})
+    replaced = make_folder(tmp_path / f".model.replaced-{pid}", **{"config.json": "previous"})
+    saving.remove_stale_saves(tmp_path / "model")
+    assert not partial.exists() and not replaced.exists()
+    assert live.exists(), "a save that is still running must not be touched"
+    assert (tmp_path / "model" / "config.json").read_text() == "previous"
+
+
+KILLED_SAVE = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    from coreformer import saving
+
+    destination, marker = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    with saving.staged_folder(destination) as staging:
+        (staging / "config.json").write_text("new")
+        marker.write_text("half written")
+        time.sleep(300)  # the test kills us here
+        (staging / "model.safetensors").write_text("new")
+    """
+)
+
+
+def run_until_marker(command: list[str], marker: Path, cwd: Path) -> None:
+    """Start `command`, wait until it writes `marker` (it is then mid-save), SIGKILL it."""
+    child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    child.stderr.close()
+
+
+def test_sigkill_during_a_staged_save_leaves_the_previous_folder(tmp_path):
+    destination = make_folder(tmp_path / "model", **{"config.json": "old", "model.safetensors": "old"})
+    before = contents(destination)
+    run_until_marker(
+        [sys.executable, "-c", KILLED_SAVE, str(destination), str(tmp_path / "marker")], tmp_path / "marker", tmp_path
+    )
+    assert contents(destination) == before
+    with saving.staged_folder(destination) as staging:  # the next save cleans the killed one's staging folder
+        (staging / "config.json").write_text("next")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model")] == []
+    assert (destination / "config.json").read_text() == "next"
+
+
+KILLED_CONVERT = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    from coreformer import cli
+
+    marker = pathlib.Path(sys.argv[1])
+    original = cli.write_model_card
+
+    def write_model_card(folder, *args, **kwargs):  # the weights are written, the card and the swap are not
+        marker.write_text("converting")
+        time.sleep(300)  # the test kills us here
+
+    cli.write_model_card = write_model_card
+    sys.exit(cli.main(sys.argv[2:]))
+    """
+)
+
+
+def test_sigkill_during_coreformer_convert_leaves_the_previous_conversion(tmp_path):
+    source = tmp_path / "bert"
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48
+    )
+    transformers.BertModel(config).save_pretrained(source)
+    destination = tmp_path / "converted"
+    assert cli.main(["convert", str(source), str(destination), "--skip-tokenizer"]) == 0
+    before = contents(destination)
+    marker = tmp_path / "marker"
+    command = [sys.executable, "-c", KILLED_CONVERT, str(marker), "convert", str(source), str(destination)]
+    run_until_marker([*command, "--skip-tokenizer", "--overwrite"], marker, tmp_path)
+    assert contents(destination) == before
+    assert any(p.name.startswith(".converted.partial-") for p in tmp_path.iterdir())
+    assert cli.main(["convert", str(source), str(destination), "--skip-tokenizer", "--overwrite"]) == 0
+    assert not any(p.name.startswith(".converted.") for p in tmp_path.iterdir())
+    assert (destination / "model.safetensors").is_file() and (destination / "README.md").is_file()
