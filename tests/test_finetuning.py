@@ -39,6 +39,7 @@ from coreformer.finetuning import (
     load_task_data,
     python_token_tags,
     question_answering_predictions,
+    resolve_arguments,
     run_finetuning,
 )
 from coreformer.model_card import validate_model_card
@@ -317,6 +318,23 @@ def test_a_csv_without_validation_split_is_split_and_its_columns_renamed_by_the_
         r["sentence"] for r in rows
     )
     assert "train.csv" in description
+
+
+def test_an_unreachable_hub_dataset_is_one_error_that_offers_local_files():
+    args = FinetuningArguments(model="unused", dataset="someone/absent-dataset")
+    with pytest.raises(FinetuningError, match=r"Cannot load the data \('someone/absent-dataset'\).*local \.csv"):
+        load_task_data(args)
+
+
+def test_config_file_settings_are_overridden_by_flags(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("task: token-classification\nmodel: some/folder\nlr: 1e-4\nmax_steps: 50\n")
+    args = resolve_arguments(config_file=config, overrides={"max_steps": "7"})
+    assert (args.task, args.model, args.lr, args.max_steps) == ("token-classification", "some/folder", 1e-4, 7)
+    assert args.label_column == "ner_tags"  # the task's default column
+    config.write_text("task: token-classification\nmodel: m\nlearning_rat: 1e-4\n")
+    with pytest.raises(FinetuningError, match="Unknown setting\\(s\\) learning_rat"):
+        resolve_arguments(config_file=config)
 
 
 def test_embedded_datasets_are_the_same_on_every_build():
