@@ -163,3 +163,8 @@ def test_bad_requests_give_one_clear_error(tokenizers, tmp_path):
     assert linear_maps.layer(0).shape[0] == 4
     with pytest.raises(ValueError, match="linear-attention layer"):
         linear_maps.layer(1)
+    no_tokenizer = tmp_path / "no-tokenizer"
+    model.save_pretrained(no_tokenizer)
+    with pytest.raises(ValueError, match=r"holds no tokenizer .* tokenizer.save_pretrained"):
+        save_attention_map(no_tokenizer, TEXT, tmp_path / "y.png")
+    assert not (tmp_path / "y.png").exists()

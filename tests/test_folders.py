@@ -1,4 +1,4 @@
-"""Atomic folder saves (coreformer.saving): a kill at any moment of a save leaves the previous folder intact."""
+"""Atomic folder saves (coreformer.folders): a kill at any moment of a save leaves the previous folder intact."""
 
 import hashlib
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from coreformer import cli, saving
+from coreformer import cli, folders
 
 
 def contents(folder: Path) -> dict[str, str]:
@@ -39,12 +39,12 @@ def dead_pid() -> int:
 @pytest.mark.parametrize("atomic_exchange", [True, False], ids=["renameat2", "two_renames"])
 def test_replace_folder_puts_the_new_folder_in_place_of_the_old(tmp_path, monkeypatch, atomic_exchange):
     if not atomic_exchange:
-        monkeypatch.setattr(saving, "exchange", lambda first, second: False)
-    elif not saving.exchange(make_folder(tmp_path / "a", x="1"), make_folder(tmp_path / "b", y="2")):
+        monkeypatch.setattr(folders, "exchange", lambda first, second: False)
+    elif not folders.exchange(make_folder(tmp_path / "a", x="1"), make_folder(tmp_path / "b", y="2")):
         pytest.skip("this system or filesystem has no renameat2(RENAME_EXCHANGE)")
     old = make_folder(tmp_path / "model", **{"config.json": "old", "stale.bin": "old"})
     new = make_folder(tmp_path / ".model.partial-1", **{"config.json": "new"})
-    saving.replace_folder(new, old)
+    folders.replace_folder(new, old)
     assert contents(old) == contents(make_folder(tmp_path / "expected", **{"config.json": "new"}))
     assert not new.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".model")) == []
@@ -52,7 +52,7 @@ def test_replace_folder_puts_the_new_folder_in_place_of_the_old(tmp_path, monkey
 
 def test_staged_folder_leaves_the_destination_untouched_when_the_save_fails(tmp_path):
     destination = make_folder(tmp_path / "model", **{"config.json": "old"})
-    with pytest.raises(RuntimeError, match="disk full"), saving.staged_folder(destination) as staging:
+    with pytest.raises(RuntimeError, match="disk full"), folders.staged_folder(destination) as staging:
         (staging / "config.json").write_text("half")
         raise RuntimeError("disk full")
     assert (destination / "config.json").read_text() == "old"
@@ -64,7 +64,7 @@ def test_leftovers_of_killed_saves_are_cleaned_and_a_half_swapped_folder_comes_b
     partial = make_folder(tmp_path / f".model.partial-{pid}", **{"config.json": "half"})
     live = make_folder(tmp_path / f".model.partial-{os.getpid()}", **{"config.json": "live"})
     replaced = make_folder(tmp_path / f".model.replaced-{pid}", **{"config.json": "previous"})
-    saving.remove_stale_saves(tmp_path / "model")
+    folders.remove_stale_saves(tmp_path / "model")
     assert not partial.exists() and not replaced.exists()
     assert live.exists(), "a save that is still running must not be touched"
     assert (tmp_path / "model" / "config.json").read_text() == "previous"
@@ -73,10 +73,10 @@ def test_leftovers_of_killed_saves_are_cleaned_and_a_half_swapped_folder_comes_b
 KILLED_SAVE = textwrap.dedent(
     """
     import pathlib, sys, time
-    from coreformer import saving
+    from coreformer import folders
 
     destination, marker = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-    with saving.staged_folder(destination) as staging:
+    with folders.staged_folder(destination) as staging:
         (staging / "config.json").write_text("new")
         marker.write_text("half written")
         time.sleep(300)  # the test kills us here
@@ -104,7 +104,7 @@ def test_sigkill_during_a_staged_save_leaves_the_previous_folder(tmp_path):
         [sys.executable, "-c", KILLED_SAVE, str(destination), str(tmp_path / "marker")], tmp_path / "marker", tmp_path
     )
     assert contents(destination) == before
-    with saving.staged_folder(destination) as staging:  # the next save cleans the killed one's staging folder
+    with folders.staged_folder(destination) as staging:  # the next save cleans the killed one's staging folder
         (staging / "config.json").write_text("next")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model")] == []
     assert (destination / "config.json").read_text() == "next"

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
+
+from .folders import folder_tokenizer
 
 
 @dataclass
@@ -183,7 +185,7 @@ def plot_layer(maps: AttentionMaps, layer: int):
 def _load(folder: str | os.PathLike) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     # The base model holds every attention layer of any head; loading it eager avoids a backend switch.
     model = AutoModel.from_pretrained(folder, attn_implementation="eager")
-    return model, AutoTokenizer.from_pretrained(folder)
+    return model, folder_tokenizer(folder)
 
 
 def save_attention_map(

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from . import attention_maps
+from .folders import has_tokenizer, staged_folder
 from .model_card import ModelCardInfo, is_hub_id, write_model_card
 from .pipelines import save_with_pipeline
-from .saving import staged_folder
 
 CHECK_TOLERANCE = 1e-4
 WEIGHT_FILES = (
@@ -31,7 +31,6 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
 SAMPLE_TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
     "Checkpoint conversion should not change a single logit.",
@@ -97,7 +96,7 @@ def load_hf_model(src: Path):
 
 def load_tokenizer(src: Path):
     """The checkpoint's tokenizer, or None when the folder has no tokenizer files."""
-    if not any((src / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(src):
         return None
     from transformers import AutoTokenizer
 

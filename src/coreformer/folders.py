@@ -1,4 +1,6 @@
-"""Atomic folder saves: every folder coreformer writes (a converted model, a fine-tuned run, a training checkpoint) is
+"""Model folders on disk: atomic saves, and loading the tokenizer a folder should hold.
+
+Atomic saves: every folder coreformer writes (a converted model, a fine-tuned run, a training checkpoint) is
 filled in a hidden sibling and swapped into place in one step, so a kill at any moment leaves either the previous
 folder or the new one at the destination, never a mix and never nothing.
 
@@ -8,7 +10,10 @@ folder or the new one at the destination, never a mix and never nothing.
 
 On Linux the swap is renameat2(RENAME_EXCHANGE), one system call; elsewhere (or on filesystems without it) it is two
 renames, with a moment in which the previous folder sits at .NAME.replaced-PID. Leftovers of killed saves are removed
-by the next save to the same destination. Nothing here imports the modeling files.
+by the next save to the same destination.
+
+`folder_tokenizer(folder)` loads a local folder's tokenizer, or says that the folder has none and how to add one
+(transformers' own error for a missing tokenizer is about sentencepiece). Nothing here imports the modeling files.
 """
 
 import contextlib
@@ -101,3 +106,23 @@ def staged_folder(destination: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+# Files of which a saved tokenizer has at least one (fast, WordPiece, BPE, SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
+
+
+def has_tokenizer(folder: str | Path) -> bool:
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def folder_tokenizer(folder: str | Path):
+    """AutoTokenizer of a model folder (or a Hub id, passed through); a local folder without one gets a clear error."""
+    from transformers import AutoTokenizer
+
+    if Path(folder).is_dir() and not has_tokenizer(folder):
+        raise ValueError(
+            f"{folder} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the model's tokenizer next to "
+            f"it with tokenizer.save_pretrained({str(folder)!r}), or pass the tokenizer explicitly."
+        )
+    return AutoTokenizer.from_pretrained(folder)

@@ -59,6 +59,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
 from .configuration_coreformer import CoreformerDecoderConfig, CoreformerEncoderConfig, CoreformerSeq2SeqConfig
+from .folders import replace_folder
 from .model_card import ModelCardInfo
 from .model_card import render_model_card as render_card
 from .modeling_decoder import CoreformerDecoderForCausalLM
@@ -73,7 +74,6 @@ from .pretraining_data import (
     pack_into_blocks,
     tokenize_dataset,
 )
-from .saving import replace_folder
 from .tokenizer_training import token_config_kwargs, train_tokenizer
 
 FAMILIES = ("encoder", "decoder", "seq2seq")
