@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -485,3 +486,47 @@ def test_script_fine_tunes_the_embedded_default_with_example_script_flag_names(b
     results = json.loads((folder / "eval_results.json").read_text())
     assert results["eval_samples"] == 8 and 0.0 <= results["eval_accuracy"] <= 1.0
     validate_model_card(folder / "README.md")
+
+
+KILLED_FINETUNE = """
+import pathlib, runpy, sys, time
+import coreformer.finetuning
+
+marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+def save_with_pipeline(*args, **kwargs):  # trained and evaluated; the folder is being written
+    marker.write_text("saving")
+    time.sleep(300)  # the test kills us here
+
+coreformer.finetuning.save_with_pipeline = save_with_pipeline
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_while_saving_a_rerun_leaves_the_previous_run(bases, tmp_path):
+    def contents(folder: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    folder = tmp_path / "out"
+    run_finetuning(tiny_args("sequence-classification", bases["encoder"], folder, max_steps=2))
+    before = contents(folder)
+    marker = tmp_path / "marker"
+    command = [sys.executable, "-c", KILLED_FINETUNE, str(marker), str(FINETUNE), "--task", "sequence-classification"]
+    command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--overwrite", "--max-steps", "2"]
+    command += ["--max-train-examples", "16", "--max-eval-examples", "8", "--max-length", "48"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
+    child.kill()
+    child.wait(timeout=60)
+    child.stderr.close()
+
+    assert contents(folder) == before  # the previous run, byte for byte
+    assert list(tmp_path.glob(".out.partial-*")), "the killed run's staging folder should be what is left over"
+    run_finetuning(tiny_args("sequence-classification", bases["encoder"], folder, max_steps=2, overwrite=True))
+    assert not list(tmp_path.glob(".out.*"))  # the next run cleaned it up

@@ -40,9 +40,7 @@ import dataclasses
 import io
 import json
 import keyword
-import os
 import random
-import shutil
 import sysconfig
 import tokenize
 import typing
@@ -66,6 +64,7 @@ from .evaluation import (
     squad_scores,
     token_classification_metrics,
 )
+from .folders import staged_folder
 from .pipelines import best_spans, input_length_limit, save_with_pipeline
 from .pretraining import PretrainingError, _coerce, load_config_file
 from .pretraining_data import PackedCausalLMCollator, pack_into_blocks
@@ -1195,22 +1194,6 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
         )
 
 
-def _staging_dir(output_dir: Path) -> Path:
-    return output_dir.parent / f".{output_dir.name}.tmp-{os.getpid()}"
-
-
-def _commit(staging: Path, output_dir: Path) -> None:
-    """Rename the finished staging folder to `output_dir`; a previous run there is moved aside first, then deleted."""
-    retired = None
-    if output_dir.exists():
-        retired = output_dir.parent / f".{output_dir.name}.old-{os.getpid()}"
-        shutil.rmtree(retired, ignore_errors=True)
-        output_dir.rename(retired)
-    staging.rename(output_dir)
-    if retired is not None:
-        shutil.rmtree(retired)
-
-
 def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n")
 
@@ -1348,10 +1331,9 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
     if args.peft == "lora":
         model = _attach_lora(model, args)
 
-    staging = _staging_dir(output_dir)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    # Trainer writes into a hidden sibling that replaces output_dir in one step at the end (coreformer.folders):
+    # a crash or a kill at any moment leaves the previous run intact.
+    with staged_folder(output_dir) as staging:
         trainer = build_trainer(args, model, tokenizer, prepared, staging)
         train_output = trainer.train()
         train_metrics = {key: float(value) for key, value in train_output.metrics.items()}
@@ -1381,9 +1363,6 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
         if args.peft == "lora":
             adapter_info = _card_info(args, family, adapter_parameters, metrics, data_description, True)
             _write_card(staging / ADAPTER_DIR, adapter_info, str(output_dir / ADAPTER_DIR))
-        _commit(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return metrics
 
 
