@@ -1,6 +1,7 @@
 """A loopback Hub for the publishing tests: the few endpoints huggingface_hub 2.x calls to push and to download.
 
     LoopbackHub().start() -> base url     a ThreadingHTTPServer on 127.0.0.1, random port, in a daemon thread
+    python tests/hub_server.py            the same as a process: prints the base url, serves until Ctrl-C
     hub.repos["user/name"]                Repo: private flag, branches (name -> commit), commits (sha -> {path: bytes})
     hub.requests                          (client host, method, path) of every request, for the tests' assertions
 
@@ -280,3 +281,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self.wfile.write(data)
+
+
+if __name__ == "__main__":
+    # Standalone, for trying publish.py by hand (the README walk-through): prints the address, serves until Ctrl-C.
+    import time
+
+    loopback = LoopbackHub()
+    print(loopback.start(), flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        loopback.stop()
