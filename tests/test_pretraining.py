@@ -553,3 +553,60 @@ def test_a_finished_run_is_not_resumed_over_and_copies_are_independent(trained, 
     resumed = run_pretraining(tiny_args("encoder", copy, resume_from_checkpoint="latest"))
     assert resumed["steps"] == 30 and resumed["history"]["train"] == metrics["history"]["train"]
     assert all(torch.equal(a, b) for a, b in zip(weights(copy).values(), weights(source).values()))
+
+
+KILLED_FINAL_SAVE = textwrap.dedent(
+    """
+    import pathlib, runpy, sys, time
+    import coreformer.pretraining
+
+    marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+    def plot_losses(history, path, title):  # the new weights are in the staged folder; the swap has not happened
+        marker.write_text("saving the final folder")
+        time.sleep(300)  # the test kills us here
+
+    coreformer.pretraining.plot_losses = plot_losses
+    sys.argv = [script] + sys.argv[3:]
+    runpy.run_path(script, run_name="__main__")
+    """
+)
+
+
+def test_sigkill_during_the_final_save_leaves_the_previous_final_model(tmp_path):
+    # A finished run is continued to more steps and killed while writing its new final folder: the previous final
+    # model stays loadable byte for byte, its checkpoints too, and the next resume finishes and cleans up.
+    settings = tiny_settings("decoder", max_steps=10, save_every=10)
+    output_dir = tmp_path / "run"
+    run_pretraining(args_from(settings, output_dir))
+    final_files = ("config.json", "model.safetensors", "README.md", "metrics.json", "tokenizer.json")
+    before = {name: (output_dir / name).read_bytes() for name in final_files}
+
+    config = tmp_path / "decoder-tiny-test.json"
+    config.write_text(json.dumps({"family": "decoder", "model": settings["model"]}))
+    marker = tmp_path / "marker"
+    longer = {**settings, "max_steps": 20, "resume_from_checkpoint": "latest", "output_dir": str(output_dir)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_FINAL_SAVE, str(marker), str(PRETRAIN), "--config", str(config)]
+        + cli_flags(longer),
+        env=child_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 240
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    child.stderr.close()
+
+    assert {name: (output_dir / name).read_bytes() for name in final_files} == before
+    assert find_latest_checkpoint(output_dir) == output_dir / "checkpoints" / "step-20"  # saved before the kill
+    assert list(tmp_path.glob(".run.partial-*")), "the killed save's staged folder is what is left over"
+    resumed = run_pretraining(args_from(settings, output_dir, max_steps=20, resume_from_checkpoint="latest"))
+    assert resumed["steps"] == 20 and json.loads((output_dir / "metrics.json").read_text())["steps"] == 20
+    assert not list(tmp_path.glob(".run.*"))
+    assert [path.name for path in sorted((output_dir / "checkpoints").iterdir())] == ["step-10", "step-20"]

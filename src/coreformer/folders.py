@@ -90,11 +90,30 @@ def remove_stale_saves(destination: Path) -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(source, target)
+
+
+def link_into(source: Path, target: Path) -> None:
+    """Give `target` what `source` holds without copying data: hard links to its files (recursively for a folder).
+
+    For carrying a run's checkpoints and logs into the staged replacement of its folder: the links share the files,
+    so the swap moves nothing and deleting the replaced folder deletes only its links.
+    """
+    if source.is_dir() and not source.is_symlink():
+        shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(str(source), str(target))
+
+
 @contextlib.contextmanager
 def staged_folder(destination: str | Path) -> Iterator[Path]:
     """Yield an empty hidden sibling of `destination` to fill; when the block finishes it replaces `destination`
     atomically, when it raises (or the process dies) `destination` is untouched and the sibling is deleted."""
-    destination = Path(destination)
+    destination = Path(destination).absolute()  # "." has no name to stage beside
     destination.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_saves(destination)
     staging = destination.with_name(f".{destination.name}.partial-{os.getpid()}")

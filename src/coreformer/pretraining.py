@@ -59,7 +59,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
 from .configuration_coreformer import CoreformerDecoderConfig, CoreformerEncoderConfig, CoreformerSeq2SeqConfig
-from .folders import replace_folder
+from .folders import link_into, replace_folder, staged_folder
 from .model_card import ModelCardInfo
 from .model_card import render_model_card as render_card
 from .modeling_decoder import CoreformerDecoderForCausalLM
@@ -86,7 +86,6 @@ TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its pres
 RUN_CONFIG = "run_config.json"
 METRICS = "metrics.json"
 _CHECKPOINT_NAME = re.compile(r"step-(\d+)")
-_FINAL_STAGING = ".final-tmp"
 
 _FAMILY = {
     "encoder": {
@@ -648,7 +647,7 @@ def _remove_stale_temporaries(output_dir: Path) -> None:
         if folder.is_dir():
             for path in folder.iterdir():
                 # .step-N.replaced-PID: replace_folder's fallback (no atomic exchange) killed between its renames.
-                if path.name.startswith((".tmp-", ".old-", ".step-", _FINAL_STAGING)):
+                if path.name.startswith((".tmp-", ".old-", ".step-", ".final-tmp")):  # .final-tmp: before 0.1
                     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -680,18 +679,6 @@ def save_checkpoint(
 
 def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n")
-
-
-def _commit_final_folder(staging: Path, output_dir: Path) -> None:
-    """Move the staged final files into `output_dir`: an old config.json out first, the new config.json last."""
-    (output_dir / "config.json").unlink(missing_ok=True)
-    entries = sorted(staging.iterdir(), key=lambda path: path.name == "config.json")
-    for entry in entries:
-        target = output_dir / entry.name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        os.replace(entry, target)
-    staging.rmdir()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1160,15 +1147,18 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
 
     state_dict = accelerator.get_state_dict(model)  # a collective under FSDP / DeepSpeed ZeRO-3
     if accelerator.is_main_process:
-        staging = output_dir / _FINAL_STAGING
-        shutil.rmtree(staging, ignore_errors=True)
-        unwrapped.save_pretrained(staging, state_dict=state_dict)  # config (auto_map), weights, code, generation
-        tokenizer.save_pretrained(staging)
-        metrics["wall_time_s"] = time.perf_counter() - session_start
-        plot_losses(history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
-        (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))
-        _write_json(staging / METRICS, metrics)
-        _commit_final_folder(staging, output_dir)
+        # The folder is rebuilt beside itself and swapped in (coreformer.folders): a kill leaves the previous final
+        # model or the new one, never a mix. Checkpoints and logs come along as hard links, nothing is copied.
+        with staged_folder(output_dir) as staging:
+            unwrapped.save_pretrained(staging, state_dict=state_dict)  # config (auto_map), weights, code, generation
+            tokenizer.save_pretrained(staging)
+            metrics["wall_time_s"] = time.perf_counter() - session_start
+            plot_losses(history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
+            (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))
+            _write_json(staging / METRICS, metrics)
+            for entry in output_dir.iterdir():
+                if not (staging / entry.name).exists():
+                    link_into(entry, staging / entry.name)
         accelerator.print(
             f"done: {step} steps, held-out loss {history['eval'][0]['loss']:.4f} -> {last_eval['loss']:.4f} "
             f"(perplexity {last_eval['perplexity']:.2f}), {tokens_per_second or 0:,.0f} tokens/s; wrote {output_dir}"
