@@ -530,3 +530,11 @@ def test_sigkill_while_saving_a_rerun_leaves_the_previous_run(bases, tmp_path):
     assert list(tmp_path.glob(".out.partial-*")), "the killed run's staging folder should be what is left over"
     run_finetuning(tiny_args("sequence-classification", bases["encoder"], folder, max_steps=2, overwrite=True))
     assert not list(tmp_path.glob(".out.*"))  # the next run cleaned it up
+
+
+def test_a_model_folder_without_a_tokenizer_is_one_clear_error(bases, tmp_path):
+    folder = tmp_path / "no-tokenizer"
+    AutoModelForSequenceClassification.from_pretrained(bases["encoder"], num_labels=2).save_pretrained(folder)
+    with pytest.raises(FinetuningError, match=r"holds no tokenizer .* tokenizer.save_pretrained.*--tokenizer FOLDER"):
+        run_finetuning(tiny_args("sequence-classification", folder, tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

@@ -610,3 +610,14 @@ def test_sigkill_during_the_final_save_leaves_the_previous_final_model(tmp_path)
     assert resumed["steps"] == 20 and json.loads((output_dir / "metrics.json").read_text())["steps"] == 20
     assert not list(tmp_path.glob(".run.*"))
     assert [path.name for path in sorted((output_dir / "checkpoints").iterdir())] == ["step-10", "step-20"]
+
+
+def test_a_tokenizer_folder_without_a_tokenizer_or_a_missing_path_is_one_clear_error(tmp_path):
+    model_only = tmp_path / "model-only"
+    model_only.mkdir()
+    (model_only / "config.json").write_text("{}")
+    with pytest.raises(PretrainingError, match=r"holds no tokenizer .* tokenizer.save_pretrained.* omit --tokenizer"):
+        run_pretraining(tiny_args("decoder", tmp_path / "out", tokenizer=str(model_only)))
+    with pytest.raises(PretrainingError, match=r"does not exist: pass a folder holding a tokenizer"):
+        run_pretraining(tiny_args("decoder", tmp_path / "out", tokenizer=str(tmp_path / "nowhere")))
+    assert not (tmp_path / "out").exists()

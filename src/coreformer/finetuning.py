@@ -53,7 +53,7 @@ from typing import Any
 import datasets
 import numpy as np
 import transformers
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from .configuration_coreformer import CoreformerDecoderConfig, CoreformerEncoderConfig, CoreformerSeq2SeqConfig
 from .evaluation import (
@@ -64,7 +64,7 @@ from .evaluation import (
     squad_scores,
     token_classification_metrics,
 )
-from .folders import staged_folder
+from .folders import MissingTokenizerError, folder_tokenizer, staged_folder
 from .pipelines import best_spans, input_length_limit, save_with_pipeline
 from .pretraining import PretrainingError, _coerce, load_config_file
 from .pretraining_data import PackedCausalLMCollator, pack_into_blocks
@@ -931,7 +931,9 @@ def load_model_config(path: str, task: str):
 def load_finetuning_tokenizer(args: FinetuningArguments, model_path: str) -> PreTrainedTokenizerBase:
     source = args.tokenizer or model_path
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = folder_tokenizer(source)
+    except MissingTokenizerError as error:
+        raise FinetuningError(f"{error} (--tokenizer FOLDER names another tokenizer.)") from None
     except Exception as error:
         raise FinetuningError(
             f"Cannot load a tokenizer from {source!r}: {type(error).__name__}: {error}. Pass --tokenizer FOLDER."

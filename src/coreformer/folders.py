@@ -135,13 +135,22 @@ def has_tokenizer(folder: str | Path) -> bool:
     return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
 
 
-def folder_tokenizer(folder: str | Path):
-    """AutoTokenizer of a model folder (or a Hub id, passed through); a local folder without one gets a clear error."""
+class MissingTokenizerError(ValueError):
+    """A tokenizer was asked of a folder that holds none, or of a path that does not exist."""
+
+
+def folder_tokenizer(name_or_path: str | Path):
+    """AutoTokenizer of a model folder or Hub name; a folder without a tokenizer, or a path that does not exist, is
+    a `MissingTokenizerError` saying what to do (transformers' own error for these is about sentencepiece, or about
+    the form of Hub repo ids)."""
     from transformers import AutoTokenizer
 
-    if Path(folder).is_dir() and not has_tokenizer(folder):
-        raise ValueError(
-            f"{folder} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the model's tokenizer next to "
-            f"it with tokenizer.save_pretrained({str(folder)!r}), or pass the tokenizer explicitly."
+    path = Path(name_or_path).expanduser()
+    if not path.exists() and (path.is_absolute() or str(name_or_path).startswith((".", "~"))):
+        raise MissingTokenizerError(f"{name_or_path} does not exist: pass a folder holding a tokenizer, or a Hub name.")
+    if path.is_dir() and not has_tokenizer(path):
+        raise MissingTokenizerError(
+            f"{name_or_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the model's tokenizer "
+            f"next to it with tokenizer.save_pretrained({str(name_or_path)!r}), or pass the tokenizer explicitly."
         )
-    return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(name_or_path)

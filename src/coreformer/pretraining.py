@@ -59,7 +59,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
 from .configuration_coreformer import CoreformerDecoderConfig, CoreformerEncoderConfig, CoreformerSeq2SeqConfig
-from .folders import link_into, replace_folder, staged_folder
+from .folders import MissingTokenizerError, folder_tokenizer, link_into, replace_folder, staged_folder
 from .model_card import ModelCardInfo
 from .model_card import render_model_card as render_card
 from .modeling_decoder import CoreformerDecoderForCausalLM
@@ -446,8 +446,10 @@ _REQUIRED_TOKENS = {
 def load_tokenizer(name_or_path: str, family: str) -> PreTrainedTokenizerBase:
     """A tokenizer folder or Hub name, checked for the special tokens the family's objective needs."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    except Exception as error:  # OSError for a missing folder, ValueError for a broken one
+        tokenizer = folder_tokenizer(name_or_path)
+    except MissingTokenizerError as error:
+        raise PretrainingError(f"--tokenizer: {error} Or omit --tokenizer to train one.") from None
+    except Exception as error:  # OSError for an unknown Hub name, ValueError for broken files
         raise PretrainingError(f"Cannot load tokenizer {name_or_path!r}: {error}") from error
     missing = [name for name in _REQUIRED_TOKENS[family] if getattr(tokenizer, name) is None]
     if missing:
