@@ -12,7 +12,13 @@ from conftest import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config
 from transformers.cache_utils import DynamicCache
 
 import coreformer as cf
-from coreformer.attention import elu_feature_map, linear_attention, performer_feature_map, sliding_window_attention
+from coreformer.attention import (
+    elu_feature_map,
+    linear_attention,
+    performer_feature_map,
+    sliding_window_attention,
+    strided_attention,
+)
 from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
 
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
@@ -56,39 +62,89 @@ def test_masked_types_equal_an_explicit_dense_mask(layer_type, family, backend):
     torch.testing.assert_close(output[real], expected[real], atol=1e-5, rtol=0)
 
 
+def _kernel_and_dense_reference(kernel, allowed_pattern, causal, **kernel_args):
+    """Output and q/k/v gradients of a sparse kernel and of sdpa under the dense mask it stands for, on a batch with
+    right padding (row 1) and left padding (row 2); compared on real query positions only."""
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(3, 2, 30, 8, generator=generator, requires_grad=True) for _ in range(3))
+    padding = torch.ones(3, 30, dtype=torch.bool)
+    padding[1, 25:] = padding[2, :4] = False
+    distance = torch.arange(30)[:, None] - torch.arange(30)[None, :]
+    allowed = allowed_pattern(distance) & ((distance >= 0) if causal else True) & padding[:, None, None, :]
+    dense = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=0.3)
+    outputs = (kernel(query, key, value, causal=causal, padding_mask=padding, scaling=0.3, **kernel_args), dense)
+    results = []
+    for output in outputs[0], outputs[1].transpose(1, 2):
+        real = output[padding]  # queries that are padding have no defined output
+        results.append((real, *torch.autograd.grad(real.pow(2).sum(), (query, key, value))))
+    return results
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("chunk_size", [4, 7, 64])
 def test_chunked_band_kernel_equals_the_dense_band_mask(causal, chunk_size):
-    generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(2, 3, 30, 8, generator=generator) for _ in range(3))
-    padding = torch.ones(2, 30, dtype=torch.bool)
-    padding[1, :4] = padding[1, 25:] = False
-    window = 5
-    output = sliding_window_attention(
-        query, key, value, window=window, causal=causal, padding_mask=padding, scaling=0.3, chunk_size=chunk_size
+    output, expected = _kernel_and_dense_reference(
+        sliding_window_attention, lambda d: d.abs() <= 5, causal, window=5, chunk_size=chunk_size
     )
-    distance = torch.arange(30)[:, None] - torch.arange(30)[None, :]
-    allowed = (distance.abs() <= window) & ((distance >= 0) if causal else True)
-    allowed = allowed & padding[:, None, None, :]
-    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=0.3)
-    real = padding  # queries that are padding have no defined output
-    torch.testing.assert_close(output[real], expected.transpose(1, 2)[real], atol=1e-5, rtol=0)
+    for got, want in zip(output, expected):  # output, then the gradients of query, key, value
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("stride", "chunk_size"), [(4, 3), (4, None), (7, 5), (40, None)])
+def test_strided_kernel_equals_the_dense_strided_mask(causal, stride, chunk_size):
+    # stride 40 > length: no key is a whole stride away, so that part is empty for every query.
+    output, expected = _kernel_and_dense_reference(
+        strided_attention,
+        lambda d: (d.abs() < stride) | (d % stride == 0),
+        causal,
+        stride=stride,
+        chunk_size=chunk_size,
+    )
+    for got, want in zip(output, expected):  # output, then the gradients of query, key, value
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("layer_type", ["sliding", "strided"])
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
-def test_sliding_layers_under_sdpa_match_eager_on_long_padded_sequences(family):
-    # sdpa takes the chunked band kernel, eager the dense mask from transformers' machinery.
+def test_sparse_kernels_under_sdpa_match_eager_on_long_padded_sequences(layer_type, family):
+    # sdpa takes the sparse kernels, eager the dense mask from transformers' machinery: outputs and every gradient.
     model_class = cf.CoreformerEncoderModel if family == "encoder" else cf.CoreformerDecoderModel
     model = tiny_model(
-        model_class, family, layer_types=["sliding", "full"], sliding_window=9, max_position_embeddings=256
+        model_class,
+        family,
+        layer_types=[layer_type, "full"],
+        sliding_window=9,
+        stride=9,
+        max_position_embeddings=256,
+        position_embedding_type="rotary",
     )
     ids, mask = padded_batch(length=150, left=family == "decoder")
-    with torch.no_grad():
-        model.set_attn_implementation("eager")
-        expected = model(ids, attention_mask=mask).last_hidden_state
-        model.set_attn_implementation("sdpa")
-        output = model(ids, attention_mask=mask).last_hidden_state
-    torch.testing.assert_close(output[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=0)
+    real = mask.bool()
+    results = []
+    for backend in ("eager", "sdpa"):
+        model.set_attn_implementation(backend)
+        model.zero_grad()
+        output = model(ids, attention_mask=mask, use_cache=False).last_hidden_state[real]
+        output.pow(2).mean().backward()
+        results.append((output.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+    (expected, expected_grads), (output, grads) = results
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_documents_are_refused_by_linear_layers_with_the_fix():
+    # Position ids that restart mid-row mark packed documents; transformers' causal masks keep them apart, a linear
+    # layer's running sums cannot.
+    model = tiny_model(cf.CoreformerDecoderModel, "decoder", layer_types=["linear", "full"])
+    ids = torch.randint(3, VOCAB, (1, 8))
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    with pytest.raises(ValueError, match="'linear' layers cannot keep apart.*own row"):
+        model(ids, position_ids=packed, use_cache=False)
+    # One document per row is fine, with position ids given (as generate() does) or a padding mask.
+    model(ids, position_ids=torch.arange(8)[None], use_cache=False)
+    model(ids, attention_mask=torch.ones(1, 8, dtype=torch.long), position_ids=packed, use_cache=False)
 
 
 def _flex_compiles_here() -> bool:

@@ -10,8 +10,10 @@ is dispatched through transformers' `ALL_ATTENTION_FUNCTIONS` (sdpa, flex_attent
 `eager_attention_forward` below as the reference that also returns the attention probabilities.
 
 Each layer also has a type (`config.layer_types`). "full", "sliding" and "strided" differ only in the mask the stack
-builds for them; "lowrank" (Linformer) projects keys/values along the sequence before the same dispatch; "linear"
-replaces softmax by a kernel feature map (`linear_attention`), with `LinearAttentionStateLayer` as its cache.
+builds for them; under sdpa without a cache, sliding and strided layers instead get the padding mask and run sparse
+kernels that never form an L x L matrix (`sliding_window_attention`, `strided_attention`, both over `BandChunks`).
+"lowrank" (Linformer) projects keys/values along the sequence before the same dispatch; "linear" replaces softmax
+by a kernel feature map (`linear_attention`), with `LinearAttentionStateLayer` as its cache.
 """
 
 import math
@@ -117,6 +119,114 @@ def apply_rotary(
     return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
 
+class _OverlappingWindows(torch.autograd.Function):
+    """Windows of `span` rows every `step` rows of a (S, H, D) stream, as one strided view (no copy):
+    (S, H, D) -> (count, H, span, D).
+
+    The backward adds each window's gradient back in ceil(span / step) pieces; within a piece the windows cover
+    disjoint rows, so each piece is one in-place add. Autograd's own backward for overlapping views (unfold,
+    as_strided) is a generic scatter that took a quarter of the band kernel's time at L=8192.
+    """
+
+    @staticmethod
+    def forward(ctx, stream: torch.Tensor, count: int, span: int, step: int) -> torch.Tensor:
+        ctx.shape, ctx.count, ctx.span, ctx.step = stream.shape, count, span, step
+        return _windows_view(stream, count, span, step)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad_stream = grad.new_zeros(ctx.shape)
+        for start in range(0, ctx.span, ctx.step):
+            width = min(ctx.step, ctx.span - start)
+            _windows_view(grad_stream[start:], ctx.count, width, ctx.step).add_(grad[:, :, start : start + width])
+        return grad_stream, None, None, None
+
+
+def _windows_view(stream: torch.Tensor, count: int, span: int, step: int) -> torch.Tensor:
+    """(S, H, D) contiguous -> (count, H, span, D) view: window j holds rows [j·step, j·step + span)."""
+    heads, head_dim = stream.shape[1:]
+    return stream.as_strided((count, heads, span, head_dim), (step * heads * head_dim, head_dim, heads * head_dim, 1))
+
+
+class BandChunks(NamedTuple):
+    """A (B, T) batch cut into chunks of c queries, each with only the keys/values its band can reach: c + w of them
+    (c + 2w in an encoder), as in Longformer's chunked local attention (Beltagy et al. 2020). Band attention then
+    costs O(L·w) time and memory and never forms an L x L matrix.
+
+    The rows of the batch are laid end to end as one token stream, so that the chunks' keys are overlapping windows
+    of that stream (a view, not a copy); keys from a neighbouring row or from the stream's padding are masked.
+
+    queries: (J, H, c, D) with J = B · ceil(T / c); keys, values: (J, H, span, D).
+    allowed: (J, 1, c, span) boolean, True where the query may see the key: inside the band, a real token of the
+    same row, and always the query itself (so that no row is empty; padding queries get a defined, unused output).
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    allowed: torch.Tensor
+    batch: int
+    length: int
+
+    @classmethod
+    def build(
+        cls,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        window: int,
+        causal: bool,
+        padding_mask: torch.Tensor | None,
+        chunk_size: int | None = None,
+    ) -> "BandChunks":
+        """query, key, value: (B, H, T, D); padding_mask: (B, T), True for real tokens, or None."""
+        batch, heads, length, _ = query.shape
+        chunk = chunk_size or max(window, 64)
+        per_row = -(-length // chunk)
+        count = batch * per_row
+        before, after = window, (0 if causal else window)
+        span = chunk + before + after
+
+        def stream(states: torch.Tensor, margin: tuple[int, int]) -> torch.Tensor:
+            # (B, H, T, D) -> (B, T', H, D), T' = per_row · c -> (margin + B · T' + margin, H, D)
+            states = nn.functional.pad(states.transpose(1, 2), (0, 0, 0, 0, 0, per_row * chunk - length))
+            return nn.functional.pad(states.reshape(count * chunk, heads, -1), (0, 0, 0, 0, *margin))
+
+        queries = stream(query, (0, 0)).view(count, chunk, heads, -1).transpose(1, 2)  # (J, H, c, D)
+        keys = _OverlappingWindows.apply(stream(key, (before, after)), count, span, chunk)  # (J, H, span, D)
+        values = _OverlappingWindows.apply(stream(value, (before, after)), count, span, chunk)
+
+        device = query.device
+        # Query t of a chunk sits at window position t + w: distance = query - key position, 0 for itself.
+        distance = torch.arange(chunk, device=device)[:, None] + before - torch.arange(span, device=device)
+        band = (distance <= window) & ((distance >= 0) if causal else (distance >= -window))  # (c, span)
+        # Which stream position holds a real token, and of which row (-1 for the stream's margins).
+        real = padding_mask.bool() if padding_mask is not None else query.new_ones(batch, length, dtype=torch.bool)
+        real = nn.functional.pad(real, (0, per_row * chunk - length), value=False).flatten()
+        real = nn.functional.pad(real, (before, after), value=False)  # (margin + B · T' + margin,)
+        row = torch.arange(batch, device=device).repeat_interleave(per_row * chunk)
+        row = nn.functional.pad(row, (before, after), value=-1)
+        chunk_row = torch.arange(count, device=device) // per_row
+        same_row = row.as_strided((count, span), (chunk, 1)) == chunk_row[:, None]  # (J, span)
+        visible = real.as_strided((count, span), (chunk, 1)) & same_row
+        allowed = (band & visible[:, None, None, :]) | (distance == 0)  # (J, 1, c, span)
+        return cls(queries, keys, values, allowed, batch, length)
+
+    def to_chunks(self, states: torch.Tensor) -> torch.Tensor:
+        """Token-order tensors in the chunks' layout: (B, T, H, X) -> (J, H, c, X)."""
+        count, _, chunk = self.queries.shape[:3]
+        states = nn.functional.pad(states, (0, 0, 0, 0, 0, count // self.batch * chunk - self.length))
+        return states.reshape(count, chunk, *states.shape[2:]).transpose(1, 2)
+
+    def to_sequence(self, chunked: torch.Tensor) -> torch.Tensor:
+        """Per-chunk results back in token order: (J, H, c, X) -> (B, T, H, X)."""
+        count, heads, chunk, width = chunked.shape
+        per_row = count // self.batch
+        chunked = chunked.transpose(1, 2).reshape(self.batch, per_row * chunk, heads, width)
+        return chunked[:, : self.length]
+
+
 def sliding_window_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -129,8 +239,8 @@ def sliding_window_attention(
     dropout: float = 0.0,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """Band attention in O(L·w) time and memory: queries in chunks of c, each against only the keys its band can
-    reach (c + w of them, c + 2w in an encoder), as in Longformer's chunked local attention (Beltagy et al. 2020).
+    """Band attention in O(L·w) time and memory: each query sees the keys at most `window` positions away (only
+    earlier ones when causal), over `BandChunks`, with sdpa inside each chunk.
 
     Computes exactly what the dense band mask does, without ever forming an L x L score or mask matrix.
 
@@ -142,37 +252,107 @@ def sliding_window_attention(
     Returns:
         (B, T, H, D)
     """
-    batch, heads, length, head_dim = query.shape
-    chunk = chunk_size or max(window, 64)
-    num_chunks = -(-length // chunk)
-    left, right = window, num_chunks * chunk - length + (0 if causal else window)
-    span = chunk + window + (0 if causal else window)
-
-    def chunks_of_keys(states: torch.Tensor) -> torch.Tensor:
-        # (B, H, T, D) -> (B * n, H, span, D): chunk i sees padded positions [i*c, i*c + span) = [i*c - w, ...).
-        padded = nn.functional.pad(states, (0, 0, left, right))
-        windows = padded.unfold(2, span, chunk).transpose(-1, -2)  # (B, H, n, span, D)
-        return windows.transpose(1, 2).reshape(batch * num_chunks, heads, span, head_dim)
-
-    queries = nn.functional.pad(query, (0, 0, 0, num_chunks * chunk - length))
-    queries = queries.view(batch, heads, num_chunks, chunk, head_dim).transpose(1, 2)
-    queries = queries.reshape(batch * num_chunks, heads, chunk, head_dim)  # (B * n, H, c, D)
-
-    # Which keys each query may see: the band, relative to the chunk (the same for every chunk) ...
-    distance = torch.arange(chunk, device=query.device)[:, None] + window - torch.arange(span, device=query.device)
-    band = (distance >= 0) if causal else (distance >= -window)
-    band = band & (distance <= window)  # (c, span); distance 0 is the query itself
-    # ... and which of those keys are real tokens rather than padding (the sequence's or ours).
-    real = padding_mask.bool() if padding_mask is not None else query.new_ones(batch, length, dtype=torch.bool)
-    real = nn.functional.pad(real, (left, right), value=False).unfold(1, span, chunk)  # (B, n, span)
-    # A query always sees itself, so that no row is empty (padding queries get a defined, unused output).
-    allowed = (band & real.reshape(batch * num_chunks, 1, 1, span)) | (distance == 0)  # (B * n, 1, c, span)
-
+    chunks = BandChunks.build(
+        query, key, value, window=window, causal=causal, padding_mask=padding_mask, chunk_size=chunk_size
+    )
     output = nn.functional.scaled_dot_product_attention(
-        queries, chunks_of_keys(key), chunks_of_keys(value), attn_mask=allowed, dropout_p=dropout, scale=scaling
-    )  # (B * n, H, c, D)
-    output = output.view(batch, num_chunks, heads, chunk, head_dim).transpose(2, 3)  # (B, n, c, H, D)
-    return output.reshape(batch, num_chunks * chunk, heads, head_dim)[:, :length]
+        chunks.queries, chunks.keys, chunks.values, attn_mask=chunks.allowed, dropout_p=dropout, scale=scaling
+    )  # (J, H, c, D)
+    return chunks.to_sequence(output)
+
+
+def _far_part(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention with its log-sum-exp, so that it can join another softmax:
+    (..., T, D) queries, (..., S, D) keys/values, (..., T, S) mask -> output (..., T, D), lse (..., T, 1)."""
+    # Scores in fp32 whatever the compute dtype, as in eager_attention_forward. A masked score is the most negative
+    # float rather than -inf, so that a row with no visible key stays finite (its result is then masked out).
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    scores = torch.matmul(query.to(dtype), key.to(dtype).transpose(-1, -2)) * scaling
+    scores = scores.masked_fill(~allowed, torch.finfo(dtype).min)
+    output = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
+    return output, torch.logsumexp(scores, dim=-1, keepdim=True)
+
+
+def strided_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    stride: int,
+    causal: bool,
+    padding_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Sparse Transformer strided attention (Child et al. 2019, sec. 4.2) in O(L·(s + L/s)): a query sees the keys
+    less than s positions away (A1) and every key a multiple of s away (A2), only earlier ones when causal.
+
+    Each part is computed where it is dense, then joined exactly:
+      A2 \\ {query}: tokens regrouped by residue class t mod s, (B, H, T, D) -> (B, H, s, T/s, D), where it is dense
+          attention within each class minus the diagonal; it yields an output o2 and log-sum-exp lse2 per query.
+      A1, the band |q - k| < s: `BandChunks` with window s - 1 and sdpa, plus one extra key per query that stands
+          for all of A2: score lse2 (a key [0, lse2] against the query [q, 1/scaling]) and value o2. Its softmax
+          weight is then Z2 / (Z1 + Z2), so the output is exactly softmax over A1 ∪ A2, gradients included.
+    With attention dropout, A2 is dropped as one unit per query (still unbiased), not key by key.
+
+    Args:
+        query: (B, H, T, D); key, value: (B, H, T, D) (key/value heads already repeated).
+        padding_mask: (B, T) boolean, True for real tokens, or None.
+
+    Returns:
+        (B, T, H, D)
+    """
+    batch, heads, length, head_dim = query.shape
+    per_class = -(-length // stride)
+    padded = per_class * stride
+
+    def by_residue(states: torch.Tensor) -> torch.Tensor:
+        # (B, H, T, X) -> (B, H, T/s, s, X) -> (B, H, s, T/s, X): class r holds positions r, r + s, r + 2s, ...
+        states = nn.functional.pad(states, (0, 0, 0, padded - length))
+        return states.view(batch, heads, per_class, stride, states.shape[-1]).transpose(2, 3)
+
+    def from_residue(states: torch.Tensor) -> torch.Tensor:
+        # (B, H, s, T/s, X) -> (B, H, T/s, s, X) -> (B, T, H, X)
+        states = states.transpose(2, 3).reshape(batch, heads, padded, states.shape[-1])
+        return states[:, :, :length].transpose(1, 2)
+
+    real = padding_mask.bool() if padding_mask is not None else query.new_ones(batch, length, dtype=torch.bool)
+    real = nn.functional.pad(real, (0, padded - length), value=False).view(batch, per_class, stride).transpose(1, 2)
+    index = torch.arange(per_class, device=query.device)
+    others = (index[None, :] < index[:, None]) if causal else (index[None, :] != index[:, None])  # (T/s, T/s)
+    far_allowed = others & real[:, None, :, None, :]  # (B, 1, s, T/s, T/s)
+    far, far_lse = _far_part(by_residue(query), by_residue(key), by_residue(value), far_allowed, scaling)
+    far, far_lse = from_residue(far), from_residue(far_lse)  # (B, T, H, D), (B, T, H, 1)
+    has_far = from_residue(far_allowed.any(-1, keepdim=True).expand(batch, heads, -1, -1, -1))  # (B, T, H, 1)
+
+    # The band part over keys with one more dimension: [k, 0] for tokens, [0, lse2] for the extra key (masked out
+    # where A2 is empty, with a harmless 0 in its place). Values get a zero column too: torch's fused CPU kernel
+    # needs keys and values of one width (otherwise sdpa falls back to the unfused math).
+    extra_column = query.new_zeros(batch, heads, length, 1)
+    chunks = BandChunks.build(
+        torch.cat([query, extra_column + 1 / scaling], dim=-1),
+        torch.cat([key, extra_column], dim=-1),
+        torch.cat([value, extra_column], dim=-1),
+        window=stride - 1,
+        causal=causal,
+        padding_mask=padding_mask,
+        chunk_size=chunk_size,
+    )
+    far_key = torch.cat([far.new_zeros(*far.shape[:-1], head_dim), far_lse.where(has_far, 0).to(key.dtype)], -1)
+    keys = torch.cat([chunks.keys, chunks.to_chunks(far_key)], dim=2)  # (J, H, span + c, D + 1)
+    far_value = torch.cat([far, far.new_zeros(*far.shape[:-1], 1)], -1)
+    values = torch.cat([chunks.values, chunks.to_chunks(far_value)], dim=2)  # (J, H, span + c, D + 1)
+    chunk = chunks.queries.shape[2]
+    own = torch.eye(chunk, dtype=torch.bool, device=query.device)  # query t of a chunk sees extra key t only
+    far_visible = own & chunks.to_chunks(has_far[:, :, :1])  # (J, 1, c, c)
+    allowed = torch.cat([chunks.allowed, far_visible], dim=-1)  # (J, 1, c, span + c)
+    output = nn.functional.scaled_dot_product_attention(
+        chunks.queries, keys, values, attn_mask=allowed, dropout_p=dropout, scale=scaling
+    )  # (J, H, c, D + 1)
+    return chunks.to_sequence(output[..., :head_dim])
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -483,19 +663,16 @@ class Attention(nn.Module):
         if self.layer_type == "lowrank":
             key, value = self._project_sequence(key, value, attention_mask)
             attention_mask = None  # the projected rows mix all (real) positions: nothing left to mask
-        if self.layer_type == "sliding" and (attention_mask is None or getattr(attention_mask, "ndim", 0) == 2):
-            # The stack hands a sliding layer its 2D padding mask when the chunked band path applies (see
-            # CoreformerStack.build_masks): sdpa without a cache.
-            output = sliding_window_attention(
-                query,
-                repeat_kv(key, self.num_key_value_groups),
-                repeat_kv(value, self.num_key_value_groups),
-                window=self.config.sliding_window,
-                causal=self.is_causal,
-                padding_mask=attention_mask,
-                scaling=self.scaling,
-                dropout=dropout,
-            )
+        pattern = self.layer_type in ("sliding", "strided")
+        if pattern and (attention_mask is None or getattr(attention_mask, "ndim", 0) == 2):
+            # The stack hands sliding/strided layers their 2D padding mask when the sparse kernels apply (see
+            # CoreformerStack.build_masks): sdpa without a cache, documents not packed.
+            key, value = repeat_kv(key, self.num_key_value_groups), repeat_kv(value, self.num_key_value_groups)
+            shared = dict(causal=self.is_causal, padding_mask=attention_mask, scaling=self.scaling, dropout=dropout)
+            if self.layer_type == "sliding":
+                output = sliding_window_attention(query, key, value, window=self.config.sliding_window, **shared)
+            else:
+                output = strided_attention(query, key, value, stride=self.config.stride, **shared)
             return output, None
         attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward

@@ -243,8 +243,8 @@ class CoreformerStack(nn.Module):
 
         "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
         flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself,
-        and so do "sliding" layers on the chunked band path. `packed`: the caller passed its own position ids, which
-        may restart mid-row (packed documents).
+        and so do "sliding" and "strided" layers on their sparse-kernel path. `packed`: the caller passed its own
+        position ids, which may restart mid-row (packed documents).
         """
         implementation = self.config._attn_implementation
         patterns = {"sliding", "strided"} & set(self.layer_types)
@@ -253,13 +253,24 @@ class CoreformerStack(nn.Module):
                 f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
                 f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
             )
-        # Sliding layers run a chunked O(L·w) band kernel under sdpa when nothing constrains the keys beyond padding:
-        # no cache (whose window bookkeeping the dense mask handles) and no packed sequences (documents that
-        # restart their position ids, which transformers' mask machinery separates).
-        chunked_band = implementation == "sdpa" and cache is None and not (attention_mask is None and packed)
+        # transformers separates packed documents (position ids restarting mid-row, no attention_mask, no cache) in
+        # causal masks only; a linear layer's running sums would run across them.
+        if self.is_causal and "linear" in self.layer_types and packed and attention_mask is None and cache is None:
+            # The test of transformers' find_packed_sequence_indices: a step other than +1 starts a new document.
+            if not is_torchdynamo_compiling() and bool((position_ids.diff(dim=-1) != 1).any()):
+                raise ValueError(
+                    "position_ids restart mid-row (packed documents), which 'linear' layers cannot keep apart: their "
+                    "running sums would mix the documents, while the other layer types separate them. Give each "
+                    "document its own row (pad, and pass attention_mask) instead of packing, or use 'full', "
+                    "'sliding' or 'strided' layers."
+                )
+        # Sliding and strided layers run sparse kernels (O(L·w), O(L·(s + L/s))) under sdpa when nothing constrains
+        # the keys beyond padding: no cache (whose window bookkeeping the dense mask handles) and no packed sequences
+        # (documents that restart their position ids, which transformers' mask machinery separates).
+        sparse_kernels = implementation == "sdpa" and cache is None and not (attention_mask is None and packed)
         masks: dict[str, torch.Tensor | None] = {}
         for layer_type in dict.fromkeys(self.layer_types):
-            if layer_type in ("lowrank", "linear") or (layer_type == "sliding" and chunked_band):
+            if layer_type in ("lowrank", "linear") or (layer_type in patterns and sparse_kernels):
                 if attention_mask is not None and attention_mask.dim() != 2:
                     raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
                 masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
