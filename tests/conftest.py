@@ -1,6 +1,10 @@
 """Shared fixtures: tiny configs for each family (hidden 32, 2 layers, 4 heads), offline Hub, fixed seeds."""
 
 import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -101,3 +105,15 @@ def family(request) -> str:
 @pytest.fixture(params=list(VARIANTS))
 def variant(request) -> dict:
     return VARIANTS[request.param]
+
+
+def kill_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) -> None:
+    """Wait until `child` (started with stderr=PIPE, text=True) writes `marker`, which it does in the middle of a
+    save, then SIGKILL it; fail with the child's stderr if it ended first."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    child.stderr.close()

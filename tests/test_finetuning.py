@@ -12,12 +12,12 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import kill_at_marker
 from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
@@ -518,13 +518,7 @@ def test_sigkill_while_saving_a_rerun_leaves_the_previous_run(bases, tmp_path):
     command += ["--max-train-examples", "16", "--max-eval-examples", "8", "--max-length", "48"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
-    child.kill()
-    child.wait(timeout=60)
-    child.stderr.close()
+    kill_at_marker(child, marker)
 
     assert contents(folder) == before  # the previous run, byte for byte
     assert list(tmp_path.glob(".out.partial-*")), "the killed run's staging folder should be what is left over"

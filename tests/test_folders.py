@@ -2,15 +2,14 @@
 
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import transformers
+from conftest import kill_at_marker
 
 from coreformer import cli, folders
 
@@ -88,13 +87,7 @@ KILLED_SAVE = textwrap.dedent(
 def run_until_marker(command: list[str], marker: Path, cwd: Path) -> None:
     """Start `command`, wait until it writes `marker` (it is then mid-save), SIGKILL it."""
     child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=60)
-    child.stderr.close()
+    kill_at_marker(child, marker)
 
 
 def test_sigkill_during_a_staged_save_leaves_the_previous_folder(tmp_path):

@@ -10,16 +10,15 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import datasets
 import pytest
 import torch
+from conftest import kill_at_marker
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -345,13 +344,7 @@ def test_sigkill_during_a_save_then_resume_latest_is_bit_identical(tmp_path):
         cwd=tmp_path,
     )
     uninterrupted = run_pretraining(args_from(settings, tmp_path / "uninterrupted"))
-    deadline = time.monotonic() + 240
-    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=60)
-    child.stderr.close()
+    kill_at_marker(child, marker)
 
     # The kill hit step 20's save: its temporary folder is there, half done, and `latest` is step 10.
     checkpoints = killed / "checkpoints"
@@ -595,13 +588,7 @@ def test_sigkill_during_the_final_save_leaves_the_previous_final_model(tmp_path)
         text=True,
         cwd=tmp_path,
     )
-    deadline = time.monotonic() + 240
-    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=60)
-    child.stderr.close()
+    kill_at_marker(child, marker)
 
     assert {name: (output_dir / name).read_bytes() for name in final_files} == before
     assert find_latest_checkpoint(output_dir) == output_dir / "checkpoints" / "step-20"  # saved before the kill
