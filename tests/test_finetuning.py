@@ -532,3 +532,24 @@ def test_a_model_folder_without_a_tokenizer_is_one_clear_error(bases, tmp_path):
     with pytest.raises(FinetuningError, match=r"holds no tokenizer .* tokenizer.save_pretrained.*--tokenizer FOLDER"):
         run_finetuning(tiny_args("sequence-classification", folder, tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_write_one_complete_output_folder(bases, tmp_path):
+    # Every process of a 2-process launch trains into the same staged folder; only the main one writes and swaps,
+    # so the folder holds the model, whichever process finishes last.
+    folder = tmp_path / "ddp"
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(FINETUNE), "--task", "sequence-classification"]
+    command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--max-steps", "2"]
+    command += ["--max-train-examples", "32", "--max-eval-examples", "8", "--max-length", "48"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(
+        command, env={**env, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert {"config.json", "model.safetensors", "README.md", "all_results.json"} <= {p.name for p in folder.iterdir()}
+    assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == 2
+    assert not list(tmp_path.glob(".ddp.*"))
+    AutoModelForSequenceClassification.from_pretrained(folder)  # complete and loadable

@@ -42,7 +42,7 @@ def test_replace_folder_puts_the_new_folder_in_place_of_the_old(tmp_path, monkey
     elif not folders.exchange(make_folder(tmp_path / "a", x="1"), make_folder(tmp_path / "b", y="2")):
         pytest.skip("this system or filesystem has no renameat2(RENAME_EXCHANGE)")
     old = make_folder(tmp_path / "model", **{"config.json": "old", "stale.bin": "old"})
-    new = make_folder(tmp_path / ".model.partial-1", **{"config.json": "new"})
+    new = make_folder(tmp_path / f".model.partial-{folders._HOST}-1-0a0b0c0d", **{"config.json": "new"})
     folders.replace_folder(new, old)
     assert contents(old) == contents(make_folder(tmp_path / "expected", **{"config.json": "new"}))
     assert not new.exists()
@@ -59,14 +59,48 @@ def test_staged_folder_leaves_the_destination_untouched_when_the_save_fails(tmp_
 
 
 def test_leftovers_of_killed_saves_are_cleaned_and_a_half_swapped_folder_comes_back(tmp_path):
-    pid = dead_pid()
-    partial = make_folder(tmp_path / f".model.partial-{pid}", **{"config.json": "half"})
-    live = make_folder(tmp_path / f".model.partial-{os.getpid()}", **{"config.json": "live"})
-    replaced = make_folder(tmp_path / f".model.replaced-{pid}", **{"config.json": "previous"})
-    folders.remove_stale_saves(tmp_path / "model")
+    pid, host = dead_pid(), folders._HOST
+    partial = make_folder(tmp_path / f".model.partial-{host}-{pid}-1a2b3c4d", **{"config.json": "half"})
+    live = make_folder(tmp_path / f".model.partial-{host}-{os.getpid()}-5e6f7a8b", **{"config.json": "live"})
+    replaced = make_folder(tmp_path / f".model.replaced-{host}-{pid}-9c0d1e2f", **{"config.json": "previous"})
+    elsewhere = make_folder(tmp_path / f".model.partial-other_machine-{pid}-3a4b5c6d", **{"config.json": "theirs"})
+    folders.remove_stale_saves(tmp_path, "model")
     assert not partial.exists() and not replaced.exists()
     assert live.exists(), "a save that is still running must not be touched"
+    assert elsewhere.exists(), "a save from another machine cannot be judged from here"
     assert (tmp_path / "model" / "config.json").read_text() == "previous"
+
+
+def test_a_symlinked_destination_replaces_the_folder_it_points_to(tmp_path):
+    real = make_folder(tmp_path / "real", **{"config.json": "old"})
+    (tmp_path / "work").mkdir()
+    link = tmp_path / "work" / "run"
+    link.symlink_to(real)
+    with folders.staged_folder(link) as staging:
+        (staging / "config.json").write_text("new")
+    assert link.is_symlink() and (link / "config.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real", "work"]
+    assert [p.name for p in (tmp_path / "work").iterdir()] == ["run"]
+
+
+def test_a_process_saving_over_its_working_directory_follows_it_to_the_new_folder(tmp_path, monkeypatch):
+    run = make_folder(tmp_path / "run", **{"config.json": "old"})
+    monkeypatch.chdir(run)
+    with folders.staged_folder(".") as staging:
+        (staging / "config.json").write_text("new")
+    assert Path("config.json").read_text() == "new"  # relative paths still work: the process moved with the folder
+    assert Path.cwd() == run.resolve()
+
+
+def test_concurrent_processes_of_one_launch_share_one_staged_folder_and_only_the_main_one_swaps(tmp_path):
+    destination = make_folder(tmp_path / "model", **{"config.json": "old"})
+    with folders.staged_folder(destination, main_process=False, launcher_pid=os.getpid()) as worker_staging:
+        (worker_staging / "worker.txt").write_text("from rank 1")
+    assert (destination / "config.json").read_text() == "old"  # a worker never swaps
+    with folders.staged_folder(destination, launcher_pid=os.getpid()) as staging:
+        assert staging == worker_staging
+        (staging / "config.json").write_text("new")
+    assert contents(destination).keys() == {"config.json", "worker.txt"}
 
 
 KILLED_SAVE = textwrap.dedent(

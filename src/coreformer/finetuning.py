@@ -40,6 +40,7 @@ import dataclasses
 import io
 import json
 import keyword
+import os
 import random
 import sysconfig
 import tokenize
@@ -1335,7 +1336,12 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
 
     # Trainer writes into a hidden sibling that replaces output_dir in one step at the end (coreformer.folders):
     # a crash or a kill at any moment leaves the previous run intact.
-    with staged_folder(output_dir) as staging:
+    # Under torchrun / accelerate launch every process trains into one staged folder (named after the launcher);
+    # the main process alone writes the results and swaps the folder in.
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    launcher_pid = os.getppid() if multi_process else None
+    with staged_folder(output_dir, main_process=main_process, launcher_pid=launcher_pid) as staging:
         trainer = build_trainer(args, model, tokenizer, prepared, staging)
         train_output = trainer.train()
         train_metrics = {key: float(value) for key, value in train_output.metrics.items()}
@@ -1344,27 +1350,29 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
         trainer.log(eval_metrics)
         metrics = {**train_metrics, **eval_metrics, "epoch": float(trainer.state.epoch or 0.0)}
 
-        trained = trainer.model
-        adapter_parameters = sum(p.numel() for p in trained.parameters() if p.requires_grad)  # LoRA + copied heads
-        if args.peft == "lora":
-            trained.save_pretrained(staging / ADAPTER_DIR)
-            tokenizer.save_pretrained(staging / ADAPTER_DIR)
-            trained = trained.merge_and_unload()
-        save_with_pipeline(trained, tokenizer, staging)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_metrics("eval", eval_metrics)
-        trainer.save_metrics("all", metrics, combined=False)
-        trainer.state.save_to_json(str(staging / "trainer_state.json"))
-        _write_json(staging / RUN_CONFIG, dataclasses.asdict(args))
-        if rows:
-            with open(staging / PREDICTIONS, "w") as handle:
-                handle.writelines(json.dumps(row) + "\n" for row in rows)
-        _write_card(
-            staging, _card_info(args, family, num_parameters, metrics, data_description, False), str(output_dir)
-        )
-        if args.peft == "lora":
-            adapter_info = _card_info(args, family, adapter_parameters, metrics, data_description, True)
-            _write_card(staging / ADAPTER_DIR, adapter_info, str(output_dir / ADAPTER_DIR))
+        if trainer.is_world_process_zero():
+            trained = trainer.model
+            adapter_parameters = sum(p.numel() for p in trained.parameters() if p.requires_grad)  # LoRA + copied heads
+            if args.peft == "lora":
+                trained.save_pretrained(staging / ADAPTER_DIR)
+                tokenizer.save_pretrained(staging / ADAPTER_DIR)
+                trained = trained.merge_and_unload()
+            save_with_pipeline(trained, tokenizer, staging)
+            trainer.save_metrics("train", train_metrics)
+            trainer.save_metrics("eval", eval_metrics)
+            trainer.save_metrics("all", metrics, combined=False)
+            trainer.state.save_to_json(str(staging / "trainer_state.json"))
+            _write_json(staging / RUN_CONFIG, dataclasses.asdict(args))
+            if rows:
+                with open(staging / PREDICTIONS, "w") as handle:
+                    handle.writelines(json.dumps(row) + "\n" for row in rows)
+            _write_card(
+                staging, _card_info(args, family, num_parameters, metrics, data_description, False), str(output_dir)
+            )
+            if args.peft == "lora":
+                adapter_info = _card_info(args, family, adapter_parameters, metrics, data_description, True)
+                _write_card(staging / ADAPTER_DIR, adapter_info, str(output_dir / ADAPTER_DIR))
+        trainer.accelerator.wait_for_everyone()  # the main process swaps only when every process is done
     return metrics
 
 

@@ -4,13 +4,13 @@ Atomic saves: every folder coreformer writes (a converted model, a fine-tuned ru
 filled in a hidden sibling and swapped into place in one step, so a kill at any moment leaves either the previous
 folder or the new one at the destination, never a mix and never nothing.
 
-    with staged_folder(destination) as staging:   # .NAME.partial-PID, deleted if the block raises
+    with staged_folder(destination) as staging:   # .NAME.partial-HOST-PID-TOKEN, deleted if the block raises
         model.save_pretrained(staging)
     # here `destination` is the new folder; the previous one is gone
 
 On Linux the swap is renameat2(RENAME_EXCHANGE), one system call; elsewhere (or on filesystems without it) it is two
-renames, with a moment in which the previous folder sits at .NAME.replaced-PID. Leftovers of killed saves are removed
-by the next save to the same destination.
+renames, with a moment in which the previous folder sits at .NAME.replaced-HOST-PID-TOKEN. Leftovers of killed saves
+are removed (or put back) by the next save to the same destination.
 
 `folder_tokenizer(folder)` loads a local folder's tokenizer, or says that the folder has none and how to add one
 (transformers' own error for a missing tokenizer is about sentencepiece). Nothing here imports the modeling files.
@@ -21,8 +21,11 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import shutil
+import socket
 import sys
+import uuid
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -60,11 +63,19 @@ def replace_folder(staging: Path, destination: Path) -> None:
     if exchange(staging, destination):
         shutil.rmtree(staging)  # it now holds the previous folder
         return
-    retired = destination.with_name(f".{destination.name}.replaced-{os.getpid()}")
-    shutil.rmtree(retired, ignore_errors=True)
+    retired = destination.with_name(f".{destination.name}.replaced-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     destination.rename(retired)
     staging.rename(destination)
     shutil.rmtree(retired)
+
+
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def _staging_name(destination: Path, pid: int, token: str) -> str:
+    # Host, pid and a random token: saves from other machines (a shared filesystem) or other pid namespaces never
+    # take one another's folder, and a leftover can be told stale only where its pid can be asked about.
+    return f".{destination.name}.partial-{_HOST}-{pid}-{token}"
 
 
 def _is_running(pid: int) -> bool:
@@ -77,17 +88,25 @@ def _is_running(pid: int) -> bool:
     return True
 
 
-def remove_stale_saves(destination: Path) -> None:
-    """Delete what killed saves to `destination` left behind (their process is gone); live saves are left alone."""
-    if not destination.parent.is_dir():
+def remove_stale_saves(parent: Path, name: str | None = None) -> None:
+    """Delete what killed saves into `parent` (to its entry `name`, or to any) on this machine left behind, once
+    their process is gone: a staged folder is deleted, a previous folder caught between the fallback's two renames is
+    put back. Live saves, and saves from other machines, are left alone."""
+    if not parent.is_dir():
         return
-    for path in destination.parent.glob(f".{destination.name}.*-*"):
-        kind, _, pid = path.name[len(destination.name) + 2 :].rpartition("-")
-        if kind in ("partial", "replaced") and pid.isdigit() and not _is_running(int(pid)):
-            if kind == "replaced" and not destination.exists():
-                path.rename(destination)  # killed between the two renames: the previous folder comes back
-            else:
-                shutil.rmtree(path, ignore_errors=True)
+    target = re.escape(name) if name is not None else ".+"
+    leftover = re.compile(rf"\.({target})\.(partial|replaced)-{re.escape(_HOST)}-(\d+)-\w+")
+    for path in parent.iterdir():
+        match = leftover.fullmatch(path.name)
+        if match is None or _is_running(int(match.group(3))):
+            continue
+        destination = parent / match.group(1)
+        if match.group(2) == "replaced" and not destination.exists():
+            path.rename(destination)
+        elif path.is_symlink() or not path.is_dir():
+            path.unlink()
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _link_or_copy(source: str, target: str) -> None:
@@ -110,20 +129,40 @@ def link_into(source: Path, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_folder(destination: str | Path) -> Iterator[Path]:
+def staged_folder(
+    destination: str | Path, *, main_process: bool = True, launcher_pid: int | None = None
+) -> Iterator[Path]:
     """Yield an empty hidden sibling of `destination` to fill; when the block finishes it replaces `destination`
-    atomically, when it raises (or the process dies) `destination` is untouched and the sibling is deleted."""
-    destination = Path(destination).absolute()  # "." has no name to stage beside
+    atomically. When the block raises, `destination` is untouched and the sibling is deleted; when the process is
+    killed, the sibling is left and the next save to `destination` deletes it.
+
+    `destination` is resolved first (through symlinks and ".."): the folder itself is replaced, and a process working
+    inside it follows it to the new one.
+
+    Multi-process launches (torchrun, accelerate launch): every process passes the launcher's pid (`os.getppid()`),
+    so that all of them stage into one folder; only the process with `main_process=True` cleans up and swaps, the
+    others only write into it (make them finish before the main process leaves the block).
+    """
+    destination = Path(destination).expanduser().resolve()
     destination.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_saves(destination)
-    staging = destination.with_name(f".{destination.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()  # a plain mkdir, unlike mkdtemp, gives the folder the user's usual permissions
+    if main_process:
+        remove_stale_saves(destination.parent, destination.name)
+    if launcher_pid is None:
+        staging = destination.with_name(_staging_name(destination, os.getpid(), uuid.uuid4().hex[:8]))
+    else:
+        staging = destination.with_name(_staging_name(destination, launcher_pid, "launch"))
+    staging.mkdir(exist_ok=launcher_pid is not None)  # a plain mkdir, unlike mkdtemp: the user's usual permissions
     try:
         yield staging
-        replace_folder(staging, destination)
+        if main_process:
+            working = Path.cwd()
+            replace_folder(staging, destination)
+            if working == destination or destination in working.parents:
+                # The old folder (this process's working directory) is gone: work in the new one instead.
+                os.chdir(working if working.exists() else destination)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if main_process:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
 
 

@@ -59,7 +59,14 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
 from .configuration_coreformer import CoreformerDecoderConfig, CoreformerEncoderConfig, CoreformerSeq2SeqConfig
-from .folders import MissingTokenizerError, folder_tokenizer, link_into, replace_folder, staged_folder
+from .folders import (
+    MissingTokenizerError,
+    folder_tokenizer,
+    link_into,
+    remove_stale_saves,
+    replace_folder,
+    staged_folder,
+)
 from .model_card import ModelCardInfo
 from .model_card import render_model_card as render_card
 from .modeling_decoder import CoreformerDecoderForCausalLM
@@ -644,13 +651,14 @@ def check_world_size(world: int, environ: typing.Mapping[str, str] = os.environ)
 
 
 def _remove_stale_temporaries(output_dir: Path) -> None:
-    """Leftovers of saves that a crash interrupted: never complete, never read, safe to delete."""
+    """Leftovers of saves that a crash interrupted: checkpoints being written (never complete, never read), and a
+    checkpoint caught between replace_folder's fallback renames (put back)."""
     for folder in (output_dir / CHECKPOINTS_DIR, output_dir):
         if folder.is_dir():
             for path in folder.iterdir():
-                # .step-N.replaced-PID: replace_folder's fallback (no atomic exchange) killed between its renames.
-                if path.name.startswith((".tmp-", ".old-", ".step-", ".final-tmp")):  # .final-tmp: before 0.1
+                if path.name.startswith((".tmp-", ".old-", ".final-tmp")):  # .old-, .final-tmp: before 0.1
                     shutil.rmtree(path, ignore_errors=True)
+    remove_stale_saves(output_dir / CHECKPOINTS_DIR)
 
 
 def save_checkpoint(
