@@ -281,3 +281,22 @@ def test_card_for_repo_points_every_from_pretrained_at_the_repo():
     assert card_for_repo(text, "me/model") == (
         'a = X.from_pretrained("me/model")\nb = Y.from_pretrained("me/model", trust_remote_code=True)\n'
     )
+
+
+@pytest.mark.slow
+def test_publishing_again_removes_the_model_files_the_folder_no_longer_has(hub, tmp_path):
+    folder = tmp_path / "model"
+    model, _ = build_folder("decoder", folder)
+    env = hub_env(hub, tmp_path / "home")
+    assert run_publish(folder, "user/reshard", env).returncode == 0
+    repo = hub.repos["user/reshard"]
+    assert "model.safetensors" in repo.commits[repo.branches["main"]]
+
+    (folder / "model.safetensors").unlink()
+    model.save_pretrained(folder, max_shard_size="20KB")  # the same model, now in shards with an index
+    result = run_publish(folder, "user/reshard", env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = set(repo.commits[repo.branches["main"]])
+    assert "model.safetensors" not in files  # transformers would load the stale single file before the shards
+    assert "model.safetensors.index.json" in files and sum(name.startswith("model-0") for name in files) > 1
+    assert {"config.json", "README.md", "tokenizer.json"} <= files

@@ -112,15 +112,25 @@ def publish_folder(
     commit_message: str | None = None,
 ) -> str:
     """Push the checked files of `folder` to the model repository `repo_id` in one commit (created if missing; a
-    `revision` branch is created from main if missing) and return the commit URL."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    `revision` branch is created from main if missing) and return the commit URL.
+
+    The same commit deletes the repo's model files (weights, configs, code, tokenizer files, pickles) that the folder
+    no longer has: a single-file model pushed over a sharded one must not leave the old shards to be loaded.
+    """
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     files = check_folder(folder)
     api = HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     if revision is not None and revision != "main":
         api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-    operations = []
+    pushed = {path.name for path in files}
+    existing = api.list_repo_files(repo_id, revision=revision, repo_type="model")
+    operations = [
+        CommitOperationDelete(path_in_repo=name)
+        for name in existing
+        if name not in pushed and (_is_published(Path(name)) or name.endswith(PICKLE_SUFFIXES))
+    ]
     for path in files:
         if path.name == CARD_NAME:
             card = card_for_repo(path.read_text(encoding="utf-8"), repo_id)
