@@ -104,6 +104,20 @@ def test_decoder_classifier_pools_the_last_real_token_under_left_and_right_paddi
     assert torch.isfinite(left).all()
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_decoder_classifier_pools_by_the_attention_mask_when_given_embeddings(training):
+    # Without input_ids only the mask says where a row ends (in training the padded stack leaves zeros there).
+    model = tiny_model(cf.CoreformerDecoderForSequenceClassification, "decoder").train(training)
+    ids, mask = padded_batch()
+    embeds = model.model.decoder.embed_tokens(ids)
+    with torch.no_grad():
+        batched = model(inputs_embeds=embeds, attention_mask=mask).logits
+        for row in range(ids.shape[0]):
+            length = int(mask[row].sum())
+            alone = model(inputs_embeds=embeds[row : row + 1, :length]).logits
+            torch.testing.assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(("family", "head", "make_labels", "shape"), HEADS, ids=HEAD_IDS)
 def test_return_dict_false_returns_a_tuple(family, head, make_labels, shape):
     model = tiny_model(head, family)

@@ -492,16 +492,24 @@ class ClassificationHead(nn.Module):
 
 
 def pool_last_token(
-    hidden_states: torch.Tensor, input_ids: torch.Tensor | None, pad_token_id: int | None
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    input_ids: torch.Tensor | None,
+    pad_token_id: int | None,
 ) -> torch.Tensor:
-    """The rightmost non-padding token of each row (works for left and right padding): (B, T, H) -> (B, H)."""
+    """The rightmost real token of each row, left or right padded: (B, T, H) -> (B, H). Real tokens are where the
+    attention mask is 1, or, without a mask, where the ids are not `pad_token_id`."""
     batch = hidden_states.shape[0]
-    if input_ids is None or pad_token_id is None:
+    if attention_mask is not None and attention_mask.dim() == 2:
+        real = attention_mask[:, -hidden_states.shape[1] :].bool()
+    elif input_ids is not None and pad_token_id is not None:
+        real = input_ids != pad_token_id
+    else:
         if batch > 1 and input_ids is not None:
             raise ValueError("Pooling the last token of a padded batch needs config.pad_token_id to find the padding.")
         return hidden_states[:, -1]
-    positions = torch.arange(input_ids.shape[-1], device=hidden_states.device)
-    last = (positions * (input_ids != pad_token_id).to(hidden_states.device)).argmax(-1)  # (B,)
+    positions = torch.arange(real.shape[-1], device=hidden_states.device)
+    last = (positions * real.to(hidden_states.device)).argmax(-1)  # (B,)
     return hidden_states[torch.arange(batch, device=hidden_states.device), last]
 
 
@@ -586,7 +594,7 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
         )
         hidden_states = outputs.last_hidden_state
         if self.pool_last_token:
-            pooled = pool_last_token(hidden_states, input_ids, self.config.pad_token_id)
+            pooled = pool_last_token(hidden_states, attention_mask, input_ids, self.config.pad_token_id)
         else:
             pooled = hidden_states[:, 0]
         logits = self.classifier(pooled)  # (B, num_labels)
