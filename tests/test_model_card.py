@@ -165,7 +165,7 @@ def test_validate_accepts_a_well_formed_card_from_a_file_or_folder(tmp_path):
         validate_model_card(tmp_path / "elsewhere")
 
 
-def test_write_model_card_replaces_readme_atomically(tmp_path):
+def test_write_model_card_replaces_readme_and_leaves_no_temporary(tmp_path):
     (tmp_path / "README.md").write_text("old card")
     path = write_model_card(tmp_path, make_info("converted"))
     assert path == tmp_path / "README.md" and sorted(os.listdir(tmp_path)) == ["README.md"]  # no temporaries left

@@ -184,8 +184,10 @@ def folder_tokenizer(name_or_path: str | Path):
     the form of Hub repo ids)."""
     from transformers import AutoTokenizer
 
+    from .model_card import is_hub_id
+
     path = Path(name_or_path).expanduser()
-    if not path.exists() and (path.is_absolute() or str(name_or_path).startswith((".", "~"))):
+    if not path.exists() and not is_hub_id(str(name_or_path)):
         raise MissingTokenizerError(f"{name_or_path} does not exist: pass a folder holding a tokenizer, or a Hub name.")
     if path.is_dir() and not has_tokenizer(path):
         raise MissingTokenizerError(

@@ -1158,7 +1158,8 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
     state_dict = accelerator.get_state_dict(model)  # a collective under FSDP / DeepSpeed ZeRO-3
     if accelerator.is_main_process:
         # The folder is rebuilt beside itself and swapped in (coreformer.folders): a kill leaves the previous final
-        # model or the new one, never a mix. Checkpoints and logs come along as hard links, nothing is copied.
+        # model or the new one, never a mix. Checkpoints and logs come along as hard links (copies only on a
+        # filesystem without them).
         with staged_folder(output_dir) as staging:
             unwrapped.save_pretrained(staging, state_dict=state_dict)  # config (auto_map), weights, code, generation
             tokenizer.save_pretrained(staging)

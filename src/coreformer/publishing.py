@@ -24,7 +24,8 @@ from pathlib import Path
 from .model_card import CARD_NAME, validate_model_card
 
 CONFIG_FILES = ("config.json", "generation_config.json")
-TOKENIZER_FILES = (
+# Every file a tokenizer's save_pretrained may write (folders.TOKENIZER_FILES: any one of them shows a tokenizer).
+PUSHED_TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -48,7 +49,7 @@ class PublishError(ValueError):
 
 def _is_published(path: Path) -> bool:
     name = path.name
-    if name in CONFIG_FILES or name in TOKENIZER_FILES or name == CARD_NAME:
+    if name in CONFIG_FILES or name in PUSHED_TOKENIZER_FILES or name == CARD_NAME:
         return True
     return name.endswith((".safetensors", ".safetensors.index.json", ".py"))
 
