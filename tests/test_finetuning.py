@@ -10,6 +10,7 @@ dozen examples, and one thread is used, so the whole file stays well under a min
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -553,3 +554,15 @@ def test_two_processes_write_one_complete_output_folder(bases, tmp_path):
     assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == 2
     assert not list(tmp_path.glob(".ddp.*"))
     AutoModelForSequenceClassification.from_pretrained(folder)  # complete and loadable
+
+
+def test_the_fine_tuned_card_carries_the_base_models_license(bases, runs, tmp_path):
+    # The bases here have no card: nothing recorded, so "other" and a line saying the base's terms apply.
+    card = validate_model_card(runs["sequence-classification"][2] / "README.md")
+    assert card.data.license == "other" and "terms of" in card.text
+    base = tmp_path / "licensed-base"
+    shutil.copytree(bases["encoder"], base)
+    (base / "README.md").write_text("---\nlicense: cc-by-nc-4.0\nlibrary_name: transformers\n---\n# a base\n")
+    folder = tmp_path / "out"
+    run_finetuning(tiny_args("sequence-classification", base, folder, max_steps=1))
+    assert validate_model_card(folder / "README.md").data.license == "cc-by-nc-4.0"

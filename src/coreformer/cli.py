@@ -21,7 +21,7 @@ import torch
 
 from . import attention_maps
 from .folders import has_tokenizer, staged_folder
-from .model_card import ModelCardInfo, is_hub_id, write_model_card
+from .model_card import ModelCardInfo, inherited_license, is_hub_id, source_card_metadata, write_model_card
 from .pipelines import save_with_pipeline
 
 CHECK_TOLERANCE = 1e-4
@@ -210,25 +210,15 @@ _PIPELINE_TAGS = {
 }
 
 
-def _source_card_metadata(src: Path) -> dict:
-    """The metadata of the source folder's README.md (license, datasets), or {} when it has no readable card."""
-    from huggingface_hub import ModelCard
-
-    try:
-        return ModelCard.load(src / "README.md").data.to_dict() if (src / "README.md").is_file() else {}
-    except Exception:  # a card without metadata or with metadata huggingface_hub rejects: nothing to carry over
-        return {}
-
-
 def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict[str, float] | None) -> ModelCardInfo:
     """The card of a converted folder: what it was converted from, and the `--check` differences when measured.
     License and Hub datasets come from the source folder's card when it has one (the weights are the source's); with
     no card the license is "other" and the text says the source's terms apply."""
-    source_card = _source_card_metadata(src)
+    source_card = source_card_metadata(src)
     datasets = source_card.get("datasets") or []
     datasets = [datasets] if isinstance(datasets, str) else datasets
     datasets = [name for name in datasets if isinstance(name, str) and is_hub_id(name)]
-    source_license = source_card.get("license") if isinstance(source_card.get("license"), str) else None
+    source_license = inherited_license(src)
     limitations = ""  # the template's default
     if source_license is None:
         limitations = (

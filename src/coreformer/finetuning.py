@@ -1217,9 +1217,16 @@ _USAGE = {
 
 
 def _card_info(args: FinetuningArguments, family: str, num_parameters: int, metrics: dict, data: str, adapter: bool):
-    from .model_card import ModelCardInfo
+    from .model_card import ModelCardInfo, inherited_license
 
     hub_dataset = args.dataset if args.dataset and not _is_local(args.dataset) else None
+    # A fine-tuned model is a derivative of its base: it carries the base's license, "other" when none is recorded.
+    base_license = inherited_license(args.model) if Path(args.model).is_dir() else None
+    limitations = "A small model fine-tuned briefly; the evaluation numbers above are its only measurement."
+    if base_license is None:
+        limitations += (
+            f" The base model's license is not recorded here (`license: other`): the terms of {args.model} apply."
+        )
     eval_results = {
         key.removeprefix("eval_"): value
         for key, value in metrics.items()
@@ -1266,8 +1273,9 @@ def _card_info(args: FinetuningArguments, family: str, num_parameters: int, metr
         hyperparameters=hyperparameters,
         usage=_USAGE[args.task],
         intended_use=f"{args.task} on text like the fine-tuning data; a starting point for experiments.",
-        limitations="A small model fine-tuned briefly; the evaluation numbers above are its only measurement.",
+        limitations=limitations,
         tags=[args.task] + (["lora", "peft"] if args.peft == "lora" else []),
+        license=base_license or "other",
     )
 
 

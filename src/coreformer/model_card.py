@@ -85,6 +85,21 @@ def is_hub_id(name: str) -> bool:
     return bool(_HUB_ID.fullmatch(name)) and ".." not in name and not Path(name).expanduser().exists()
 
 
+def source_card_metadata(folder: str | Path) -> dict:
+    """The metadata of a model folder's README.md (license, datasets, ...), or {} when it has no readable card."""
+    card = Path(folder) / CARD_NAME
+    try:
+        return ModelCard.load(card).data.to_dict() if card.is_file() else {}
+    except Exception:  # a card without metadata or with metadata huggingface_hub rejects: nothing to carry over
+        return {}
+
+
+def inherited_license(folder: str | Path) -> str | None:
+    """The license a model derived from `folder` carries: its card's, or None when that is not recorded."""
+    license_name = source_card_metadata(folder).get("license")
+    return license_name if isinstance(license_name, str) else None
+
+
 def format_metric(value: float) -> str:
     """A metric for the card's text: 4 decimals, or 3 significant digits when tiny or huge."""
     return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.3g}"
