@@ -17,7 +17,6 @@ command line.
 
 import argparse
 import sys
-import typing
 
 from coreformer.finetuning import (
     FinetuningArguments,
@@ -26,12 +25,7 @@ from coreformer.finetuning import (
     resolve_arguments,
     run_finetuning,
 )
-
-
-def _flag_type(annotation):
-    """int | None -> int; the library checks and converts again, this only gives argparse a parser."""
-    options = [option for option in typing.get_args(annotation) if option is not type(None)]
-    return options[0] if options else annotation
+from coreformer.run_arguments import add_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,23 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="finetune.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", metavar="FILE", help="a YAML/JSON file of settings (the flags' names as keys)")
-    hints = typing.get_type_hints(FinetuningArguments)
-    for spec in argument_fields():
-        names = ["--" + spec.name.replace("_", "-")]
-        names += [name for name in ("--" + spec.name, *spec.metadata.get("aliases", ())) if name not in names]
-        kind = _flag_type(hints[spec.name])
-        options = dict(dest=spec.name, default=argparse.SUPPRESS)  # only flags given override the config file
-        if kind is bool:
-            parser.add_argument(*names, action="store_true", help=spec.metadata["help"], **options)
-        else:
-            parser.add_argument(
-                *names,
-                type=kind,
-                choices=spec.metadata.get("choices"),
-                metavar=None if spec.metadata.get("choices") else spec.name.split("_")[-1].upper(),
-                help=f"{spec.metadata['help']} (default: {spec.default})",
-                **options,
-            )
+    # --field-name, --field_name and the example scripts' names; only flags given override the config file
+    add_flags(parser, FinetuningArguments, argument_fields(), underscore_names=True)
     return parser
 
 

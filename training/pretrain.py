@@ -13,11 +13,9 @@ Everything lives in coreformer.pretraining; this file only parses the command li
 
 import argparse
 import sys
-import typing
 from pathlib import Path
 
 from coreformer.pretraining import (
-    FAMILIES,
     PRESETS,
     PretrainingArguments,
     PretrainingError,
@@ -25,14 +23,9 @@ from coreformer.pretraining import (
     resolve_arguments,
     run_pretraining,
 )
+from coreformer.run_arguments import add_flags
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
-
-
-def _flag_type(annotation):
-    """int | None -> int; the library checks and converts again, this only gives argparse a parser."""
-    options = [option for option in typing.get_args(annotation) if option is not type(None)]
-    return options[0] if options else annotation
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,24 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--preset", choices=PRESETS, help="model + run settings from training/configs (default: tiny)")
     source.add_argument("--config", metavar="FILE", help="a YAML/JSON file of model + run settings")
-    hints = typing.get_type_hints(PretrainingArguments)
-    for spec in argument_fields():
-        flag = "--" + spec.name.replace("_", "-")
-        help_text = spec.metadata["help"]
-        kind = _flag_type(hints[spec.name])
-        if spec.name == "family":  # no default here: a --config file may name the family
-            parser.add_argument(flag, choices=FAMILIES, default=argparse.SUPPRESS, help=help_text)
-        elif kind is bool:
-            parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_text)
-        else:
-            parser.add_argument(
-                flag,
-                type=kind,
-                choices=spec.metadata.get("choices"),
-                default=argparse.SUPPRESS,  # only flags given on the command line override the preset
-                metavar=None if spec.metadata.get("choices") else spec.name.split("_")[-1].upper(),
-                help=f"{help_text} (default: {spec.default})",
-            )
+    add_flags(parser, PretrainingArguments, argument_fields())  # only flags given override the preset / config
     return parser
 
 

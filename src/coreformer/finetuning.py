@@ -56,6 +56,7 @@ import numpy as np
 import transformers
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
+from . import run_arguments
 from .configuration_coreformer import CoreformerDecoderConfig, CoreformerEncoderConfig, CoreformerSeq2SeqConfig
 from .evaluation import (
     IGNORE_INDEX,
@@ -66,15 +67,18 @@ from .evaluation import (
     token_classification_metrics,
 )
 from .folders import MissingTokenizerError, folder_tokenizer, staged_folder
+from .model_card import ModelCardInfo, inherited_license, is_hub_id
 from .pipelines import best_spans, input_length_limit, save_with_pipeline
-from .pretraining import PretrainingError, _coerce, load_config_file
 from .pretraining_data import PackedCausalLMCollator, pack_into_blocks
+from .run_arguments import arg
 
 PEFT_CHOICES = ("none", "lora")
 REPORT_TO = ("none", "tensorboard")
 RUN_CONFIG = "run_config.json"
 PREDICTIONS = "eval_predictions.jsonl"
 ADAPTER_DIR = "adapter"
+# What a run leaves in its output folder: a folder holding any of these is a previous run (--overwrite replaces it).
+_RUN_MARKERS = ("config.json", RUN_CONFIG, "all_results.json", ADAPTER_DIR)
 
 _FAMILIES = {
     CoreformerEncoderConfig.model_type: "encoder",
@@ -165,99 +169,95 @@ TASKS: dict[str, TaskSpec] = {
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _arg(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - `help` reads as argparse's
-    return field(default=default, metadata={"help": help, **metadata})
-
-
 @dataclass
 class FinetuningArguments:
     """Every setting of a fine-tuning run. The CLI exposes each field as `--field-name` (and `--field_name`), plus
     the `aliases` in its metadata: the names transformers' example scripts use (`--model_name_or_path`, ...)."""
 
-    task: str = _arg("sequence-classification", f"what to fine-tune for: {', '.join(TASKS)}")
-    model: str = _arg(
+    task: str = arg("sequence-classification", f"what to fine-tune for: {', '.join(TASKS)}")
+    model: str = arg(
         "",
         "a coreformer folder: pretrained (training/pretrain.py), fine-tuned, or converted (coreformer convert)",
         aliases=("--model_name_or_path", "--model-name-or-path"),
     )
-    tokenizer: str | None = _arg(
+    tokenizer: str | None = arg(
         None, "tokenizer folder or name; default: the one in --model", aliases=("--tokenizer_name",)
     )
     # data
-    dataset: str | None = _arg(
+    dataset: str | None = arg(
         None,
         "a datasets Hub name (downloaded only then) or a local .csv/.json/.jsonl/.parquet file; omit both this and "
         "--train-file for the task's embedded offline default (built from the Python standard library)",
         aliases=("--dataset_name",),
     )
-    dataset_config: str | None = _arg(None, "configuration of a Hub dataset", aliases=("--dataset_config_name",))
-    train_file: str | None = _arg(None, "local training file (.csv/.json/.jsonl/.parquet)")
-    validation_file: str | None = _arg(None, "local validation file; default: --validation-fraction of the training")
-    validation_fraction: float = _arg(0.1, "held-out share of the training data when there is no validation split")
-    max_train_examples: int | None = _arg(None, "use the first N training examples", aliases=("--max_train_samples",))
-    max_eval_examples: int | None = _arg(None, "use the first N validation examples", aliases=("--max_eval_samples",))
+    dataset_config: str | None = arg(None, "configuration of a Hub dataset", aliases=("--dataset_config_name",))
+    train_file: str | None = arg(None, "local training file (.csv/.json/.jsonl/.parquet)")
+    validation_file: str | None = arg(None, "local validation file; default: --validation-fraction of the training")
+    validation_fraction: float = arg(0.1, "held-out share of the training data when there is no validation split")
+    max_train_examples: int | None = arg(None, "use the first N training examples", aliases=("--max_train_samples",))
+    max_eval_examples: int | None = arg(None, "use the first N validation examples", aliases=("--max_eval_samples",))
     # columns
-    text_column: str = _arg(
+    text_column: str = arg(
         "text", "text to classify / language-model / summarise (input side)", aliases=("--text_column_name",)
     )
-    text_pair_column: str | None = _arg(None, "sequence-classification: optional second text (sentence pairs)")
-    label_column: str | None = _arg(
+    text_pair_column: str | None = arg(None, "sequence-classification: optional second text (sentence pairs)")
+    label_column: str | None = arg(
         None,
         "labels: sequence-classification 'label' (ClassLabel, strings or ints), token-classification 'ner_tags' "
         "(one tag per word; BIO names)",
         aliases=("--label_column_name",),
     )
-    tokens_column: str = _arg("tokens", "token-classification: the words of each example")
-    question_column: str = _arg("question", "question-answering: the question", aliases=("--question_column_name",))
-    context_column: str = _arg("context", "question-answering: the context", aliases=("--context_column_name",))
-    answers_column: str = _arg(
+    tokens_column: str = arg("tokens", "token-classification: the words of each example")
+    question_column: str = arg("question", "question-answering: the question", aliases=("--question_column_name",))
+    context_column: str = arg("context", "question-answering: the context", aliases=("--context_column_name",))
+    answers_column: str = arg(
         "answers",
         "question-answering: SQuAD-style answers {'text': [...], 'answer_start': [...]}",
         aliases=("--answer_column_name",),
     )
-    id_column: str = _arg("id", "question-answering: question ids (row numbers when the column is absent)")
-    summary_column: str = _arg("summary", "seq2seq: the target text")
-    source_prefix: str = _arg("", "seq2seq: text put before every input (T5-style 'summarize: ')")
+    id_column: str = arg("id", "question-answering: question ids (row numbers when the column is absent)")
+    summary_column: str = arg("summary", "seq2seq: the target text")
+    source_prefix: str = arg("", "seq2seq: text put before every input (T5-style 'summarize: ')")
     # lengths
-    max_length: int = _arg(
+    max_length: int = arg(
         128,
         "input tokens per example (capped by the model): sequence length, QA window, causal-lm block, seq2seq source",
         aliases=("--max_seq_length", "--max_source_length", "--block_size"),
     )
-    max_target_length: int = _arg(64, "seq2seq: target tokens (also the default generation length)")
-    doc_stride: int = _arg(32, "question-answering: overlap between the windows of a long context")
-    max_answer_length: int = _arg(30, "question-answering: longest answer, in tokens")
-    generation_max_length: int | None = _arg(None, "seq2seq: max new tokens at evaluation; default --max-target-length")
-    num_beams: int = _arg(1, "seq2seq: beams at evaluation")
+    max_target_length: int = arg(64, "seq2seq: target tokens (also the default generation length)")
+    doc_stride: int = arg(32, "question-answering: overlap between the windows of a long context")
+    max_answer_length: int = arg(30, "question-answering: longest answer, in tokens")
+    generation_max_length: int | None = arg(None, "seq2seq: max new tokens at evaluation; default --max-target-length")
+    num_beams: int = arg(1, "seq2seq: beams at evaluation")
     # optimisation
-    num_train_epochs: float = _arg(3.0, "epochs (ignored when --max-steps is set)")
-    max_steps: int | None = _arg(None, "optimizer steps; overrides --num-train-epochs")
-    batch_size: int = _arg(16, "training examples per device and step", aliases=("--per_device_train_batch_size",))
-    eval_batch_size: int = _arg(32, "evaluation examples per device", aliases=("--per_device_eval_batch_size",))
-    grad_accum: int = _arg(1, "micro-batches per optimizer step", aliases=("--gradient_accumulation_steps",))
-    lr: float = _arg(5e-5, "peak learning rate (AdamW)", aliases=("--learning_rate", "--learning-rate"))
-    weight_decay: float = _arg(0.0, "AdamW weight decay")
-    warmup_steps: int = _arg(0, "linear warmup steps")
-    lr_scheduler_type: str = _arg("linear", "transformers scheduler name (linear, cosine, constant, ...)")
-    bf16: bool = _arg(False, "bfloat16 mixed precision")
-    seed: int = _arg(42, "seed of the head's initialisation, the data order and dropout")
-    logging_steps: int = _arg(10, "log the training loss every N steps")
-    eval_steps: int = _arg(0, "also evaluate every N steps (0: only at the end)")
+    num_train_epochs: float = arg(3.0, "epochs (ignored when --max-steps is set)")
+    max_steps: int | None = arg(None, "optimizer steps; overrides --num-train-epochs")
+    batch_size: int = arg(16, "training examples per device and step", aliases=("--per_device_train_batch_size",))
+    eval_batch_size: int = arg(32, "evaluation examples per device", aliases=("--per_device_eval_batch_size",))
+    grad_accum: int = arg(1, "micro-batches per optimizer step", aliases=("--gradient_accumulation_steps",))
+    lr: float = arg(5e-5, "peak learning rate (AdamW)", aliases=("--learning_rate", "--learning-rate"))
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    warmup_steps: int = arg(0, "linear warmup steps")
+    lr_scheduler_type: str = arg("linear", "transformers scheduler name (linear, cosine, constant, ...)")
+    bf16: bool = arg(False, "bfloat16 mixed precision")
+    seed: int = arg(42, "seed of the head's initialisation, the data order and dropout")
+    logging_steps: int = arg(10, "log the training loss every N steps")
+    eval_steps: int = arg(0, "also evaluate every N steps (0: only at the end)")
     # model
-    ignore_mismatched_sizes: bool = _arg(
+    ignore_mismatched_sizes: bool = arg(
         False, "re-initialise a classification head whose label count differs from the data's"
     )
-    peft: str = _arg("none", "parameter-efficient fine-tuning: none or lora", choices=PEFT_CHOICES)
-    lora_r: int = _arg(8, "LoRA rank")
-    lora_alpha: int = _arg(16, "LoRA alpha (scale alpha / r)")
-    lora_dropout: float = _arg(0.05, "dropout on the LoRA branch")
-    lora_target_modules: str = _arg("q_proj,v_proj", "comma-separated module names that get adapters")
+    peft: str = arg("none", "parameter-efficient fine-tuning: none or lora", choices=PEFT_CHOICES)
+    lora_r: int = arg(8, "LoRA rank")
+    lora_alpha: int = arg(16, "LoRA alpha (scale alpha / r)")
+    lora_dropout: float = arg(0.05, "dropout on the LoRA branch")
+    lora_target_modules: str = arg("q_proj,v_proj", "comma-separated module names that get adapters")
     # run
-    output_dir: str = _arg("outputs/finetune", "run folder: the fine-tuned model, its card, metrics, predictions")
-    overwrite: bool = _arg(
+    output_dir: str = arg("outputs/finetune", "run folder: the fine-tuned model, its card, metrics, predictions")
+    overwrite: bool = arg(
         False, "replace an output directory that holds another run", aliases=("--overwrite_output_dir",)
     )
-    report_to: str = _arg("none", "tracker: none or tensorboard (logs under output_dir/runs)", choices=REPORT_TO)
+    report_to: str = arg("none", "tracker: none or tensorboard (logs under output_dir/runs)", choices=REPORT_TO)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -314,19 +314,16 @@ def resolve_arguments(
     """Dataclass defaults, then a YAML / JSON `--config` file of FinetuningArguments keys, then `overrides`."""
     values: dict[str, Any] = {}
     if config_file is not None:
-        try:
-            values = load_config_file(config_file)
-        except PretrainingError as error:
-            raise FinetuningError(str(error)) from error
+        values = run_arguments.load_config_file(config_file, error=FinetuningError)
     values.update(overrides or {})
     hints = typing.get_type_hints(FinetuningArguments)
     unknown = sorted(set(values) - set(hints))
     if unknown:
         raise FinetuningError(f"Unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(hints))}.")
-    try:
-        return FinetuningArguments(**{name: _coerce(name, value, hints[name]) for name, value in values.items()})
-    except PretrainingError as error:
-        raise FinetuningError(str(error)) from error
+    typed = {
+        name: run_arguments.coerce(name, value, hints[name], error=FinetuningError) for name, value in values.items()
+    }
+    return FinetuningArguments(**typed)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -649,6 +646,9 @@ def _builder(path: str) -> str:
 
 
 def _is_local(source: str) -> bool:
+    """Whether load_task_data reads `--dataset` as a local file rather than a Hub dataset. Not the complement of
+    model_card.is_hub_id: a Hub-shaped name with a data file's suffix (`train.csv`) is a file here, so a missing one
+    gets the missing-file error rather than the Hub's."""
     return (
         Path(source).expanduser().exists()
         or source.startswith((".", "/", "~"))
@@ -1175,30 +1175,11 @@ def _predict(trainer, args: FinetuningArguments, prepared: _Prepared, tokenizer)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _holds_run(folder: Path) -> bool:
-    return any((folder / marker).exists() for marker in ("config.json", RUN_CONFIG, "all_results.json", ADAPTER_DIR))
-
-
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:
     """Refuse an existing non-empty folder unless it is a run and `overwrite` is set."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise FinetuningError(f"--output-dir {str(output_dir)!r} is a file.")
-    if not output_dir.is_dir() or not any(output_dir.iterdir()):
-        return
-    if not _holds_run(output_dir):
-        raise FinetuningError(
-            f"--output-dir {str(output_dir)!r} is not empty and holds no previous run; choose an empty or new folder "
-            f"(--overwrite only replaces a run folder)."
-        )
-    if not overwrite:
-        raise FinetuningError(
-            f"--output-dir {str(output_dir)!r} already holds a run. Pass --overwrite to replace it, or choose another "
-            f"folder."
-        )
-
-
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
+    run_arguments.check_output_dir(
+        output_dir, overwrite, markers=_RUN_MARKERS, error=FinetuningError, otherwise="choose another folder"
+    )
 
 
 _USAGE = {
@@ -1217,9 +1198,7 @@ _USAGE = {
 
 
 def _card_info(args: FinetuningArguments, family: str, num_parameters: int, metrics: dict, data: str, adapter: bool):
-    from .model_card import ModelCardInfo, inherited_license
-
-    hub_dataset = args.dataset if args.dataset and not _is_local(args.dataset) else None
+    hub_dataset = args.dataset if args.dataset and is_hub_id(args.dataset) else None
     # A fine-tuned model is a derivative of its base: it carries the base's license, "other" when none is recorded.
     base_license = inherited_license(args.model) if Path(args.model).is_dir() else None
     limitations = "A small model fine-tuned briefly; the evaluation numbers above are its only measurement."
@@ -1282,7 +1261,7 @@ def _card_info(args: FinetuningArguments, family: str, num_parameters: int, metr
 def _eval_dataset_name(args: FinetuningArguments) -> str:
     """What the model-index names the evaluation data: the Hub id, the validation file, or the embedded default."""
     if args.dataset is not None:
-        return args.dataset if not _is_local(args.dataset) else Path(args.dataset).name + " (held-out share)"
+        return args.dataset if is_hub_id(args.dataset) else Path(args.dataset).name + " (held-out share)"
     if args.validation_file is not None:
         return Path(args.validation_file).name
     if args.train_file is not None:
@@ -1370,7 +1349,7 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
             trainer.save_metrics("eval", eval_metrics)
             trainer.save_metrics("all", metrics, combined=False)
             trainer.state.save_to_json(str(staging / "trainer_state.json"))
-            _write_json(staging / RUN_CONFIG, dataclasses.asdict(args))
+            run_arguments.write_json(staging / RUN_CONFIG, dataclasses.asdict(args))
             if rows:
                 with open(staging / PREDICTIONS, "w") as handle:
                     handle.writelines(json.dumps(row) + "\n" for row in rows)

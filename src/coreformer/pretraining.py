@@ -50,7 +50,7 @@ import tempfile
 import time
 import typing
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
+from . import run_arguments
 from .configuration_coreformer import CoreformerDecoderConfig, CoreformerEncoderConfig, CoreformerSeq2SeqConfig
 from .folders import (
     MissingTokenizerError,
@@ -67,7 +68,7 @@ from .folders import (
     replace_folder,
     staged_folder,
 )
-from .model_card import ModelCardInfo
+from .model_card import ModelCardInfo, is_hub_id
 from .model_card import render_model_card as render_card
 from .modeling_decoder import CoreformerDecoderForCausalLM
 from .modeling_encoder import CoreformerEncoderForMaskedLM
@@ -81,6 +82,7 @@ from .pretraining_data import (
     pack_into_blocks,
     tokenize_dataset,
 )
+from .run_arguments import arg
 from .tokenizer_training import token_config_kwargs, train_tokenizer
 
 FAMILIES = ("encoder", "decoder", "seq2seq")
@@ -93,6 +95,8 @@ TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its pres
 RUN_CONFIG = "run_config.json"
 METRICS = "metrics.json"
 _CHECKPOINT_NAME = re.compile(r"step-(\d+)")
+# What a run leaves in its output directory: a folder holding any of these is a previous run (--overwrite replaces it).
+_RUN_MARKERS = (RUN_CONFIG, CHECKPOINTS_DIR, "config.json", "model.safetensors", "tokenizer.json", METRICS)
 
 _FAMILY = {
     "encoder": {
@@ -131,73 +135,70 @@ class PretrainingError(ValueError):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _arg(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - `help` reads as argparse's
-    if isinstance(default, dict):
-        return field(default_factory=dict, metadata={"help": help, **metadata})
-    return field(default=default, metadata={"help": help, **metadata})
-
-
 @dataclass
 class PretrainingArguments:
     """Every setting of a pretraining run. The CLI exposes each field as `--field-name` (see training/pretrain.py);
     a preset or config file (training/configs/*.yaml) holds the same keys plus `model:`, the family config's fields.
     """
 
-    family: str = _arg("decoder", "model family and objective: encoder (MLM), decoder (causal LM), seq2seq (BART)")
-    preset: str | None = _arg(
-        None, "name of the preset or config file the settings came from (for the card)", cli=False
+    family: str = arg(  # no default in --help: a --config file may name the family
+        "decoder",
+        "model family and objective: encoder (MLM), decoder (causal LM), seq2seq (BART)",
+        choices=FAMILIES,
+        show_default=False,
     )
-    model: dict = _arg({}, "fields of the family config (hidden_size, num_hidden_layers, ...)", cli=False)
+    preset: str | None = arg(None, "name of the preset or config file the settings came from (for the card)", cli=False)
+    model: dict = arg({}, "fields of the family config (hidden_size, num_hidden_layers, ...)", cli=False)
     # data
-    dataset: str | None = _arg(
+    dataset: str | None = arg(
         None,
         "training text: omitted = the embedded corpus (the Python standard library's source, no download); a local "
         "file or glob (.txt/.json/.jsonl/.csv/.parquet); or a datasets Hub name (downloaded only then)",
     )
-    dataset_config: str | None = _arg(None, "configuration of a Hub dataset (e.g. wikitext-2-raw-v1)")
-    text_column: str = _arg("text", "column holding the text")
-    max_documents: int | None = _arg(None, "use at most this many training documents (quick runs)")
-    validation_fraction: float = _arg(0.05, "held-out share of documents when the dataset has no validation split")
+    dataset_config: str | None = arg(None, "configuration of a Hub dataset (e.g. wikitext-2-raw-v1)")
+    text_column: str = arg("text", "column holding the text")
+    max_documents: int | None = arg(None, "use at most this many training documents (quick runs)")
+    validation_fraction: float = arg(0.05, "held-out share of documents when the dataset has no validation split")
     # tokenizer
-    tokenizer: str | None = _arg(
+    tokenizer: str | None = arg(
         None, "tokenizer folder or Hub name; omitted = train one on the training split and save it in --output-dir"
     )
-    vocab_size: int = _arg(8192, "vocabulary size of a trained tokenizer (special tokens included)")
-    pad_vocab_to_multiple_of: int = _arg(64, "round the model's vocab_size up to a multiple of this (fast matmuls)")
-    block_size: int = _arg(128, "tokens per example: packed block (decoder) or longest window (encoder, seq2seq)")
+    vocab_size: int = arg(8192, "vocabulary size of a trained tokenizer (special tokens included)")
+    pad_vocab_to_multiple_of: int = arg(64, "round the model's vocab_size up to a multiple of this (fast matmuls)")
+    block_size: int = arg(128, "tokens per example: packed block (decoder) or longest window (encoder, seq2seq)")
     # optimisation
-    max_steps: int = _arg(1000, "optimizer steps")
-    batch_size: int = _arg(16, "examples per micro-batch on each process")
-    grad_accum: int = _arg(1, "micro-batches accumulated per optimizer step")
-    lr: float = _arg(1e-3, "peak learning rate (AdamW)")
-    warmup_steps: int = _arg(100, "linear warmup steps before the cosine decay to 0 at --max-steps")
-    weight_decay: float = _arg(0.1, "AdamW weight decay on matrices (biases, norms: none)")
-    adam_beta1: float = _arg(0.9, "AdamW beta1")
-    adam_beta2: float = _arg(0.95, "AdamW beta2")
-    adam_epsilon: float = _arg(1e-8, "AdamW epsilon")
-    max_grad_norm: float = _arg(1.0, "gradient clipping norm (0 disables)")
-    mixed_precision: str = _arg("no", "autocast precision", choices=MIXED_PRECISION)
-    gradient_checkpointing: bool = _arg(False, "recompute activations in backward to save memory")
-    attn_implementation: str | None = _arg(None, "attention backend (sdpa, eager, flex_attention, ...); default sdpa")
-    seed: int = _arg(0, "seed of the data order, masking, dropout and initialisation")
+    max_steps: int = arg(1000, "optimizer steps")
+    batch_size: int = arg(16, "examples per micro-batch on each process")
+    grad_accum: int = arg(1, "micro-batches accumulated per optimizer step")
+    lr: float = arg(1e-3, "peak learning rate (AdamW)")
+    warmup_steps: int = arg(100, "linear warmup steps before the cosine decay to 0 at --max-steps")
+    weight_decay: float = arg(0.1, "AdamW weight decay on matrices (biases, norms: none)")
+    adam_beta1: float = arg(0.9, "AdamW beta1")
+    adam_beta2: float = arg(0.95, "AdamW beta2")
+    adam_epsilon: float = arg(1e-8, "AdamW epsilon")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm (0 disables)")
+    mixed_precision: str = arg("no", "autocast precision", choices=MIXED_PRECISION)
+    gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    attn_implementation: str | None = arg(None, "attention backend (sdpa, eager, flex_attention, ...); default sdpa")
+    seed: int = arg(0, "seed of the data order, masking, dropout and initialisation")
     # objectives
-    mlm_probability: float = _arg(0.15, "encoder: share of tokens selected for masking")
-    mask_ratio: float = _arg(0.3, "seq2seq: share of tokens hidden by text infilling")
-    poisson_lambda: float = _arg(3.0, "seq2seq: mean infilled span length")
+    mlm_probability: float = arg(0.15, "encoder: share of tokens selected for masking")
+    mask_ratio: float = arg(0.3, "seq2seq: share of tokens hidden by text infilling")
+    poisson_lambda: float = arg(3.0, "seq2seq: mean infilled span length")
     # run
-    output_dir: str = _arg("outputs/pretrain", "run folder: checkpoints, logs, and the final model")
-    overwrite: bool = _arg(False, "replace an output directory that holds another run")
-    save_every: int = _arg(500, "save a checkpoint every N steps (0: none)")
-    keep_last: int = _arg(2, "keep the last K checkpoints")
-    eval_every: int = _arg(200, "held-out evaluation every N steps (also before the first step and at the end)")
-    eval_batches: int = _arg(20, "batches in the held-out evaluation")
-    resume_from_checkpoint: str | None = _arg(
+    output_dir: str = arg("outputs/pretrain", "run folder: checkpoints, logs, and the final model")
+    overwrite: bool = arg(False, "replace an output directory that holds another run")
+    save_every: int = arg(500, "save a checkpoint every N steps (0: none)")
+    keep_last: int = arg(2, "keep the last K checkpoints")
+    eval_every: int = arg(200, "held-out evaluation every N steps (also before the first step and at the end)")
+    eval_batches: int = arg(20, "batches in the held-out evaluation")
+    resume_from_checkpoint: str | None = arg(
         None,
         "'latest' (newest checkpoint in --output-dir; starts fresh when the folder is empty) or a checkpoint folder",
     )
-    report_to: str = _arg("auto", "tracker: tensorboard, none, or auto (tensorboard when installed)", choices=REPORT_TO)
-    num_workers: int = _arg(0, "DataLoader worker processes")
-    sample_prompt: str | None = _arg(
+    report_to: str = arg("auto", "tracker: tensorboard, none, or auto (tensorboard when installed)", choices=REPORT_TO)
+    num_workers: int = arg(0, "DataLoader worker processes")
+    sample_prompt: str | None = arg(
         None,
         "at the end, reload the final folder with its Auto class and print a sample for this prompt (generated text; "
         "the encoder's top predictions for [MASK])",
@@ -273,58 +274,7 @@ def preset_path(family: str, preset: str, configs_dir: str | Path | None = None)
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """A YAML (.yaml/.yml) or JSON (.json) run config: PretrainingArguments keys plus `model:`. Top-level keys that
     start with "_" are comments (JSON has no other kind) and are dropped."""
-    path = Path(path)
-    if not path.is_file():
-        raise PretrainingError(f"Config file {str(path)!r} does not exist.")
-    text = path.read_text()
-    try:
-        if path.suffix.lower() == ".json":
-            values = json.loads(text)
-        elif path.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            values = yaml.safe_load(text)
-        else:
-            raise PretrainingError(f"Config file {str(path)!r}: expected a .yaml, .yml or .json file.")
-    except (json.JSONDecodeError, ImportError) as error:
-        raise PretrainingError(f"Config file {str(path)!r} does not parse: {error}") from error
-    except Exception as error:  # yaml.YAMLError, without importing yaml at module level
-        if type(error).__module__.startswith("yaml"):
-            raise PretrainingError(f"Config file {str(path)!r} does not parse: {error}") from error
-        raise
-    if not isinstance(values, dict):
-        raise PretrainingError(f"Config file {str(path)!r} must hold a mapping of settings.")
-    return {key: value for key, value in values.items() if not str(key).startswith("_")}
-
-
-def _coerce(name: str, value: Any, annotation: Any) -> Any:
-    """Turn a config-file or CLI value into the field's type (YAML reads 1e-3 as a string, for instance)."""
-    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, _UNION_TYPE) else ()
-    if options:
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        annotation = next(option for option in options if option is not type(None))
-    if annotation is dict:
-        return value
-    try:
-        if annotation is bool:
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(value)
-                return value.lower() in ("true", "1", "yes")
-            return bool(value)
-        if annotation is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
-        if annotation is float:
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError) as error:
-        raise PretrainingError(f"`{name}` must be {annotation.__name__}, got {value!r}.") from error
-
-
-_UNION_TYPE = type(int | None)
+    return run_arguments.load_config_file(path, error=PretrainingError)
 
 
 def resolve_arguments(
@@ -369,7 +319,10 @@ def resolve_arguments(
         raise PretrainingError(
             f"Unknown setting(s) {', '.join(unknown)} in {source}; known: {', '.join(sorted(hints))}."
         )
-    return PretrainingArguments(**{name: _coerce(name, value, hints[name]) for name, value in values.items()})
+    typed = {
+        name: run_arguments.coerce(name, value, hints[name], error=PretrainingError) for name, value in values.items()
+    }
+    return PretrainingArguments(**typed)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -572,27 +525,15 @@ def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _holds_run(output_dir: Path) -> bool:
-    markers = (RUN_CONFIG, CHECKPOINTS_DIR, "config.json", "model.safetensors", "tokenizer.json", METRICS)
-    return any((output_dir / marker).exists() for marker in markers)
-
-
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:
     """Refuse a folder that holds something, unless it is a previous run and `overwrite` is set."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise PretrainingError(f"--output-dir {str(output_dir)!r} is a file.")
-    if not output_dir.is_dir() or not any(output_dir.iterdir()):
-        return
-    if not _holds_run(output_dir):
-        raise PretrainingError(
-            f"--output-dir {str(output_dir)!r} is not empty and holds no previous run; choose an empty or new folder "
-            f"(--overwrite only replaces a run folder)."
-        )
-    if not overwrite:
-        raise PretrainingError(
-            f"--output-dir {str(output_dir)!r} already holds a run. Pass --overwrite to replace it, or "
-            f"--resume-from-checkpoint latest to continue it."
-        )
+    run_arguments.check_output_dir(
+        output_dir,
+        overwrite,
+        markers=_RUN_MARKERS,
+        error=PretrainingError,
+        otherwise="--resume-from-checkpoint latest to continue it",
+    )
 
 
 def resolve_resume(args: PretrainingArguments, output_dir: Path) -> Path | None:
@@ -603,7 +544,7 @@ def resolve_resume(args: PretrainingArguments, output_dir: Path) -> Path | None:
     if args.resume_from_checkpoint == "latest":
         checkpoint = find_latest_checkpoint(output_dir)
         if checkpoint is None:
-            if output_dir.is_dir() and _holds_run(output_dir):
+            if output_dir.is_dir() and run_arguments.holds_run(output_dir, _RUN_MARKERS):
                 raise PretrainingError(
                     f"--resume-from-checkpoint latest: {str(output_dir)!r} holds a run but no complete checkpoint "
                     f"under {CHECKPOINTS_DIR}/. Pass --overwrite without --resume-from-checkpoint to start over."
@@ -679,16 +620,12 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tokenizer.save_pretrained(staging / "tokenizer")
-        _write_json(staging / TRAINER_STATE, trainer_state)
+        run_arguments.write_json(staging / TRAINER_STATE, trainer_state)
         replace_folder(staging, final)  # final exists when re-saving a step after resuming from an older checkpoint
         for old in list_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
-
-
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -741,7 +678,7 @@ def model_card_info(args: PretrainingArguments, metrics: dict[str, Any]) -> Mode
     """What the final folder's card says (model_cards/pretrained.md): the run's settings and its held-out numbers,
     which also go into the card's model-index (loss and perplexity on the held-out split)."""
     family = _FAMILY[args.family]
-    hub_dataset = args.dataset if args.dataset and not _looks_local(args.dataset) else None
+    hub_dataset = args.dataset if args.dataset and is_hub_id(args.dataset) else None
     if args.dataset is None:
         dataset_description = "the Python standard library's own source files (coreformer's embedded corpus)"
     else:
@@ -792,10 +729,6 @@ def render_model_card(args: PretrainingArguments, metrics: dict[str, Any], path_
     """README.md of the final folder: metadata (license, library, tags, datasets, model-index) + how to load + the
     numbers, from coreformer.model_card's "pretrained" template."""
     return str(render_card(model_card_info(args, metrics), path_hint))
-
-
-def _looks_local(source: str) -> bool:
-    return Path(source).expanduser().exists() or source.startswith((".", "/", "~")) or any(c in source for c in "*?[")
 
 
 @torch.no_grad()
@@ -976,7 +909,7 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
         _remove_stale_temporaries(output_dir)
         if resume is None:
             tokenizer.save_pretrained(output_dir)
-        _write_json(output_dir / RUN_CONFIG, dataclasses.asdict(args))
+        run_arguments.write_json(output_dir / RUN_CONFIG, dataclasses.asdict(args))
     accelerator.wait_for_everyone()
     accelerator.print(f"{args.family} pretraining on {world} process(es), {accelerator.device}; {tracker_line}")
     if args.warmup_steps >= args.max_steps:
@@ -1166,7 +1099,7 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
             metrics["wall_time_s"] = time.perf_counter() - session_start
             plot_losses(history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
             (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))
-            _write_json(staging / METRICS, metrics)
+            run_arguments.write_json(staging / METRICS, metrics)
             for entry in output_dir.iterdir():
                 if not (staging / entry.name).exists():
                     link_into(entry, staging / entry.name)
@@ -1176,7 +1109,7 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
         )
         if args.sample_prompt is not None:
             metrics["sample"] = sample_from_folder(output_dir, args.family, args.sample_prompt, seed=args.seed)
-            _write_json(output_dir / f".{METRICS}.tmp", metrics)
+            run_arguments.write_json(output_dir / f".{METRICS}.tmp", metrics)
             os.replace(output_dir / f".{METRICS}.tmp", output_dir / METRICS)
             accelerator.print(f"sample ({_FAMILY[args.family]['auto_class']}.from_pretrained({str(output_dir)!r})):")
             accelerator.print(metrics["sample"])

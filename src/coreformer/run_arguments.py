@@ -1,0 +1,158 @@
+"""Run plumbing shared by pretraining.py and finetuning.py and their scripts, training/pretrain.py and finetune.py.
+
+    arg(default, help, **metadata)         a dataclass field whose metadata carries its CLI help (and `choices`,
+                                           `aliases`, `cli=False`, `show_default=False`)
+    load_config_file(path, error=...)      a YAML / JSON run config as a dict ("_"-prefixed keys are comments)
+    coerce(name, value, annotation, ...)   a config-file or CLI value -> the field's type
+    add_flags(parser, arguments, fields)   one argparse flag per dataclass field, defaults suppressed
+    holds_run(folder, markers)             whether a folder holds a previous run (any of its marker files)
+    check_output_dir(output_dir, ...)      refuse a non-empty output folder unless it is a run and --overwrite is set
+    write_json(path, value)                indented JSON with a final newline
+
+Each run module keeps its own error type (PretrainingError, FinetuningError) and passes it in as `error`, so a bad
+input reads the same whichever module found it. Nothing here imports the modeling code or torch.
+"""
+
+import argparse
+import copy
+import dataclasses
+import json
+import typing
+from collections.abc import Iterable, Sequence
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+_UNION_TYPE = type(int | None)
+
+
+def arg(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - `help` reads as argparse's
+    """A dataclass field with `help` (and any other CLI metadata); a dict default becomes a per-instance copy."""
+    if isinstance(default, dict):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help, **metadata})
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+def load_config_file(path: str | Path, *, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """A YAML (.yaml/.yml) or JSON (.json) run config. Top-level keys that start with "_" are comments (JSON has no
+    other kind) and are dropped. Every problem with the file raises `error`."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"Config file {str(path)!r} does not exist.")
+    text = path.read_text()
+    try:
+        if path.suffix.lower() == ".json":
+            values = json.loads(text)
+        elif path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text)
+        else:
+            raise error(f"Config file {str(path)!r}: expected a .yaml, .yml or .json file.")
+    except (json.JSONDecodeError, ImportError) as problem:
+        raise error(f"Config file {str(path)!r} does not parse: {problem}") from problem
+    except Exception as problem:  # yaml.YAMLError, without importing yaml at module level
+        if type(problem).__module__.startswith("yaml"):
+            raise error(f"Config file {str(path)!r} does not parse: {problem}") from problem
+        raise
+    if not isinstance(values, dict):
+        raise error(f"Config file {str(path)!r} must hold a mapping of settings.")
+    return {key: value for key, value in values.items() if not str(key).startswith("_")}
+
+
+def coerce(name: str, value: Any, annotation: Any, *, error: type[Exception] = ValueError) -> Any:
+    """Turn a config-file or CLI value into the field's type (YAML reads 1e-3 as a string, for instance)."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, _UNION_TYPE) else ()
+    if options:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        annotation = next(option for option in options if option is not type(None))
+    if annotation is dict:
+        return value
+    try:
+        if annotation is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                return value.lower() in ("true", "1", "yes")
+            return bool(value)
+        if annotation is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+        if annotation is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as problem:
+        raise error(f"`{name}` must be {annotation.__name__}, got {value!r}.") from problem
+
+
+def _flag_type(annotation: Any) -> Any:
+    """int | None -> int; the library checks and converts again, this only gives argparse a parser."""
+    options = [option for option in typing.get_args(annotation) if option is not type(None)]
+    return options[0] if options else annotation
+
+
+def add_flags(
+    parser: argparse.ArgumentParser,
+    arguments: type,
+    fields: Iterable[dataclasses.Field],
+    *,
+    underscore_names: bool = False,
+) -> None:
+    """Add a flag per field of the dataclass `arguments`: `--field-name`, also `--field_name` when
+    `underscore_names`, and the names in metadata["aliases"] (transformers' example scripts' names).
+
+    Every flag defaults to argparse.SUPPRESS: the parsed namespace holds only the flags given on the command line,
+    which override the preset or config file. Booleans are store_true switches; other flags show their default in
+    the help unless metadata["show_default"] is False.
+    """
+    hints = typing.get_type_hints(arguments)
+    for spec in fields:
+        names = ["--" + spec.name.replace("_", "-")]
+        underscored = ("--" + spec.name,) if underscore_names else ()
+        names += [name for name in (*underscored, *spec.metadata.get("aliases", ())) if name not in names]
+        kind = _flag_type(hints[spec.name])
+        help_text = spec.metadata["help"]
+        options = dict(dest=spec.name, default=argparse.SUPPRESS)
+        if kind is bool:
+            parser.add_argument(*names, action="store_true", help=help_text, **options)
+            continue
+        choices = spec.metadata.get("choices")
+        parser.add_argument(
+            *names,
+            type=kind,
+            choices=choices,
+            metavar=None if choices else spec.name.split("_")[-1].upper(),
+            help=f"{help_text} (default: {spec.default})" if spec.metadata.get("show_default", True) else help_text,
+            **options,
+        )
+
+
+def holds_run(folder: Path, markers: Sequence[str]) -> bool:
+    """Whether `folder` holds a previous run: any of the files or folders a run writes (`markers`)."""
+    return any((folder / marker).exists() for marker in markers)
+
+
+def check_output_dir(
+    output_dir: Path, overwrite: bool, *, markers: Sequence[str], error: type[Exception], otherwise: str
+) -> None:
+    """Refuse a folder that holds something, unless it is a previous run (see `holds_run`) and `overwrite` is set.
+    `otherwise` ends the message for a run folder without `overwrite`: what else the user can do."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise error(f"--output-dir {str(output_dir)!r} is a file.")
+    if not output_dir.is_dir() or not any(output_dir.iterdir()):
+        return
+    if not holds_run(output_dir, markers):
+        raise error(
+            f"--output-dir {str(output_dir)!r} is not empty and holds no previous run; choose an empty or new folder "
+            f"(--overwrite only replaces a run folder)."
+        )
+    if not overwrite:
+        raise error(
+            f"--output-dir {str(output_dir)!r} already holds a run. Pass --overwrite to replace it, or {otherwise}."
+        )
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
