@@ -1,10 +1,12 @@
 """Time and peak memory of one forward + backward pass versus sequence length, for each attention type.
 
 Each (type, length) runs in its own subprocess so that peak memory (the process's max RSS above its baseline after
-building the model) belongs to that measurement alone. Also reports how each type does on the associative-recall
-task (`coreformer.synthetic`), trained briefly. Writes a markdown table to stdout, JSON and a PNG plot.
+building the model) belongs to that measurement alone. On a shared machine, --quiet-cpu 0.1 starts each one only
+once the CPUs are that idle (waited for up to --quiet-timeout seconds; the busy share found is stored with each
+result). Also reports how each type does on the associative-recall task (`coreformer.synthetic`), trained briefly.
+Writes a markdown table to stdout, JSON and a PNG plot.
 
-    python benchmarks/long_context.py                       # 512 ... 16384 on CPU, ~10 minutes
+    python benchmarks/long_context.py                       # 512 ... 16384 on CPU, ~15 minutes
     python benchmarks/long_context.py --lengths 256 512 --repeats 1 --skip-recall   # a smoke run
 """
 
@@ -53,7 +55,8 @@ def build_model(layer_type: str, length: int, args: argparse.Namespace) -> torch
 
 
 def measure_one(layer_type: str, length: int, args: argparse.Namespace) -> dict:
-    """Median forward+backward seconds and peak MiB above baseline, in this process (run in a fresh subprocess)."""
+    """Forward+backward seconds (best of `--repeats`) and peak MiB above baseline, in this process (run in a fresh
+    subprocess). Best, not median: on a shared machine interference only ever adds time."""
     torch.set_num_threads(args.threads)
     model = build_model(layer_type, length, args).train()
     ids = torch.randint(0, 1024, (args.batch_size, length))
@@ -70,9 +73,39 @@ def measure_one(layer_type: str, length: int, args: argparse.Namespace) -> dict:
     return {
         "type": layer_type,
         "length": length,
-        "seconds": statistics.median(times),
+        "seconds": min(times),
+        "median_seconds": statistics.median(times),
         "peak_mib": (peak - baseline) / 1024,
     }
+
+
+def cpu_busy_share(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs' time spent busy over the next `seconds` (Linux /proc/stat), or None where unavailable."""
+
+    def counters() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+        return sum(fields[3:5]), sum(fields)  # idle + iowait, total
+
+    try:
+        idle_start, total_start = counters()
+        time.sleep(seconds)
+        idle_end, total_end = counters()
+    except OSError:
+        return None
+    return 1 - (idle_end - idle_start) / max(total_end - total_start, 1)
+
+
+def wait_for_quiet(args: argparse.Namespace) -> float | None:
+    """Wait until the CPUs are idle before a timing: other jobs on a 2-core machine would be timed along with it."""
+    if args.quiet_cpu is None:
+        return None
+    deadline = time.monotonic() + args.quiet_timeout
+    busy = cpu_busy_share()
+    while busy is not None and busy > args.quiet_cpu and time.monotonic() < deadline:
+        time.sleep(4)
+        busy = cpu_busy_share()
+    return busy
 
 
 def measure_all(args: argparse.Namespace) -> list[dict]:
@@ -82,13 +115,16 @@ def measure_all(args: argparse.Namespace) -> list[dict]:
             limit = args.max_eager_length if layer_type == "full_eager" else args.max_full_length
             if layer_type.startswith("full") and length > limit:
                 continue
+            busy = wait_for_quiet(args)
             command = [sys.executable, __file__, "--one", layer_type, str(length), *sys.argv[1:]]
             child = subprocess.run(command, capture_output=True, text=True)
             if child.returncode != 0:
                 raise SystemExit(f"{layer_type} at {length} failed:\n{child.stderr[-2000:]}")
             result = json.loads(child.stdout.strip().splitlines()[-1])
+            result["cpu_busy_before"] = busy
+            note = "" if busy is None else f"  (CPUs {100 * busy:.0f}% busy before)"
             print(
-                f"  {layer_type:8s} L={length:6d}  {result['seconds']:8.3f} s  {result['peak_mib']:8.1f} MiB",
+                f"  {layer_type:8s} L={length:6d}  {result['seconds']:8.3f} s  {result['peak_mib']:8.1f} MiB{note}",
                 flush=True,
             )
             results.append(result)
@@ -156,10 +192,12 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=128, help="sliding_window (ModernBERT's local layers: 128)")
     parser.add_argument("--stride", type=int, default=128)
     parser.add_argument("--lowrank-k", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--recall-steps", type=int, default=1200)
     parser.add_argument("--skip-recall", action="store_true")
+    parser.add_argument("--quiet-cpu", type=float, help="start each timing once the CPUs' busy share is below this")
+    parser.add_argument("--quiet-timeout", type=float, default=300, help="seconds to wait for that before timing")
     parser.add_argument("--output-dir", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--one", nargs=2, metavar=("TYPE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
