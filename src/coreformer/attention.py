@@ -80,8 +80,9 @@ def eager_attention_forward(
 
 class Unpadding(NamedTuple):
     """Where the real tokens of a right- or left-padded (B, L) batch sit, so that the position-wise work (projections,
-    MLPs, norms) runs on those N tokens alone: ModernBERT's unpadding (Warner et al. 2024), ~2x on batches of mixed
-    lengths. Scores still see the padded (B, L) layout and the usual mask, so every backend and layer type works.
+    MLPs, norms) runs on those N tokens alone: ModernBERT's unpadding (Warner et al. 2024); measured 1.7x for a 6 x 384
+    encoder on CPU, forward and forward+backward, with 53% real tokens. Scores still see the padded (B, L) layout and
+    the usual mask, so every backend and layer type works.
 
     indices: (N,) flat positions b * L + t of the real tokens.
     """
