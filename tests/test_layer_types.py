@@ -395,4 +395,48 @@ def test_all_full_layer_types_stay_out_of_config_json_and_come_back_on_load(tmp_
         config.save_pretrained(tmp_path / name)
         written = json.loads((tmp_path / name / "config.json").read_text())
         assert ("layer_types" in written) == (name == "mixed")
+        if name == "mixed":  # transformers' names where it looks, ours beside them
+            assert written["layer_types"] == ["sliding_attention", "full_attention"]
+            assert written["coreformer_layer_types"] == ["sliding", "full"]
         assert cf.CoreformerDecoderConfig.from_pretrained(tmp_path / name).layer_types == config.layer_types
+
+
+NO_COREFORMER_TOKENIZER = textwrap.dedent(
+    """
+    import sys
+    sys.modules["coreformer"] = None  # a machine without coreformer
+    import transformers
+    tokenizer = transformers.AutoTokenizer.from_pretrained(sys.argv[1])  # no trust_remote_code: the generic config
+    model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+    print(type(tokenizer).__name__, model.config.layer_types)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_folder_with_mixed_layer_types_gives_its_tokenizer_without_coreformer(tmp_path):
+    # transformers' generic config validates `layer_types` against its own names; config.json carries those there
+    # and ours under coreformer_layer_types, so AutoTokenizer works without coreformer and the model keeps our names.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "[PAD]": 1, "a": 2, "b": 3}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    layer_types = ["sliding", "linear", "strided", "full"]
+    model = tiny_model(
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        num_hidden_layers=4,
+        layer_types=layer_types,
+        sliding_window=3,
+        stride=2,
+    )
+    model.save_pretrained(tmp_path / "mixed")
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(
+        tmp_path / "mixed"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    command = [sys.executable, "-c", NO_COREFORMER_TOKENIZER, str(tmp_path / "mixed")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert str(layer_types) in result.stdout

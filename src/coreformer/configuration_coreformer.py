@@ -28,6 +28,10 @@ CACHE_LAYER_TYPES = {
     "lowrank": "full_attention",  # encoder-only, never cached
     "linear": "coreformer_linear_attention",  # a running state, see LinearAttentionStateLayer in attention.py
 }
+# config.json writes `layer_types` in names transformers' generic config accepts (AutoTokenizer reads config.json
+# where coreformer is not installed, and validates that field strictly), and our own names under SAVED_LAYER_TYPES.
+SAVED_LAYER_TYPES = "coreformer_layer_types"
+GENERIC_LAYER_TYPES = {**CACHE_LAYER_TYPES, "linear": "linear_attention"}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 
@@ -159,12 +163,15 @@ class CoreformerConfig(PreTrainedConfig):
 
     def to_dict(self) -> dict:
         output = super().to_dict()
-        # An all-"full" list is the default and is rebuilt on load; leaving it out of config.json keeps the file
-        # readable by transformers' generic config (AutoTokenizer on a machine without coreformer), whose strict
-        # validation knows only transformers' own layer-type names.
+        # transformers' generic config (AutoTokenizer on a machine without coreformer) validates `layer_types`
+        # against its own names. An all-"full" list is the default and is rebuilt on load, so it is left out; any
+        # other is written in transformers' names, with ours under SAVED_LAYER_TYPES (from_dict reads them back).
         for name in self.stack_layer_types():
             if set(output.get(name) or ()) <= {"full"}:
                 output.pop(name, None)
+            elif name == "layer_types" and set(output[name]) <= set(LAYER_TYPES):  # not get_text_config's copy
+                output[SAVED_LAYER_TYPES] = output[name]
+                output[name] = [GENERIC_LAYER_TYPES[layer_type] for layer_type in output[name]]
         return output
 
     @classmethod
@@ -178,6 +185,9 @@ class CoreformerConfig(PreTrainedConfig):
             else:
                 fix = "convert it first with `coreformer convert SRC DST` (BERT, RoBERTa, GPT-2, BART)"
             raise ValueError(f"This checkpoint is a '{found}' model, not '{cls.model_type}': {fix}.")
+        if SAVED_LAYER_TYPES in config_dict:
+            config_dict = dict(config_dict)
+            config_dict["layer_types"] = config_dict.pop(SAVED_LAYER_TYPES)
         return super().from_dict(config_dict, **kwargs)
 
     def layer_counts(self) -> dict[str, int]:
