@@ -15,6 +15,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import can_return_tuple
 
 from .configuration_coreformer import CoreformerDecoderConfig
+from .losses import causal_lm_loss
 from .modeling_base import (
     CoreformerPreTrainedModel,
     CoreformerSequenceClassifier,
@@ -119,7 +120,7 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
         logits = self.lm_head(hidden_states)  # (B, T_kept, vocab)
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = causal_lm_loss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

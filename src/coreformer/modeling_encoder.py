@@ -19,6 +19,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import can_return_tuple
 
 from .configuration_coreformer import CoreformerEncoderConfig
+from .losses import token_loss
 from .modeling_base import (
     ClassificationHead,
     CoreformerPreTrainedModel,
@@ -111,7 +112,7 @@ class CoreformerEncoderForMaskedLM(CoreformerEncoderPreTrainedModel):
         logits = self.lm_head(hidden_states)  # (B, T, vocab)
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = token_loss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

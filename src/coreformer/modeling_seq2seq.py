@@ -12,7 +12,6 @@ import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import (
     BaseModelOutput,
     Seq2SeqLMOutput,
@@ -22,6 +21,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import can_return_tuple
 
 from .configuration_coreformer import CoreformerSeq2SeqConfig
+from .losses import token_loss
 from .modeling_base import ClassificationHead, CoreformerPreTrainedModel, CoreformerStack, build_lm_head
 
 
@@ -186,7 +186,7 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         logits = self.lm_head(hidden_states)  # (B, T, vocab)
         loss = None
         if labels is not None:
-            loss = ForMaskedLMLoss(logits, labels.contiguous(), vocab_size=self.config.vocab_size, **kwargs)
+            loss = token_loss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
