@@ -15,9 +15,10 @@ transformers: mean over the non-ignored targets, or sum / `num_items_in_batch` w
 import torch
 from torch import nn
 
-# Rows per block: about 2 MiB of fp32 per block keeps a CPU's L2 busy; on a GPU larger blocks only bound the
-# transient fp32 memory (a Python loop of many small kernels would cost more than it saves).
-_BLOCK_BYTES = {"cpu": 2 * 2**20}
+# Rows per block: about 1 MiB of fp32 fits a CPU core's L2 (measured at 2048 x 8192 bf16, one thread, loss +
+# backward: 68 ms at 1 MiB, 92 ms at 4 MiB, 214 ms in one block); on a GPU larger blocks only bound the transient
+# fp32 memory (a Python loop of many small kernels would cost more than it saves).
+_BLOCK_BYTES = {"cpu": 2**20}
 _DEFAULT_BLOCK_BYTES = 256 * 2**20
 
 
