@@ -1,11 +1,13 @@
 """The benchmark harnesses run end to end at tiny sizes (their numbers are measured by running them, not here)."""
 
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,3 +63,53 @@ def test_compare_harness_runs_and_checks_both_models_compute_the_same_function(t
     bf16_row = next(row for row in rows if row["benchmark"] == "decoder training step (bf16)")
     assert 0 < bf16_row["coreformer_peak_fraction"] and bf16_row["flops_per_token"] > 0
     assert "of the measured bf16 GEMM peak" in result.stdout
+
+
+@pytest.mark.slow
+def test_compare_large_rows_report_training_mfu_and_attention_flops_per_backend(tmp_path):
+    # --large-rows forces on CPU what --device cuda turns on by default; flex_attention is left out here because its
+    # BlockMask and kernel compile for half a minute on a cold cache (its CPU run: forward timed, backward skipped).
+    output = tmp_path / "compare.json"
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "compare.py"),
+        "--tiny",
+        "--large-rows",
+        "--device",
+        "cpu",
+        "--attention-backends",
+        "eager",
+        "sdpa",
+        "flash_attention_2",
+        "--output",
+        str(output),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(output.read_text())
+    assert len(report["rows"]) == 7  # the default table is unchanged; the large rows have their own keys
+
+    training = report["large_decoder_training"]
+    assert training["reference_per_s"] > 0 and training["coreformer_per_s"] > 0 and training["flops_per_token"] > 0
+    assert 0 < training["reference_peak_fraction"] and 0 < training["coreformer_peak_fraction"]
+    assert "| transformers GPT2LMHeadModel |" in result.stdout and "| coreformer |" in result.stdout
+
+    backends = {backend["backend"]: backend for backend in report["attention"]["backends"]}
+    assert list(backends) == ["eager", "sdpa", "flash_attention_2"]
+    for name in ("eager", "sdpa"):
+        for mode in ("forward", "forward_backward"):
+            assert backends[name][mode]["flop_per_s"] > 0 and backends[name][mode]["median_s"] > 0
+    assert backends["flash_attention_2"]["forward"] == {"skipped": "needs CUDA"}  # a reason, not a crash
+    assert report["attention"]["flops"]["forward_backward"] == 3.5 * report["attention"]["flops"]["forward"]
+    assert "| sdpa |" in result.stdout and "| flash_attention_2 | skipped: needs CUDA |" in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_compare_device_cuda_without_cuda_exits_with_the_problem_and_the_fix(tmp_path, monkeypatch):
+    output = tmp_path / "compare.json"
+    monkeypatch.setattr(sys, "argv", ["compare.py", "--tiny", "--device", "cuda", "--output", str(output)])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(ROOT / "benchmarks" / "compare.py"), run_name="__main__")
+    message = str(exit_info.value.code)
+    assert "--device cuda" in message and "no CUDA device" in message and "--device cpu" in message
+    assert not output.exists()
