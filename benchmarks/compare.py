@@ -204,6 +204,36 @@ def encoder_inference(args: argparse.Namespace) -> dict:
     return row("encoder inference, variable-length padded batch", int(mask.sum()), "real tok/s", times)
 
 
+def decode_step_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The weight matrices one decode step multiplies by: every Linear except the encoder's and the cross-attention
+    keys/values (computed once per prompt), and the LM head."""
+    once_per_prompt = ("encoder.", "cross_attn.k_proj", "cross_attn.v_proj")
+    return [
+        module.weight
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and not any(part in name for part in once_per_prompt)
+    ]
+
+
+def weight_products_floor(model: torch.nn.Module, batch: int, repeats: int, device: torch.device) -> float:
+    """Seconds for one decode step's matrix products alone: each weight times a (batch, in_features) input, nothing
+    else. Small-batch decoding is bound by reading these weights, so no implementation of the same function in the
+    same dtype decodes faster than this; the best of `repeats`."""
+    weights = decode_step_weights(model)
+    inputs = {
+        width: torch.randn(batch, width, device=device, dtype=weights[0].dtype)
+        for width in {w.shape[1] for w in weights}
+    }
+
+    def step():
+        for weight in weights:
+            torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+
+    with torch.no_grad():
+        times = interleaved({"floor": step}, repeats, device)["floor"]
+    return min(times)
+
+
 def generation(pair: tuple[torch.nn.Module, torch.nn.Module], ids, mask, name: str, args, **options) -> dict:
     reference, ours = (model.eval() for model in pair)
     settings = dict(
@@ -220,7 +250,9 @@ def generation(pair: tuple[torch.nn.Module, torch.nn.Module], ids, mask, name: s
         args.repeats,
         args.device,
     )
-    return row(name, ids.shape[0] * args.new_tokens, "new tok/s", times)
+    result = row(name, ids.shape[0] * args.new_tokens, "new tok/s", times)
+    result["weight_products_floor_per_s"] = ids.shape[0] / weight_products_floor(ours, ids.shape[0], 20, args.device)
+    return result
 
 
 def decoder_generation(args: argparse.Namespace, batch: int, **options) -> dict:
@@ -400,6 +432,13 @@ def markdown(rows: list[dict], machine: str, bf16_peak: float) -> str:
                 f"{r['benchmark']}: {r['flops_per_token'] / 1e6:.0f} MFLOP/token; model FLOP/s = "
                 f"{r['reference_peak_fraction']:.0%} (transformers) and {r['coreformer_peak_fraction']:.0%} "
                 f"(coreformer) of the measured bf16 GEMM peak, {bf16_peak / 1e9:,.0f} GFLOP/s."
+            )
+        if "weight_products_floor_per_s" in r:
+            floor = r["weight_products_floor_per_s"]
+            notes.append(
+                f"{r['benchmark']}: the weight products alone (every matrix a decode step reads, times the batch, "
+                f"nothing else) allow at most {floor:,.0f} new tok/s; transformers reaches "
+                f"{r['reference_per_s'] / floor:.0%} of that, coreformer {r['coreformer_per_s'] / floor:.0%}."
             )
         spread = "{:.3f}-{:.3f} / {:.3f}-{:.3f}".format(*r["reference_spread_s"], *r["coreformer_spread_s"])
         lines.append(

@@ -63,6 +63,9 @@ def test_compare_harness_runs_and_checks_both_models_compute_the_same_function(t
     bf16_row = next(row for row in rows if row["benchmark"] == "decoder training step (bf16)")
     assert 0 < bf16_row["coreformer_peak_fraction"] and bf16_row["flops_per_token"] > 0
     assert "of the measured bf16 GEMM peak" in result.stdout
+    generation_rows = [row for row in rows if "generation" in row["benchmark"]]
+    assert len(generation_rows) == 4 and all(row["weight_products_floor_per_s"] > 0 for row in generation_rows)
+    assert "the weight products alone" in result.stdout
 
 
 @pytest.mark.slow
