@@ -152,3 +152,31 @@ def test_static_cache_decode_step_compiles_with_fullgraph():
                 step(input_ids=next_ids, position_ids=positions, past_key_values=cache, use_cache=True).logits
             )
     torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("layer_types", [["sliding", "full"], ["strided", "linear"]])
+def test_prefill_into_an_empty_cache_runs_the_sparse_kernels_and_matches_eager(monkeypatch, layer_types):
+    # An eval forward builds a DynamicCache by default; while it is empty, sliding/strided layers must still take
+    # the O(L·w) kernels rather than a dense (B, 1, L, L) mask, and compute what eager's dense mask computes.
+    from coreformer import attention
+
+    calls = []
+    for name in ("sliding_window_attention", "strided_attention"):
+        kernel = getattr(attention, name)
+        monkeypatch.setattr(attention, name, lambda *a, kernel=kernel, **k: (calls.append(kernel), kernel(*a, **k))[1])
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=layer_types, sliding_window=3, stride=3)
+    ids, mask = padded_batch(length=14, left=True)
+    with torch.no_grad():
+        cached = model(ids, attention_mask=mask)
+        assert calls and cached.past_key_values is not None
+        sdpa_tokens = {
+            mode: _greedy(model, ids, mask, pad_token_id=PAD, **mode_kwargs)
+            for mode, mode_kwargs in (("dynamic", {}), ("static", {"cache_implementation": "static"}))
+        }
+        model.set_attn_implementation("eager")
+        reference = model(ids, attention_mask=mask).logits
+        eager_tokens = _greedy(model, ids, mask, pad_token_id=PAD)
+    real = mask.bool()
+    torch.testing.assert_close(cached.logits[real], reference[real], atol=1e-5, rtol=0)
+    for mode, tokens in sdpa_tokens.items():
+        assert torch.equal(tokens, eager_tokens), mode

@@ -228,3 +228,19 @@ def test_the_same_seed_gives_identical_weights_and_losses_across_runs():
         for _ in range(2)
     ]
     assert runs[0].stdout == runs[1].stdout and runs[0].stdout.strip()
+
+
+def test_linformer_input_longer_than_its_projections_is_refused_naming_the_fix():
+    # Rotary positions do not stop a long input by themselves; the E/F projections have max_position_embeddings
+    # columns, and without the check the input failed with an opaque matmul shape error.
+    model = tiny_model(
+        cf.CoreformerEncoderModel,
+        "encoder",
+        layer_types=["lowrank", "full"],
+        lowrank_k=4,
+        max_position_embeddings=16,
+        position_embedding_type="rotary",
+    )
+    model(torch.randint(3, VOCAB, (1, 16)))  # up to the limit works
+    with pytest.raises(ValueError, match=r"17 tokens, more than the 16 \(max_position_embeddings\).*truncat"):
+        model(torch.randint(3, VOCAB, (1, 17)))

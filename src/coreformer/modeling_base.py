@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -194,6 +194,18 @@ class CoreformerStack(nn.Module):
                 f"not match this model; use the model's tokenizer or resize_token_embeddings(len(tokenizer))."
             )
 
+    def _check_lowrank_length(self, past_length: int, length: int) -> None:
+        # Linformer's E/F projections have one column per position up to max_position_embeddings; positions that are
+        # not learned (rotary, none) would not stop a longer input before an opaque matmul error in the projection.
+        longest = past_length + length
+        if "lowrank" in self.layer_types and longest > self.config.max_position_embeddings:
+            raise ValueError(
+                f"the input has {longest} tokens, more than the {self.config.max_position_embeddings} "
+                f"(max_position_embeddings) that this model's 'lowrank' (Linformer) layers project: truncate the "
+                f"input (tokenizer(..., truncation=True, max_length={self.config.max_position_embeddings})) or build "
+                f"the model with a larger max_position_embeddings."
+            )
+
     def _check_positions(self, position_ids: torch.Tensor) -> None:
         if self.embed_positions is None or is_torchdynamo_compiling() or position_ids.numel() == 0:
             return
@@ -265,9 +277,25 @@ class CoreformerStack(nn.Module):
                     "'sliding' or 'strided' layers."
                 )
         # Sliding and strided layers run sparse kernels (O(L·w), O(L·(s + L/s))) under sdpa when nothing constrains
-        # the keys beyond padding: no cache (whose window bookkeeping the dense mask handles) and no packed sequences
-        # (documents that restart their position ids, which transformers' mask machinery separates).
-        sparse_kernels = implementation == "sdpa" and cache is None and not (attention_mask is None and packed)
+        # the keys beyond padding: no cached keys (whose window bookkeeping the dense mask handles) and no packed
+        # sequences (documents that restart their position ids, which transformers' mask machinery separates). An
+        # empty dynamic cache layer (a prefill; eval-mode forwards build a DynamicCache by default) hands back exactly
+        # the new keys, so the kernels apply there too; a static layer hands back its whole fixed-length buffer.
+        # (The layer check goes first: a static cache's length is a tensor, which torch.compile cannot branch on.)
+        sparse_kernels = (
+            bool(patterns)
+            and implementation == "sdpa"
+            and not (attention_mask is None and packed)
+            and (
+                cache is None
+                or all(
+                    index >= len(cache.layers) or isinstance(cache.layers[index], DynamicLayer)
+                    for index, layer_type in enumerate(self.layer_types)
+                    if layer_type in patterns
+                )
+                and cache.get_seq_length() == 0
+            )
+        )
         masks: dict[str, torch.Tensor | None] = {}
         for layer_type in dict.fromkeys(self.layer_types):
             if layer_type in ("lowrank", "linear") or (layer_type in patterns and sparse_kernels):
@@ -383,6 +411,7 @@ class CoreformerStack(nn.Module):
                 f"{past_length + length}) (batch, cached + new tokens): pass the mask the tokenizer returned with "
                 f"these input_ids."
             )
+        self._check_lowrank_length(past_length, length)
         caller_positions = position_ids is not None
         if position_ids is None:
             device = (input_ids if input_ids is not None else inputs_embeds).device
