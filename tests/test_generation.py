@@ -136,10 +136,12 @@ def test_training_never_builds_a_cache():
 
 
 @pytest.mark.slow
-def test_static_cache_decode_step_compiles_with_fullgraph():
+@pytest.mark.parametrize("layer_types", [None, ["sliding", "full"]])
+def test_static_cache_decode_step_compiles_with_fullgraph(layer_types):
     # torch.compile(fullgraph=True) fails on any graph break: the input checks (.item()) must step aside while
-    # compiling, and masks, positions and the cache update must all trace.
-    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary")
+    # compiling, and masks, positions and the cache update (sliding layers: a static sliding-window layer) must trace.
+    overrides = {"layer_types": layer_types, "sliding_window": 3} if layer_types else {}
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary", **overrides)
     ids = torch.randint(3, VOCAB, (2, 6))
     next_ids, positions = torch.randint(3, VOCAB, (2, 1)), torch.full((2, 1), 6)
     logits = []

@@ -263,3 +263,23 @@ def test_config_is_validated_with_the_field_and_the_fix():
         tiny_config("seq2seq", decoder_layers=0)
     seq2seq = tiny_config("seq2seq", encoder_layers=3, decoder_layers=1)
     assert seq2seq.num_hidden_layers == 3 and seq2seq.get_text_config(decoder=True).num_hidden_layers == 1
+
+
+def test_unpadded_causal_batch_takes_sdpa_is_causal_path_without_a_mask(monkeypatch):
+    # One mask per forward, and none at all when sdpa's is_causal flag says everything: an unpadded causal batch.
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder")
+    seen = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    ids, mask = padded_batch(batch=2, length=8)
+    with torch.no_grad():
+        model(ids[:1], attention_mask=mask[:1], use_cache=False)  # row 0 has no padding
+        assert seen and all(attn_mask is None and is_causal for attn_mask, is_causal in seen)
+        seen.clear()
+        model(ids, attention_mask=mask, use_cache=False)  # row 1 is padded: a mask is needed
+        assert seen and all(attn_mask is not None and not is_causal for attn_mask, is_causal in seen)
