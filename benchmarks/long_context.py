@@ -12,7 +12,6 @@ Writes a markdown table to stdout, JSON and a PNG plot.
 
 import argparse
 import json
-import platform
 import resource
 import statistics
 import subprocess
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from compare import cpu_name  # this folder's other benchmark (sys.path[0] when run as a script)
 
 import coreformer as cf
 from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
@@ -205,7 +205,8 @@ def main() -> None:
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args)))
         return
 
-    print(f"machine: {platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}")
+    machine = f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}"
+    print(f"machine: {machine}")
     results = measure_all(args)
     accuracies = {} if args.skip_recall else recall_accuracy(args)
     table = markdown(results, args)
@@ -214,7 +215,7 @@ def main() -> None:
         print("\nassociative recall accuracy: " + ", ".join(f"{t} {a:.3f}" for t, a in accuracies.items()))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("one", "output_dir")}
-    report = {"settings": settings, "torch": torch.__version__, "results": results, "recall_accuracy": accuracies}
+    report = {"machine": machine, "settings": settings, "results": results, "recall_accuracy": accuracies}
     (args.output_dir / "long_context.json").write_text(json.dumps(report, indent=2))
     plot(results, args.output_dir / "long_context.png")
     print(f"\nwrote {args.output_dir / 'long_context.json'} and {args.output_dir / 'long_context.png'}")

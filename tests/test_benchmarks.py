@@ -47,6 +47,7 @@ def test_long_context_benchmark_runs_and_writes_table_json_and_plot(tmp_path):
     assert all(r["seconds"] > 0 for r in report["results"])
     assert set(report["recall_accuracy"]) == {"full", "sliding", "strided", "linear"}
     assert (tmp_path / "long_context.png").stat().st_size > 10_000
+    assert report["machine"] and "threads" in report["machine"]
 
 
 @pytest.mark.slow
