@@ -1,5 +1,6 @@
 """Efficient attention per layer (`layer_types`): each type against an explicit reference, caches, and whole models."""
 
+import functools
 import json
 import os
 import subprocess
@@ -225,6 +226,7 @@ def test_packed_documents_are_refused_by_linear_layers_with_the_fix():
     model(ids, attention_mask=torch.ones(1, 8, dtype=torch.long), position_ids=packed, use_cache=False)
 
 
+@functools.cache  # compiling flex takes seconds; two tests ask
 def _flex_compiles_here() -> bool:
     model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["sliding"] * 2, **PARAMETERS)
     model.set_attn_implementation("flex_attention")
@@ -518,3 +520,19 @@ def test_a_folder_with_mixed_layer_types_gives_its_tokenizer_without_coreformer(
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert str(layer_types) in result.stdout
+
+
+@pytest.mark.skipif(not _flex_compiles_here(), reason="flex_attention does not compile with this torch build here")
+def test_flex_block_mask_skips_blocks_for_sliding_layers():
+    # The point of flex for a band: whole 128 x 128 blocks outside the window are never computed.
+    model = tiny_model(
+        cf.CoreformerEncoderModel, "encoder", layer_types=["sliding", "full"], sliding_window=64, stride=4
+    )
+    model.set_attn_implementation("flex_attention")
+    stack = next(module for module in model.modules() if hasattr(module, "build_masks"))
+    length = 1024
+    hidden = torch.zeros(1, length, model.config.hidden_size)
+    masks = stack.build_masks(hidden, None, None, torch.arange(length)[None], False)
+    # 8 x 8 blocks; a band of +-64 touches at most 3 per row: at least 58% of them skipped. Full attention skips none.
+    assert masks["sliding"].sparsity() > 55
+    assert masks["full"] is None or masks["full"].sparsity() == 0

@@ -157,10 +157,16 @@ def _fold_windows(grad_stream: torch.Tensor, grad: torch.Tensor, step: int) -> N
         _windows_view(grad_stream[start:], count, width, step).add_(grad[:, :, start : start + width])
 
 
+_HAS_FUSED_CPU_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
+)
+
+
 def _fused_kernels_apply(query: torch.Tensor, dropout: float) -> bool:
     """Whether the sparse kernels call torch's fused CPU flash-attention kernels directly (`_FusedSparseAttention`):
-    on CPU, without attention dropout (which those kernels do not implement)."""
-    return query.device.type == "cpu" and dropout == 0.0
+    on CPU, without attention dropout (which those kernels do not implement), in a torch that has them (they are
+    private ops: a release without them falls back to the autograd path instead of failing)."""
+    return query.device.type == "cpu" and dropout == 0.0 and _HAS_FUSED_CPU_KERNELS
 
 
 def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
