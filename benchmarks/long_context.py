@@ -1,5 +1,8 @@
 """Time and peak memory of one forward + backward pass versus sequence length, for each attention type.
 
+By default an encoder stack in training mode; `--family decoder` a causal stack, `--inference` one forward pass in
+eval mode without gradients (a decoder then builds its default cache: the prefill of generation).
+
 Each (type, length) runs in its own subprocess so that peak memory (the process's max RSS above its baseline after
 building the model) belongs to that measurement alone. On a shared machine, --quiet-cpu 0.1 starts each one only
 once the CPUs are that idle (waited for up to --quiet-timeout seconds; the busy share found is stored with each
@@ -8,6 +11,7 @@ Writes a markdown table to stdout, JSON and a PNG plot.
 
     python benchmarks/long_context.py                       # 512 ... 16384 on CPU, ~15 minutes
     python benchmarks/long_context.py --lengths 256 512 --repeats 1 --skip-recall   # a smoke run
+    python benchmarks/long_context.py --family decoder --inference --skip-recall     # decoder prefill
 """
 
 import argparse
@@ -32,10 +36,11 @@ ROWS = ("full_eager", *TYPES)
 
 
 def build_model(layer_type: str, length: int, args: argparse.Namespace) -> torch.nn.Module:
-    """An encoder stack (every type, incl. encoder-only Linformer, applies bidirectionally) of one attention type."""
+    """An encoder (every type, incl. encoder-only Linformer, applies bidirectionally) or decoder stack of one type."""
     backend = "eager" if layer_type == "full_eager" else "sdpa"
     layer_type = layer_type.removesuffix("_eager")
-    config = cf.CoreformerEncoderConfig(
+    config_class = cf.CoreformerEncoderConfig if args.family == "encoder" else cf.CoreformerDecoderConfig
+    config = config_class(
         vocab_size=1024,
         hidden_size=args.hidden_size,
         num_hidden_layers=args.layers,
@@ -51,20 +56,24 @@ def build_model(layer_type: str, length: int, args: argparse.Namespace) -> torch
         attn_implementation=backend,
     )
     torch.manual_seed(0)
-    return cf.CoreformerEncoderModel(config)
+    return (cf.CoreformerEncoderModel if args.family == "encoder" else cf.CoreformerDecoderModel)(config)
 
 
 def measure_one(layer_type: str, length: int, args: argparse.Namespace) -> dict:
-    """Forward+backward seconds (best of `--repeats`) and peak MiB above baseline, in this process (run in a fresh
+    """Forward(+backward) seconds (best of `--repeats`) and peak MiB above baseline, in this process (run in a fresh
     subprocess). Best, not median: on a shared machine interference only ever adds time."""
     torch.set_num_threads(args.threads)
-    model = build_model(layer_type, length, args).train()
+    model = build_model(layer_type, length, args).train(not args.inference)
     ids = torch.randint(0, 1024, (args.batch_size, length))
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     times = []
     for repeat in range(args.repeats + 1):  # the first run warms up allocators and kernels
         start = time.perf_counter()
-        model(ids).last_hidden_state.float().pow(2).mean().backward()
+        if args.inference:
+            with torch.no_grad():
+                model(ids)
+        else:
+            model(ids).last_hidden_state.float().pow(2).mean().backward()
         elapsed = time.perf_counter() - start
         model.zero_grad(set_to_none=True)
         if repeat:
@@ -155,7 +164,14 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[dict], path: Path) -> None:
+def describe(args: argparse.Namespace) -> tuple[str, str]:
+    """(what one timing is, where the results go): the default run keeps the names the README links to."""
+    what = "forward" if args.inference else "forward + backward"
+    mode = f"{args.family}{'_inference' if args.inference else ''}"
+    return what, "long_context" if mode == "encoder" else f"long_context_{mode}"
+
+
+def plot(results: list[dict], path: Path, args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,14 +183,14 @@ def plot(results: list[dict], path: Path) -> None:
         lengths = [r["length"] for r in rows]
         time_axis.plot(lengths, [r["seconds"] for r in rows], marker="o", label=layer_type)
         memory_axis.plot(lengths, [r["peak_mib"] for r in rows], marker="o", label=layer_type)
-    for axis, label in ((time_axis, "forward + backward (s)"), (memory_axis, "peak memory above baseline (MiB)")):
+    for axis, label in ((time_axis, f"{describe(args)[0]} (s)"), (memory_axis, "peak memory above baseline (MiB)")):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("sequence length")
         axis.set_ylabel(label)
         axis.grid(True, which="both", alpha=0.3)
     time_axis.legend()
-    figure.suptitle("coreformer attention types on CPU (encoder, batch 1)")
+    figure.suptitle(f"coreformer attention types on CPU ({args.family}, batch {args.batch_size})")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -182,6 +198,8 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--family", choices=("encoder", "decoder"), default="encoder")
+    parser.add_argument("--inference", action="store_true", help="one forward pass without gradients, eval mode")
     parser.add_argument("--types", nargs="+", default=list(ROWS), choices=ROWS)
     parser.add_argument("--max-full-length", type=int, default=16384, help="skip full attention beyond this length")
     parser.add_argument("--max-eager-length", type=int, default=8192, help="eager full attention needs O(L²) memory")
@@ -201,6 +219,8 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--one", nargs=2, metavar=("TYPE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.family == "decoder" and "lowrank" in args.types:
+        args.types = [t for t in args.types if t != "lowrank"]  # Linformer is encoder-only (the config refuses it)
     if args.one:
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args)))
         return
@@ -210,15 +230,16 @@ def main() -> None:
     results = measure_all(args)
     accuracies = {} if args.skip_recall else recall_accuracy(args)
     table = markdown(results, args)
-    print("\nforward + backward time / peak memory above baseline\n" + table)
+    what, name = describe(args)
+    print(f"\n{what} time / peak memory above baseline\n" + table)
     if accuracies:
         print("\nassociative recall accuracy: " + ", ".join(f"{t} {a:.3f}" for t, a in accuracies.items()))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("one", "output_dir")}
     report = {"machine": machine, "settings": settings, "results": results, "recall_accuracy": accuracies}
-    (args.output_dir / "long_context.json").write_text(json.dumps(report, indent=2))
-    plot(results, args.output_dir / "long_context.png")
-    print(f"\nwrote {args.output_dir / 'long_context.json'} and {args.output_dir / 'long_context.png'}")
+    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2))
+    plot(results, args.output_dir / f"{name}.png", args)
+    print(f"\nwrote {args.output_dir / f'{name}.json'} and {args.output_dir / f'{name}.png'}")
 
 
 if __name__ == "__main__":

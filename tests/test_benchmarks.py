@@ -51,6 +51,24 @@ def test_long_context_benchmark_runs_and_writes_table_json_and_plot(tmp_path):
 
 
 @pytest.mark.slow
+def test_long_context_decoder_prefill_mode_writes_its_own_results(tmp_path):
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "long_context.py"),
+        *("--family", "decoder", "--inference", "--skip-recall", "--repeats", "1"),
+        *("--lengths", "32", "--types", "sliding", "lowrank", "linear"),
+        *("--hidden-size", "32", "--heads", "2", "--window", "8", "--output-dir", str(tmp_path)),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "forward time / peak memory" in result.stdout
+    report = json.loads((tmp_path / "long_context_decoder_inference.json").read_text())
+    # Linformer is encoder-only: dropped from a decoder run rather than failing it.
+    assert [r["type"] for r in report["results"]] == ["sliding", "linear"]
+    assert not (tmp_path / "long_context.json").exists()
+
+
+@pytest.mark.slow
 def test_compare_harness_runs_and_checks_both_models_compute_the_same_function(tmp_path):
     # The harness refuses to time a pair whose outputs or generated tokens differ, so a clean exit means every
     # path (training fp32/bf16, padded encoder, dynamic and static cache generation, seq2seq) matched.
