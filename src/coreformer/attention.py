@@ -985,17 +985,23 @@ class Attention(nn.Module):
             return query.transpose(1, 2), None
         if self.layer_type == "linear":
             return self._linear_forward(query, key, value, attention_mask, cache), None
+        # The stack hands sliding/strided layers their 2D padding mask when the sparse kernels apply (see
+        # CoreformerStack.build_masks): sdpa, no keys cached yet, documents not packed.
+        sparse_kernel = self.layer_type in ("sliding", "strided") and (
+            attention_mask is None or getattr(attention_mask, "ndim", 0) == 2
+        )
         if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)
+            cached_key, cached_value = cache.update(key, value, self.layer_idx)
             if self.is_cross_attention:
                 past_key_values.is_updated[self.layer_idx] = True
+            # A prefill into an empty cache gets back the same keys, copied head-major; the kernels read the
+            # token-major projections as views, so they keep those (a copy of each at 16k tokens otherwise).
+            if not sparse_kernel:
+                key, value = cached_key, cached_value
         if self.layer_type == "lowrank":
             key, value = self._project_sequence(key, value, attention_mask)
             attention_mask = None  # the projected rows mix all (real) positions: nothing left to mask
-        pattern = self.layer_type in ("sliding", "strided")
-        if pattern and (attention_mask is None or getattr(attention_mask, "ndim", 0) == 2):
-            # The stack hands sliding/strided layers their 2D padding mask when the sparse kernels apply (see
-            # CoreformerStack.build_masks): sdpa without a cache, documents not packed.
+        if sparse_kernel:
             key, value = repeat_kv(key, self.num_key_value_groups), repeat_kv(value, self.num_key_value_groups)
             shared = dict(causal=self.is_causal, padding_mask=attention_mask, scaling=self.scaling, dropout=dropout)
             if self.layer_type == "sliding":
