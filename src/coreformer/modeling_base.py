@@ -194,13 +194,13 @@ class CoreformerStack(nn.Module):
                 f"not match this model; use the model's tokenizer or resize_token_embeddings(len(tokenizer))."
             )
 
-    def _check_lowrank_length(self, past_length: int, length: int) -> None:
+    def _check_lowrank_length(self, length: int) -> None:
         # Linformer's E/F projections have one column per position up to max_position_embeddings; positions that are
         # not learned (rotary, none) would not stop a longer input before an opaque matmul error in the projection.
-        longest = past_length + length
-        if "lowrank" in self.layer_types and longest > self.config.max_position_embeddings:
+        # (Linformer is refused in causal stacks, so there is never a cached past to add.)
+        if "lowrank" in self.layer_types and length > self.config.max_position_embeddings:
             raise ValueError(
-                f"the input has {longest} tokens, more than the {self.config.max_position_embeddings} "
+                f"the input has {length} tokens, more than the {self.config.max_position_embeddings} "
                 f"(max_position_embeddings) that this model's 'lowrank' (Linformer) layers project: truncate the "
                 f"input (tokenizer(..., truncation=True, max_length={self.config.max_position_embeddings})) or build "
                 f"the model with a larger max_position_embeddings."
@@ -411,7 +411,7 @@ class CoreformerStack(nn.Module):
                 f"{past_length + length}) (batch, cached + new tokens): pass the mask the tokenizer returned with "
                 f"these input_ids."
             )
-        self._check_lowrank_length(past_length, length)
+        self._check_lowrank_length(length)
         caller_positions = position_ids is not None
         if position_ids is None:
             device = (input_ids if input_ids is not None else inputs_embeds).device
