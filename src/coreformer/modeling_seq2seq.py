@@ -1,4 +1,4 @@
-"""BART-style encoder-decoder family: an encoder stack and a cross-attending decoder stack over one shared embedding.
+"""BART-style encoder-decoder family: an encoder stack and a cross-attending decoder stack over one tied embedding.
 
 input_ids ─> shared ─> encoder stack (bidirectional) ─────────────┐ encoder_hidden_states
 decoder_input_ids ─> shared ─> decoder stack (causal + cross-attn) ┴─> last_hidden_state ─> lm_head
@@ -40,7 +40,12 @@ class CoreformerSeq2SeqPreTrainedModel(CoreformerPreTrainedModel):
 
 
 class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
-    """Encoder stack + decoder stack with cross-attention, both reading the one `shared` embedding."""
+    """Encoder stack + decoder stack with cross-attention, their token embeddings tied to the one `shared` weight.
+
+    As in transformers' BART, each stack owns its embedding module and the PARAMETERS are tied (`_tied_weights_keys`,
+    applied by `post_init` and after loading): a checkpoint that has any one of the three names fills all three, and
+    one that has none reports them missing and initialises them.
+    """
 
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
@@ -50,15 +55,17 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
     def __init__(self, config: CoreformerSeq2SeqConfig):
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.encoder = CoreformerStack(config, config.layer_types, self.shared, is_causal=False)
+        encoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        decoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.encoder = CoreformerStack(config, config.layer_types, encoder_embed_tokens, is_causal=False)
         self.decoder = CoreformerStack(
-            config, config.decoder_layer_types, self.shared, is_causal=True, cross_attention=True
+            config, config.decoder_layer_types, decoder_embed_tokens, is_causal=True, cross_attention=True
         )
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
-        # transformers drops every tie when tie_word_embeddings=False; that flag is about lm_head only here, the
-        # encoder and decoder always read the one shared embedding.
+        # transformers drops every tie when tie_word_embeddings=False (BART then unties its stacks' embeddings too);
+        # here that flag is about lm_head only: the encoder and decoder always read the one shared embedding.
         if all_submodels:
             return super().get_expanded_tied_weights_keys(all_submodels=True)
         return dict(self._tied_weights_keys)
