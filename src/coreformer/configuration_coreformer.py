@@ -16,7 +16,10 @@ import copy
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .families import MODEL_TYPES
+from .families import MODEL_TYPES, register_with_peft
+
+# PEFT's default LoRA targets for our model types, when peft is loaded (this file runs first under trust_remote_code).
+register_with_peft()
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
 # Attention per layer (`layer_types`): see `CoreformerConfig` and attention.py.
