@@ -73,10 +73,13 @@ class CoreformerConfig(PreTrainedConfig):
         hidden_dropout: Dropout on embeddings and on every residual branch.
         classifier_dropout: Dropout before classification heads; `None` means `hidden_dropout`.
         lm_head_transform: Dense + activation + norm before the LM projection (BERT's MLM transform).
-        lm_head_bias: A bias on the LM projection (BERT's decoder bias, BART's final_logits_bias).
+        lm_head_bias: A trained bias on the LM projection (BERT's decoder bias). BART's frozen one is the seq2seq
+            config's `final_logits_bias`.
         classifier_dense: Sequence classifiers project the pooled token with a tanh dense layer first (BERT's pooler,
             BART's classification head); without it the pooled token goes straight to the output (GPT-2's score).
         classifier_bias: A bias on the classifier output projection.
+        classifier_dropout_before_dense: Dropout on the pooled token before the dense layer too (RoBERTa's and BART's
+            classification heads drop out both before and after it; BERT's pooler only after).
         initializer_range: Standard deviation of the normal weight init.
         tie_word_embeddings: The LM head shares its weight with the input embedding.
         use_cache: Return a KV cache from causal forwards (inference only; training never builds one).
@@ -126,6 +129,7 @@ class CoreformerConfig(PreTrainedConfig):
     lm_head_bias: bool = False
     classifier_dense: bool = True
     classifier_bias: bool = True
+    classifier_dropout_before_dense: bool = False
     initializer_range: float = 0.02
     tie_word_embeddings: bool = True
     use_cache: bool = True
@@ -375,6 +379,8 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
         encoder_layers: Blocks in the encoder stack.
         decoder_layers: Blocks in the decoder stack.
         decoder_start_token_id: First decoder input, also used to shift labels right.
+        final_logits_bias: Add BART's `final_logits_bias` to the LM logits: a (1, vocab_size) buffer, saved with the
+            weights but never trained (converted BART checkpoints set it).
     """
 
     model_type = "coreformer_seq2seq"
@@ -384,6 +390,7 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
     encoder_layers: int = 6
     decoder_layers: int = 6
     decoder_start_token_id: int | None = 2
+    final_logits_bias: bool = False
     is_encoder_decoder: bool = True
     layer_norm_eps: float = 1e-5
     bos_token_id: int | None = 0

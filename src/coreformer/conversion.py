@@ -148,6 +148,8 @@ class _Conversion:
     family: str  # the source model_type, "bert" | "roberta" | "gpt2" | "bart": config translation and base rules
     target: type[CoreformerPreTrainedModel]
     head_rules: tuple[Rule, ...] = ()
+    # Config fields this head sets over the family's translation (what the source head does differently).
+    head_config: tuple[tuple[str, object], ...] = ()
 
 
 _CONVERSIONS: dict[str, _Conversion] = {
@@ -165,6 +167,7 @@ _CONVERSIONS: dict[str, _Conversion] = {
         "roberta",
         CoreformerEncoderForSequenceClassification,
         ((rf"classifier\.(dense|out_proj)\.{_WB}", r"classifier.\1.\2"),),
+        (("classifier_dropout_before_dense", True),),  # RobertaClassificationHead: dropout, dense, dropout
     ),
     "RobertaForTokenClassification": _Conversion(
         "roberta", CoreformerEncoderForTokenClassification, _SAME_NAME_CLASSIFIER
@@ -176,22 +179,24 @@ _CONVERSIONS: dict[str, _Conversion] = {
     "GPT2Model": _Conversion("gpt2", CoreformerDecoderModel),
     "GPT2LMHeadModel": _Conversion("gpt2", CoreformerDecoderForCausalLM, ((r"lm_head\.weight", "lm_head.weight"),)),
     "GPT2ForSequenceClassification": _Conversion(
-        "gpt2", CoreformerDecoderForSequenceClassification, ((r"score\.weight", "classifier.out_proj.weight"),)
+        "gpt2",
+        CoreformerDecoderForSequenceClassification,
+        ((r"score\.weight", "classifier.out_proj.weight"),),
+        (("classifier_dropout", 0.0),),  # GPT-2's `score` has no dropout in front of it
     ),
     "GPT2ForTokenClassification": _Conversion("gpt2", CoreformerDecoderForTokenClassification, _SAME_NAME_CLASSIFIER),
     "BartModel": _Conversion("bart", CoreformerSeq2SeqModel),
     "BartForConditionalGeneration": _Conversion(
         "bart",
         CoreformerSeq2SeqForConditionalGeneration,
-        (
-            (r"lm_head\.weight", "lm_head.weight"),
-            (r"final_logits_bias", "lm_head.bias", lambda bias: bias.reshape(-1)),  # (1, vocab) -> (vocab,)
-        ),
+        ((r"lm_head\.weight", "lm_head.weight"), (r"final_logits_bias", "final_logits_bias")),
+        (("final_logits_bias", True),),  # a buffer, never trained, as in BART
     ),
     "BartForSequenceClassification": _Conversion(
         "bart",
         CoreformerSeq2SeqForSequenceClassification,
         ((rf"classification_head\.(dense|out_proj)\.{_WB}", r"classifier.\1.\2"),),
+        (("classifier_dropout_before_dense", True),),  # BartClassificationHead: dropout, dense, dropout
     ),
 }
 
@@ -286,8 +291,10 @@ def _decoder_config(config: PreTrainedConfig) -> CoreformerDecoderConfig:
         raise _unsupported("GPT-2", "reorder_and_upcast_attn=True", "(keys scaled before the product)")
     if config.add_cross_attention:
         raise _unsupported("GPT-2", "add_cross_attention=True", "(cross-attention in a GPT-2 decoder)")
-    # GPT2ForTokenClassification's rule for its dropout; the other GPT-2 heads have none.
+    # GPT2ForTokenClassification's rule for its dropout (GPT2ForSequenceClassification has none: its head_config).
     classifier_dropout = getattr(config, "classifier_dropout", None)
+    if classifier_dropout is None:
+        classifier_dropout = getattr(config, "hidden_dropout", None)
     return CoreformerDecoderConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.n_embd,
@@ -320,7 +327,7 @@ def _decoder_config(config: PreTrainedConfig) -> CoreformerDecoderConfig:
     )
 
 
-def _seq2seq_config(config: PreTrainedConfig, lm_head_bias: bool) -> CoreformerSeq2SeqConfig:
+def _seq2seq_config(config: PreTrainedConfig) -> CoreformerSeq2SeqConfig:
     """BART: post-norm encoder and decoder, positions stored from 2, embedding LayerNorm, optional sqrt(d) scale."""
     if config.encoder_attention_heads != config.decoder_attention_heads:
         raise _unsupported(
@@ -369,7 +376,7 @@ def _seq2seq_config(config: PreTrainedConfig, lm_head_bias: bool) -> CoreformerS
         attention_dropout=config.attention_dropout,
         classifier_dropout=config.classifier_dropout,
         lm_head_transform=False,
-        lm_head_bias=lm_head_bias,  # final_logits_bias
+        lm_head_bias=False,  # BART's logits bias is final_logits_bias, a buffer: see its head_config
         classifier_dense=True,
         classifier_bias=True,
         initializer_range=config.init_std,
@@ -384,10 +391,15 @@ def _translate_config(model: PreTrainedModel, conversion: _Conversion) -> Corefo
     config = model.config
     if conversion.family in ("bert", "roberta"):
         is_mlm = conversion.target is CoreformerEncoderForMaskedLM
-        return _encoder_config(config, conversion.family, is_mlm)
-    if conversion.family == "gpt2":
-        return _decoder_config(config)
-    return _seq2seq_config(config, lm_head_bias=conversion.target is CoreformerSeq2SeqForConditionalGeneration)
+        translated = _encoder_config(config, conversion.family, is_mlm)
+    elif conversion.family == "gpt2":
+        translated = _decoder_config(config)
+    else:
+        translated = _seq2seq_config(config)
+    for name, value in conversion.head_config:
+        setattr(translated, name, value)
+    translated.validate_fields()
+    return translated
 
 
 def _unfuse_gpt2(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -468,8 +480,10 @@ def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
         - RoBERTa: positions are arange(T) + padding_idx + 1, equal to RoBERTa's cumsum of non-padding tokens for
           right-padded (or unpadded) batches only; padding positions themselves differ (nothing attends to them).
         - GPT-2: `token_type_ids`, which GPT-2 looks up in its token embedding, are ignored by the converted model.
-        - Training-time differences only: GPT-2's separate embedding dropout, BART's activation dropout and
-          layerdrop are not kept.
+        - Training-time differences only: GPT-2's embedding dropout takes resid_pdrop (coreformer has one
+          hidden_dropout), BART's activation dropout and layerdrop are not kept. With those equal (the defaults
+          of GPT-2, and BART's activation_dropout=0, layerdrop=0), fine-tuning the converted model from the same seed
+          on the same unpadded batches gives the source's losses, dropout included (tests/test_conversion.py).
 
     Args:
         model: an instantiated transformers model; `SUPPORTED_ARCHITECTURES` lists the classes.

@@ -502,20 +502,23 @@ def build_lm_head(config: CoreformerConfig) -> tuple[LMHeadTransform | None, nn.
 
 
 class ClassificationHead(nn.Module):
-    """Pooled token -> [tanh(dense)] -> dropout -> out_proj.
+    """Pooled token -> [[dropout] -> tanh(dense)] -> dropout -> out_proj.
 
-    With `config.classifier_dense` this is BERT's pooler + classifier and BART's classification head; without it,
-    GPT-2's `score` projection.
+    With `config.classifier_dense` this is BERT's pooler + classifier, and with `classifier_dropout_before_dense`
+    RoBERTa's and BART's classification heads; without a dense layer, GPT-2's `score` projection.
     """
 
     def __init__(self, config: CoreformerConfig, num_outputs: int):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size) if config.classifier_dense else None
+        self.dropout_before_dense = config.classifier_dense and config.classifier_dropout_before_dense
         self.dropout = nn.Dropout(classifier_dropout(config))
         self.out_proj = nn.Linear(config.hidden_size, num_outputs, bias=config.classifier_bias)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         if self.dense is not None:
+            if self.dropout_before_dense:
+                pooled = self.dropout(pooled)
             pooled = torch.tanh(self.dense(pooled))
         return self.out_proj(self.dropout(pooled))
 

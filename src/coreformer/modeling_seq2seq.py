@@ -11,6 +11,7 @@ CoreformerSeq2SeqForSequenceClassification    decoder state at the last eos toke
 import torch
 from torch import nn
 from transformers import GenerationMixin
+from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -37,6 +38,12 @@ def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int | None, decode
 class CoreformerSeq2SeqPreTrainedModel(CoreformerPreTrainedModel):
     config_class = CoreformerSeq2SeqConfig
     config: CoreformerSeq2SeqConfig
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, CoreformerSeq2SeqForConditionalGeneration) and module.final_logits_bias is not None:
+            init.zeros_(module.final_logits_bias)
 
 
 class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
@@ -152,7 +159,21 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         super().__init__(config)
         self.model = CoreformerSeq2SeqModel(config)
         self.lm_head_transform, self.lm_head = build_lm_head(config)
+        # BART's final_logits_bias: added to the logits, saved, never trained (a buffer, not a parameter).
+        bias = torch.zeros(1, config.vocab_size) if config.final_logits_bias else None  # (1, vocab)
+        self.register_buffer("final_logits_bias", bias)
         self.post_init()
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.final_logits_bias is not None:  # cut, or extended with zeros as BART does
+            vocab = embeddings.weight.shape[0]
+            extended = self.final_logits_bias.new_zeros(1, max(vocab, self.final_logits_bias.shape[-1]))
+            extended[:, : self.final_logits_bias.shape[-1]] = self.final_logits_bias
+            self.final_logits_bias = extended[:, :vocab]
+        return embeddings
 
     @can_return_tuple
     def forward(
@@ -191,6 +212,8 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         if self.lm_head_transform is not None:
             hidden_states = self.lm_head_transform(hidden_states)
         logits = self.lm_head(hidden_states)  # (B, T, vocab)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias.to(logits.dtype)  # (B, T, vocab) + (1, vocab)
         loss = None
         if labels is not None:
             loss = token_loss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
