@@ -190,6 +190,41 @@ class CoreformerConfig(PreTrainedConfig):
             config_dict["layer_types"] = config_dict.pop(SAVED_LAYER_TYPES)
         return super().from_dict(config_dict, **kwargs)
 
+    @property
+    def base_model_tp_plan(self) -> dict[str, str] | None:
+        """Tensor parallelism (`from_pretrained(..., tp_plan="auto")`), as Llama's plan: every attention's heads and
+        every MLP's width split across ranks (q/k/v, up and gate by columns; o and down by rows, then summed), in
+        every stack of the base model (families.py names them). Layer types need nothing more: each head attends on
+        its own in every type, and the sequence-side pieces (Linformer's E/F, Performer's features) are shared by
+        all heads, so they stay whole on every rank."""
+        family = MODEL_TYPES.get(self.model_type)
+        if family is None:
+            return None
+        block = {f"{projection}_proj": "colwise" for projection in "qkv"} | {"o_proj": "rowwise"}
+        mlp = {"up_proj": "colwise", "down_proj": "rowwise"} | ({"gate_proj": "colwise"} if self.gated_mlp else {})
+        plan = {}
+        for stack in family.stacks:
+            attentions = ("self_attn", "cross_attn") if stack == family.cross_attention_stack else ("self_attn",)
+            for attention in attentions:
+                plan |= {f"{stack}.layers.*.{attention}.{name}": style for name, style in block.items()}
+            plan |= {f"{stack}.layers.*.mlp.{name}": style for name, style in mlp.items()}
+        return plan
+
+    @property
+    def base_model_pp_plan(self) -> dict[str, tuple[list[str], list[str]]] | None:
+        """Pipeline stages (read by pipeline-parallel trainers): each stack's embedding, its blocks and its final
+        norm, with the tensors that flow between them, as Llama's plan names them."""
+        family = MODEL_TYPES.get(self.model_type)
+        if family is None:
+            return None
+        plan = {}
+        for stack in family.stacks:
+            plan[f"{stack}.embed_tokens"] = (["input_ids"], ["inputs_embeds"])
+            plan[f"{stack}.layers"] = (["hidden_states", "attention_mask"], ["hidden_states"])
+            if self.final_norm:
+                plan[f"{stack}.norm"] = (["hidden_states"], ["hidden_states"])
+        return plan
+
     def layer_counts(self) -> dict[str, int]:
         """The layer-count fields of this family, by name (validated to be positive)."""
         return {"num_hidden_layers": self.num_hidden_layers}

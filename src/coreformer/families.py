@@ -47,6 +47,8 @@ class Family:
     heads: tuple[Head, ...]  # every Auto class the family registers; the first is the base model (AutoModel)
     language_model_auto_class: str  # the head that predicts tokens (what pretraining trains and saves)
     special_tokens: tuple[tuple[str, str], ...]  # (role, token) in id order, for tokenizers trained for the family
+    stacks: tuple[str, ...]  # the base model's CoreformerStack attributes, in order (parallelism plans name them)
+    cross_attention_stack: str | None  # the stack whose blocks also cross-attend (seq2seq decoder)
     model_input_names: tuple[str, ...]  # what the family's tokenizers return
 
     @property
@@ -105,6 +107,8 @@ FAMILIES: dict[str, Family] = {
                 ("mask_token", "[MASK]"),
             ),
             model_input_names=("input_ids", "token_type_ids", "attention_mask"),
+            stacks=("encoder",),
+            cross_attention_stack=None,
         ),
         Family(
             name="decoder",
@@ -132,6 +136,8 @@ FAMILIES: dict[str, Family] = {
                 ("unk_token", "<unk>"),
             ),
             model_input_names=("input_ids", "attention_mask"),
+            stacks=("decoder",),
+            cross_attention_stack=None,
         ),
         Family(
             name="seq2seq",
@@ -157,6 +163,8 @@ FAMILIES: dict[str, Family] = {
                 ("mask_token", "<mask>"),
             ),
             model_input_names=("input_ids", "attention_mask"),
+            stacks=("encoder", "decoder"),
+            cross_attention_stack="decoder",
         ),
     )
 }
