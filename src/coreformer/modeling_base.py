@@ -29,7 +29,8 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .attention import Attention, Unpadding
@@ -567,7 +568,7 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TokenClassifierOutput:
         """labels: (B, T) class ids, -100 where no loss is taken (padding, sub-word continuations)."""
         outputs = self.model(
@@ -613,7 +614,7 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutputWithPast:
         """labels: (B,) class ids, (B, num_labels) floats for multi-label, or (B,) floats when num_labels == 1."""
         outputs = self.model(

@@ -19,7 +19,8 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
     Seq2SeqSequenceClassifierOutput,
 )
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerSeq2SeqConfig
 from .losses import token_loss
@@ -188,7 +189,7 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """labels: (B, T) target ids, -100 where no loss is taken. Decoder inputs default to labels shifted right,
         so logits[:, t] already predicts labels[:, t]: the loss is taken without a second shift."""
@@ -262,7 +263,7 @@ class CoreformerSeq2SeqForSequenceClassification(CoreformerSeq2SeqPreTrainedMode
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqSequenceClassifierOutput:
         """input_ids (B, S) must contain config.eos_token_id in every row; labels as for any sequence classifier."""
         if input_ids is None:
