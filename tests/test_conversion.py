@@ -535,3 +535,11 @@ def test_bart_final_logits_bias_follows_a_vocabulary_resize_and_a_save(tmp_path)
     reloaded = type(converted).from_pretrained(tmp_path)
     assert torch.equal(reloaded.final_logits_bias, bias[:, : VOCAB - 4])
     assert not any("final_logits_bias" in name for name, _ in reloaded.named_parameters())
+
+
+def test_cli_sample_inputs_follow_the_head():
+    multiple_choice = convert_from_hf(tiny_model("BertForMultipleChoice"))
+    assert cli.sample_inputs(multiple_choice, None)["input_ids"].shape == (1, 3, 12)  # 3 choices of one question
+    classifier = convert_from_hf(tiny_model("GPT2ForSequenceClassification", pad_token_id=None))
+    assert cli.sample_inputs(classifier, None)["input_ids"].shape == (1, 12)  # no pad id: one unpadded row
+    assert cli.sample_inputs(convert_from_hf(tiny_model("GPT2LMHeadModel")), None)["input_ids"].shape == (3, 12)

@@ -145,7 +145,7 @@ _QA_RULES: tuple[Rule, ...] = ((rf"qa_outputs\.{_WB}", r"qa_outputs.\1"),)
 class _Conversion:
     """How one transformers class becomes one coreformer class."""
 
-    family: str  # the source model_type, "bert" | "roberta" | "gpt2" | "bart": config translation and base rules
+    family: str  # the source model_type, a key of _SOURCES: "bert" | "roberta" | "gpt2" | "bart"
     target: type[CoreformerPreTrainedModel]
     head_rules: tuple[Rule, ...] = ()
     # Config fields this head sets over the family's translation (what the source head does differently).
@@ -202,13 +202,6 @@ _CONVERSIONS: dict[str, _Conversion] = {
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_CONVERSIONS)
 
-_BASE_RULES = {
-    "bert": _BERT_BASE_RULES,
-    "roberta": _BERT_BASE_RULES,
-    "gpt2": _GPT2_BASE_RULES,
-    "bart": _BART_BASE_RULES,
-}
-
 
 def _unsupported(model_name: str, option: str, why: str) -> ValueError:
     return ValueError(f"cannot convert this {model_name} checkpoint: {option} {why}; coreformer has no equivalent.")
@@ -231,9 +224,9 @@ def _check_activation(model_name: str, act) -> str:
     return act
 
 
-def _encoder_config(config: PreTrainedConfig, family: str, is_mlm: bool) -> CoreformerEncoderConfig:
+def _encoder_config(config: PreTrainedConfig, is_mlm: bool, roberta: bool = False) -> CoreformerEncoderConfig:
     """BERT / RoBERTa: post-norm, learned absolute positions, token types, embedding LayerNorm, MLM transform."""
-    name = "BERT" if family == "bert" else "RoBERTa"
+    name = "RoBERTa" if roberta else "BERT"
     position_type = getattr(config, "position_embedding_type", "absolute")
     if position_type != "absolute":
         # transformers 5 dropped relative_key(_query) and silently ignores the field; the checkpoint was trained
@@ -242,11 +235,11 @@ def _encoder_config(config: PreTrainedConfig, family: str, is_mlm: bool) -> Core
     if config.is_decoder or config.add_cross_attention:
         raise _unsupported(name, "is_decoder/add_cross_attention=True", "(a causal BERT decoder)")
     hidden_act = _check_activation(name, config.hidden_act)
-    if family == "roberta" and is_mlm and hidden_act != "gelu":
+    if roberta and is_mlm and hidden_act != "gelu":
         # RobertaLMHead hard-codes erf gelu whatever hidden_act says; our MLM transform uses hidden_act.
         raise _unsupported(name, f"hidden_act={hidden_act!r} with an MLM head", "(RobertaLMHead always uses gelu)")
     positions = {"max_position_embeddings": config.max_position_embeddings, "position_offset": 0}
-    if family == "roberta":
+    if roberta:
         if config.pad_token_id is None:
             raise _unsupported(name, "pad_token_id=None", "(RoBERTa numbers positions from padding_idx + 1)")
         # RoBERTa numbers tokens from padding_idx + 1 (cumsum of non-padding); our learned positions are
@@ -281,7 +274,7 @@ def _encoder_config(config: PreTrainedConfig, family: str, is_mlm: bool) -> Core
     )
 
 
-def _decoder_config(config: PreTrainedConfig) -> CoreformerDecoderConfig:
+def _decoder_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerDecoderConfig:
     """GPT-2: pre-norm with a final norm, learned positions, no embedding norm, tied LM head."""
     if not config.scale_attn_weights:
         raise _unsupported("GPT-2", "scale_attn_weights=False", "(unscaled attention scores)")
@@ -327,7 +320,7 @@ def _decoder_config(config: PreTrainedConfig) -> CoreformerDecoderConfig:
     )
 
 
-def _seq2seq_config(config: PreTrainedConfig) -> CoreformerSeq2SeqConfig:
+def _seq2seq_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerSeq2SeqConfig:
     """BART: post-norm encoder and decoder, positions stored from 2, embedding LayerNorm, optional sqrt(d) scale."""
     if config.encoder_attention_heads != config.decoder_attention_heads:
         raise _unsupported(
@@ -388,14 +381,8 @@ def _seq2seq_config(config: PreTrainedConfig) -> CoreformerSeq2SeqConfig:
 
 
 def _translate_config(model: PreTrainedModel, conversion: _Conversion) -> CoreformerConfig:
-    config = model.config
-    if conversion.family in ("bert", "roberta"):
-        is_mlm = conversion.target is CoreformerEncoderForMaskedLM
-        translated = _encoder_config(config, conversion.family, is_mlm)
-    elif conversion.family == "gpt2":
-        translated = _decoder_config(config)
-    else:
-        translated = _seq2seq_config(config)
+    is_mlm = conversion.target is CoreformerEncoderForMaskedLM
+    translated = _SOURCES[conversion.family].translate_config(model.config, is_mlm)
     for name, value in conversion.head_config:
         setattr(translated, name, value)
     translated.validate_fields()
@@ -418,6 +405,24 @@ def _unfuse_gpt2(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) ->
         else:
             unfused[name] = tensor
     return unfused
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One transformers architecture (a source `model_type`): how its config and base-model weights translate."""
+
+    translate_config: Callable[[PreTrainedConfig, bool], CoreformerConfig]  # (config, is the head masked LM?)
+    base_rules: list[Rule]
+    # Rewrites the source state dict before renaming (GPT-2: transpose Conv1D, split c_attn).
+    prepare_weights: Callable[[PreTrainedModel, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+
+
+_SOURCES: dict[str, _Source] = {
+    "bert": _Source(_encoder_config, _BERT_BASE_RULES),
+    "roberta": _Source(lambda config, is_mlm: _encoder_config(config, is_mlm, roberta=True), _BERT_BASE_RULES),
+    "gpt2": _Source(_decoder_config, _GPT2_BASE_RULES, _unfuse_gpt2),
+    "bart": _Source(_seq2seq_config, _BART_BASE_RULES),
+}
 
 
 def _rename(state_dict: dict[str, torch.Tensor], rules: list[Rule], source_name: str) -> dict[str, torch.Tensor]:
@@ -503,16 +508,17 @@ def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
     if conversion.target is CoreformerEncoderForQuestionAnswering and model.config.num_labels != 2:
         raise _unsupported(source_name, f"num_labels={model.config.num_labels}", "(QA predicts a start and an end)")
 
+    source = _SOURCES[conversion.family]
     state_dict = dict(model.state_dict())
-    if conversion.family == "gpt2":
-        state_dict = _unfuse_gpt2(model, state_dict)
+    if source.prepare_weights is not None:
+        state_dict = source.prepare_weights(model, state_dict)
     converted = conversion.target(config)
     # Base-model keys carry the prefix ("bert.", "model.") only inside a head model, on both sides.
     source_prefix = "" if model.base_model is model else f"{model.base_model_prefix}."
     target_prefix = "" if converted.base_model is converted else f"{converted.base_model_prefix}."
     base_rules = [
         (re.escape(source_prefix) + pattern, None if target is None else target_prefix + target, *transform)
-        for pattern, target, *transform in _BASE_RULES[conversion.family]
+        for pattern, target, *transform in source.base_rules
     ]
     # Head rules first: BertForSequenceClassification's pooler lives under the base prefix but belongs to the head.
     state_dict = _rename(state_dict, [*conversion.head_rules, *base_rules], source_name)
