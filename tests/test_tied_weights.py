@@ -8,6 +8,7 @@ from conftest import tiny_model
 from safetensors.torch import load_file, save_file
 
 import coreformer as cf
+from coreformer.families import FAMILIES
 
 LANGUAGE_MODELS = [
     ("encoder", cf.CoreformerEncoderForMaskedLM),
@@ -19,6 +20,8 @@ SEQ2SEQ = [
     cf.CoreformerSeq2SeqForConditionalGeneration,
     cf.CoreformerSeq2SeqForSequenceClassification,
 ]
+ALL_HEADS = [(name, getattr(cf, head.class_name)) for name, family in FAMILIES.items() for head in family.heads]
+ALL_HEAD_IDS = [head.__name__ for _, head in ALL_HEADS]
 EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 
@@ -41,14 +44,10 @@ def _declared_groups(model) -> list[set[str]]:
     return sorted(groups.values(), key=sorted)
 
 
-@pytest.mark.parametrize(
-    ("family", "head"),
-    [*LANGUAGE_MODELS[:2], *(("seq2seq", head) for head in SEQ2SEQ)],
-    ids=lambda x: getattr(x, "__name__", x),
-)
+@pytest.mark.parametrize(("family", "head"), ALL_HEADS, ids=ALL_HEAD_IDS)
 @pytest.mark.parametrize("tie_word_embeddings", [True, False])
 def test_every_shared_parameter_is_declared_in_tied_weights_keys(family, head, tie_word_embeddings):
-    model = tiny_model(head, family, tie_word_embeddings=tie_word_embeddings)
+    model = tiny_model(head, family, tie_word_embeddings=tie_word_embeddings, num_labels=2)
     assert _shared_groups(model) == _declared_groups(model)
     if family == "seq2seq":  # the stacks own their embedding modules; the parameter is what is tied
         base = model.base_model
@@ -88,16 +87,19 @@ def test_seq2seq_checkpoint_with_one_or_no_embedding_key_loads_tied_and_never_on
         assert embedding[loaded.config.pad_token_id].abs().max() == 0
 
 
-@pytest.mark.parametrize(("family", "head"), LANGUAGE_MODELS)
+@pytest.mark.parametrize(("family", "head"), ALL_HEADS, ids=ALL_HEAD_IDS)
 def test_untied_model_saves_and_loads_every_weight(family, head, tmp_path):
-    model = tiny_model(head, family, tie_word_embeddings=False)
-    with torch.no_grad():
-        model.lm_head.weight.add_(1.0)  # untied: the head must come back with its own values
+    model = tiny_model(head, family, tie_word_embeddings=False, num_labels=2)
+    output = model.get_output_embeddings()
+    if output is not None:
+        with torch.no_grad():
+            output.weight.add_(1.0)  # untied: the head must come back with its own values
     model.save_pretrained(tmp_path)
     loaded, info = head.from_pretrained(tmp_path, output_loading_info=True)
     assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
-    assert loaded.lm_head.weight is not loaded.get_input_embeddings().weight
+    if output is not None:
+        assert loaded.get_output_embeddings().weight is not loaded.get_input_embeddings().weight
     for (name, expected), (_, found) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(expected, found), name
     if family == "seq2seq":  # tie_word_embeddings concerns lm_head only: the stacks still read `shared`
-        assert _shared_groups(loaded) == [{f"model.{name}" for name in EMBEDDINGS}]
+        assert _shared_groups(loaded) == [{_prefix(loaded) + name for name in EMBEDDINGS}]
