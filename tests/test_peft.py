@@ -194,3 +194,12 @@ def test_default_lora_config_works_with_trust_remote_code_when_peft_is_imported_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == expected
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_transformers_add_adapter_takes_the_same_default_targets(family):
+    # transformers' own PEFT integration (PeftAdapterMixin.add_adapter) asks PEFT for the defaults the same way.
+    model = CASES[family][0](tiny_config(family, num_labels=2))
+    model.add_adapter(LoraConfig())
+    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
+    assert adapted == _attention_query_value_names(model)
