@@ -1,7 +1,8 @@
 """Parallelism metadata the ecosystem reads, checked against built models: `_no_split_modules` (device_map="auto",
 FSDP auto-wrap), and the configs' `base_model_tp_plan` / `base_model_pp_plan` (transformers' tp_plan="auto",
-pipeline-parallel trainers), for every head of every family and every layer type; then a real 2-process tensor-parallel
-load on CPU (gloo) against the single-process model."""
+pipeline-parallel trainers), for every head of every family and every layer type; accelerate's device maps (blocks kept
+whole, a disk-offloaded load computing the same logits); then a real 2-process tensor-parallel load on CPU (gloo)
+against the single-process model."""
 
 import os
 import re
@@ -11,6 +12,8 @@ import textwrap
 
 import pytest
 import torch
+from accelerate import infer_auto_device_map
+from accelerate.utils import compute_module_sizes
 from conftest import padded_batch, tiny_model
 from torch import nn
 
@@ -86,6 +89,48 @@ def test_pp_plan_names_each_stack_embedding_blocks_and_norm(family, head):
             if name.endswith(".layers"):
                 assert isinstance(module, nn.ModuleList) and all(isinstance(block, Block) for block in module)
         assert all((f"{stack}.norm" in plan) == bool(model.config.final_norm) for stack in stacks)
+
+
+LANGUAGE_MODELS = {name: getattr(cf, family.language_model.class_name) for name, family in FAMILIES.items()}
+BLOCK_OR_ABOVE = re.compile(r"(model\.)?(encoder|decoder)\.layers(\.\d+)?")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_device_map_never_cuts_through_a_block(family):
+    depth = {"encoder_layers": 4, "decoder_layers": 4} if family == "seq2seq" else {"num_hidden_layers": 4}
+    model = tiny_model(LANGUAGE_MODELS[family], family, **depth)
+    total = compute_module_sizes(model)[""]
+    maps = [
+        infer_auto_device_map(
+            model, max_memory={"cpu": int(total * share), "disk": 10 * total}, no_split_module_classes=no_split
+        )
+        for share in (0.6, 0.75, 0.9)
+        for no_split in (model._no_split_modules, None)
+    ]
+    kept, free = maps[0::2], maps[1::2]
+    for device_map in kept:
+        assert all(BLOCK_OR_ABOVE.fullmatch(name) for name in device_map if ".layers" in name), device_map
+    # without the declaration accelerate does cut blocks apart: the check above can fail
+    assert any(not BLOCK_OR_ABOVE.fullmatch(name) for device_map in free for name in device_map if ".layers" in name)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_device_map_auto_with_disk_offload_gives_the_same_logits(family, tmp_path):
+    model = tiny_model(LANGUAGE_MODELS[family], family)
+    model.save_pretrained(tmp_path)
+    total = compute_module_sizes(model)[""]
+    offloaded = type(model).from_pretrained(
+        tmp_path,
+        device_map="auto",
+        max_memory={"cpu": int(total * 0.6), "disk": 10 * total},
+        offload_folder=tmp_path / "offload",
+    )
+    assert set(offloaded.hf_device_map.values()) == {"cpu", "disk"}
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+        found = offloaded(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(found, expected, rtol=0, atol=0)
 
 
 TP_CHILD = textwrap.dedent(
