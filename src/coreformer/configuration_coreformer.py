@@ -196,7 +196,9 @@ class CoreformerConfig(PreTrainedConfig):
         every MLP's width split across ranks (q/k/v, up and gate by columns; o and down by rows, then summed), in
         every stack of the base model (families.py names them). Layer types need nothing more: each head attends on
         its own in every type, and the sequence-side pieces (Linformer's E/F, Performer's features) are shared by
-        all heads, so they stay whole on every rank."""
+        all heads, so they stay whole on every rank. As for Llama, the number of ranks must divide
+        `num_key_value_heads`. Not usable yet: `Attention._split_heads` counts heads from the projection's declared
+        width, which sharding leaves whole (tests/test_parallelism.py holds the 2-process check as a strict xfail)."""
         family = MODEL_TYPES.get(self.model_type)
         if family is None:
             return None
