@@ -103,3 +103,19 @@ def test_untied_model_saves_and_loads_every_weight(family, head, tmp_path):
         assert torch.equal(expected, found), name
     if family == "seq2seq":  # tie_word_embeddings concerns lm_head only: the stacks still read `shared`
         assert _shared_groups(loaded) == [{_prefix(loaded) + name for name in EMBEDDINGS}]
+
+
+def test_seq2seq_checkpoint_with_only_the_lm_head_fills_every_embedding(tmp_path):
+    head = cf.CoreformerSeq2SeqForConditionalGeneration
+    model = tiny_model(head, "seq2seq")
+    model.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    reference = state.pop("model.shared.weight")
+    assert not any(name.startswith(("model.encoder.embed_tokens", "model.decoder.embed_tokens")) for name in state)
+    save_file({**state, "lm_head.weight": reference}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded, info = head.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["missing_keys"] == set()
+    embedding = loaded.model.shared.weight
+    assert torch.equal(embedding, reference) and loaded.lm_head.weight is embedding
+    stacks = loaded.model.encoder, loaded.model.decoder
+    assert all(stack.embed_tokens.weight is embedding for stack in stacks)
