@@ -13,14 +13,9 @@ from conftest import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config
 from transformers.cache_utils import DynamicCache
 
 import coreformer as cf
-from coreformer import attention
-from coreformer.attention import (
-    elu_feature_map,
-    linear_attention,
-    performer_feature_map,
-    sliding_window_attention,
-    strided_attention,
-)
+from coreformer import sparse_attention
+from coreformer.linear_attention import elu_feature_map, linear_attention, performer_feature_map
+from coreformer.sparse_attention import sliding_window_attention, strided_attention
 from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
 
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
@@ -87,7 +82,7 @@ def kernel_path(request, monkeypatch):
     """Run the sparse kernels through torch's fused CPU kernels (the default on CPU) or, as on other devices and
     with attention dropout, through autograd."""
     if request.param == "autograd":
-        monkeypatch.setattr(attention, "_fused_kernels_apply", lambda query, dropout: False)
+        monkeypatch.setattr(sparse_attention, "_fused_kernels_apply", lambda query, dropout: False)
     return request.param
 
 
