@@ -527,7 +527,7 @@ def test_flex_block_mask_skips_blocks_for_sliding_layers():
     stack = next(module for module in model.modules() if hasattr(module, "build_masks"))
     length = 1024
     hidden = torch.zeros(1, length, model.config.hidden_size)
-    masks = stack.build_masks(hidden, None, None, torch.arange(length)[None], False)
+    masks = stack.build_masks(hidden, None, None, torch.arange(length)[None])
     # 8 x 8 blocks; a band of +-64 touches at most 3 per row: at least 58% of them skipped. Full attention skips none.
     assert masks["sliding"].sparsity() > 55
     assert masks["full"] is None or masks["full"].sparsity() == 0

@@ -16,6 +16,7 @@ sequence before the same dispatch; "linear" replaces softmax by a kernel feature
 """
 
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -24,8 +25,8 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_coreformer import CoreformerConfig
+from .layer_types import LAYER_TYPES
 from .linear_attention import LinearAttentionStateLayer, elu_feature_map, linear_attention, performer_feature_map
-from .sparse_attention import sliding_window_attention, strided_attention
 
 
 def repeat_kv(states: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -154,6 +155,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
         self.layer_type = layer_type
+        kind = LAYER_TYPES[layer_type]
+        # Passed to every attention function as in-library sliding models (Mistral, Qwen2) pass it: the window in
+        # transformers' convention (the query counted in), None for every other layer (and cross-attention).
+        self.sliding_window = (
+            kind.transformers_window(getattr(config, kind.parameter)) if kind.transformers_window else None
+        )
+        # The type's sparse kernel with its parameter bound; it runs when the stack decides so (`sparse_kernel`).
+        self.kernel = partial(kind.sparse_kernel, getattr(config, kind.parameter)) if kind.sparse_kernel else None
         if layer_type == "lowrank":
             # Linformer's E and F (Wang et al. 2020, eq. 7): length n = max_position_embeddings -> k rows.
             self.k_seq_proj = nn.Linear(config.max_position_embeddings, config.lowrank_k, bias=False)
@@ -256,6 +265,9 @@ class Attention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
+        sparse_kernel: bool = False,
+        output_attentions: bool = False,
+        probability_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
@@ -266,11 +278,20 @@ class Attention(nn.Module):
             key_value_states: (B, S, hidden) encoder output for cross-attention.
             position_embeddings: rotary (cos, sin), each (B, T, head_dim); self-attention only.
             past_key_values: a `Cache` (an `EncoderDecoderCache` in seq2seq decoders) updated in place.
+            sparse_kernel: run this layer type's sparse kernel (`layer_types.py`) instead of the configured backend;
+                decided by the stack (`CoreformerStack.sparse_kernel_types`), which then hands the (B, S) padding mask.
+            output_attentions: return the attention probabilities. Where the code that ran does not produce them
+                (sdpa, flex, a sparse kernel, a registered function), they are recomputed beside it from the same
+                queries and keys with `probability_mask`, so the output itself is what it is without them.
+            probability_mask: this layer's mask in eager's form (built by the stack when attentions are requested
+                under another backend); for "lowrank"/"linear" layers, unused.
             unpadding (keyword): set by the stack when `hidden_states` holds only the real tokens of a padded batch,
                 (N, hidden); the output is then (N, hidden) too.
 
         Returns:
-            output (B, T, hidden) and attention probabilities (B, H, T, S) when the backend returns them (eager).
+            output (B, T, hidden) and the attention probabilities (B, H, T, S) (S = k for "lowrank") when
+            `output_attentions`, or whenever the backend returns them (eager); else None. Recomputed probabilities
+            are those before attention dropout.
         """
         unpadding: Unpadding | None = kwargs.pop("unpadding", None)
         query = self._split_heads(hidden_states, self.q_proj, unpadding)  # (B, H, T, D)
@@ -282,24 +303,37 @@ class Attention(nn.Module):
 
         if position_embeddings is not None and not self.is_cross_attention:
             query, key = apply_rotary(query, key, *position_embeddings)
-        output, weights = self._attend(query, key, value, attention_mask, past_key_values, cache, **kwargs)
+        if (
+            output_attentions
+            and self.layer_type == "linear"
+            and cache is not None
+            and cache.get_seq_length(self.layer_idx)
+        ):
+            raise ValueError(
+                "output_attentions=True with a cached 'linear' layer: its cache keeps a running state, not the past "
+                "keys, so the probabilities over earlier tokens no longer exist. Request attentions on a forward "
+                "without a cache (use_cache=False), or on the prefill only."
+            )
+        output, weights, attended_key = self._attend(
+            query, key, value, attention_mask, past_key_values, cache, sparse_kernel, **kwargs
+        )
+        if output_attentions and weights is None:
+            weights = self._probabilities(query, attended_key, probability_mask, attention_mask)
         if unpadding is not None:
             output = unpadding.unpad(output)  # (B, T, H, D) -> (N, H, D)
         output = output.flatten(-2)  # (..., H, D) -> (..., H*D)
         return self.o_proj(output), weights
 
-    def _attend(self, query, key, value, attention_mask, past_key_values, cache, **kwargs):
-        """Scores and weighted values for this layer's type: (B, H, T, D) queries -> (B, T, H, D), weights."""
+    def _attend(self, query, key, value, attention_mask, past_key_values, cache, sparse_kernel: bool, **kwargs):
+        """Scores and weighted values for this layer's type: (B, H, T, D) queries -> (B, T, H, D), and the
+        probabilities (B, H, T, S) where the code that ran returns them, else None."""
         dropout = self.attention_dropout if self.training else 0.0
         if query.shape[0] == 0:  # an empty batch (e.g. a data shard's remainder): kernels reject it, there is no work
-            return query.transpose(1, 2), None
+            return query.transpose(1, 2), None, key
         if self.layer_type == "linear":
-            return self._linear_forward(query, key, value, attention_mask, cache), None
-        # The stack hands sliding/strided layers their 2D padding mask when the sparse kernels apply (see
-        # CoreformerStack.build_masks): sdpa, no keys cached yet, documents not packed.
-        sparse_kernel = self.layer_type in ("sliding", "strided") and (
-            attention_mask is None or getattr(attention_mask, "ndim", 0) == 2
-        )
+            return self._linear_forward(query, key, value, attention_mask, cache), None, key
+        if sparse_kernel and self.kernel is None:
+            raise ValueError(f"'{self.layer_type}' layers have no sparse kernel; the stack must not ask for one.")
         if cache is not None:
             cached_key, cached_value = cache.update(key, value, self.layer_idx)
             if self.is_cross_attention:
@@ -312,14 +346,65 @@ class Attention(nn.Module):
             key, value = self._project_sequence(key, value, attention_mask)
             attention_mask = None  # the projected rows mix all (real) positions: nothing left to mask
         if sparse_kernel:
-            key, value = repeat_kv(key, self.num_key_value_groups), repeat_kv(value, self.num_key_value_groups)
-            shared = dict(causal=self.is_causal, padding_mask=attention_mask, scaling=self.scaling, dropout=dropout)
-            if self.layer_type == "sliding":
-                output = sliding_window_attention(query, key, value, window=self.config.sliding_window, **shared)
-            else:
-                output = strided_attention(query, key, value, stride=self.config.stride, **shared)
-            return output, None
+            repeated_key = repeat_kv(key, self.num_key_value_groups)
+            repeated_value = repeat_kv(value, self.num_key_value_groups)
+            output = self.kernel(
+                query,
+                repeated_key,
+                repeated_value,
+                causal=self.is_causal,
+                padding_mask=attention_mask,
+                scaling=self.scaling,
+                dropout=dropout,
+            )
+            return output, None, key
         attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        return attention_fn(self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs)
+        output, weights = attention_fn(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            **kwargs,
+        )
+        return output, weights, key
+
+    def _probabilities(
+        self, query: torch.Tensor, key: torch.Tensor, probability_mask: torch.Tensor | None, padding_mask
+    ) -> torch.Tensor:
+        """The attention probabilities of this layer, recomputed beside the kernel that produced its output:
+        (B, H, T, D) queries and the (B, H_kv, S, D) keys it attended to -> (B, H, T, S), in the query's dtype.
+
+        Softmax layers reuse eager's scores and softmax (fp32) with the layer's mask in eager's form; "lowrank"
+        layers see the k projected rows, unmasked; "linear" layers write out φ(q)·φ(k) / Σ φ(q)·φ(k) over the
+        visible keys, which their O(L) form never forms.
+        """
+        if self.layer_type != "linear":
+            scores = torch.matmul(query.float(), repeat_kv(key, self.num_key_value_groups).float().transpose(2, 3))
+            scores = scores * self.scaling  # (B, H, T, S)
+            mask = None if self.layer_type == "lowrank" else probability_mask
+            if mask is not None:
+                scores = (
+                    scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+                    if mask.dtype == torch.bool
+                    else scores + mask
+                )
+            return torch.softmax(scores, dim=-1).to(query.dtype)
+        key = repeat_kv(key, self.num_key_value_groups)
+        similarity = self._features(query, is_query=True).float() @ self._features(
+            key, is_query=False
+        ).float().transpose(2, 3)
+        length, keys = similarity.shape[-2:]
+        visible = torch.ones(length, keys, dtype=torch.bool, device=query.device)
+        if self.is_causal:
+            visible = visible.tril(keys - length)  # (T, S): query t sees keys up to its own position
+        visible = visible[None, None]
+        if padding_mask is not None:
+            visible = visible & padding_mask[:, None, None, -keys:].bool()
+        similarity = similarity * visible
+        return (similarity / similarity.sum(-1, keepdim=True).clamp_min(1e-6)).to(query.dtype)

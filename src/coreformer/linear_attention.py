@@ -11,6 +11,9 @@ import torch
 from torch import nn
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, CacheLayerMixin
 
+# The cache layer type under which transformers' caches build a `LinearAttentionStateLayer`.
+LINEAR_CACHE_LAYER = "coreformer_linear_attention"
+
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """elu(x) + 1: a positive feature map (Katharopoulos et al. 2020, sec. 3.2.1)."""
@@ -128,5 +131,5 @@ class LinearAttentionStateLayer(CacheLayerMixin):
 
 
 # The same running state serves dynamic and static caches.
-DYNAMIC_LAYER_TYPE_MAPPING["coreformer_linear_attention"] = LinearAttentionStateLayer
-STATIC_LAYER_TYPE_MAPPING["coreformer_linear_attention"] = LinearAttentionStateLayer
+DYNAMIC_LAYER_TYPE_MAPPING[LINEAR_CACHE_LAYER] = LinearAttentionStateLayer
+STATIC_LAYER_TYPE_MAPPING[LINEAR_CACHE_LAYER] = LinearAttentionStateLayer
