@@ -57,8 +57,18 @@ def eager_attention_forward(
     Returns:
         output (B, T, H, D) and probabilities (B, H, T, S).
     """
-    key = repeat_kv(key, module.num_key_value_groups)
+    probs = softmax_probabilities(query, repeat_kv(key, module.num_key_value_groups), attention_mask, scaling)
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     value = repeat_kv(value, module.num_key_value_groups)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, D)
+    return output, probs
+
+
+def softmax_probabilities(
+    query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
+    """softmax(Q Kᵀ · scaling + mask): (B, H, T, D) queries, (B, H, S, D) keys -> (B, H, T, S) in the query's dtype.
+    The mask is additive (float) or boolean (True = attend), broadcastable to (B, H, T, S)."""
     # Scores and softmax in fp32 whatever the compute dtype: a bf16 score near 1e3 is only known to ±4, enough to
     # reorder a peaked softmax, and bf16 exponentials lose the small probabilities.
     scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling  # (B, H, T, S)
@@ -67,10 +77,7 @@ def eager_attention_forward(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    probs = nn.functional.softmax(scores, dim=-1).to(query.dtype)
-    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
-    output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, D)
-    return output, probs
+    return nn.functional.softmax(scores, dim=-1).to(query.dtype)
 
 
 class Unpadding(NamedTuple):
@@ -268,6 +275,7 @@ class Attention(nn.Module):
         sparse_kernel: bool = False,
         output_attentions: bool = False,
         probability_mask: torch.Tensor | None = None,
+        unpadding: Unpadding | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
@@ -285,15 +293,15 @@ class Attention(nn.Module):
                 queries and keys with `probability_mask`, so the output itself is what it is without them.
             probability_mask: this layer's mask in eager's form (built by the stack when attentions are requested
                 under another backend); for "lowrank"/"linear" layers, unused.
-            unpadding (keyword): set by the stack when `hidden_states` holds only the real tokens of a padded batch,
+            unpadding: set by the stack when `hidden_states` holds only the real tokens of a padded batch,
                 (N, hidden); the output is then (N, hidden) too.
+            **kwargs: passed on to the attention function (transformers' attention kwargs).
 
         Returns:
             output (B, T, hidden) and the attention probabilities (B, H, T, S) (S = k for "lowrank") when
             `output_attentions`, or whenever the backend returns them (eager); else None. Recomputed probabilities
             are those before attention dropout.
         """
-        unpadding: Unpadding | None = kwargs.pop("unpadding", None)
         query = self._split_heads(hidden_states, self.q_proj, unpadding)  # (B, H, T, D)
         source = key_value_states if self.is_cross_attention else hidden_states
         # Cross-attention keys come from the (padded) encoder output, whatever the queries' layout.
@@ -324,9 +332,20 @@ class Attention(nn.Module):
         output = output.flatten(-2)  # (..., H, D) -> (..., H*D)
         return self.o_proj(output), weights
 
-    def _attend(self, query, key, value, attention_mask, past_key_values, cache, sparse_kernel: bool, **kwargs):
-        """Scores and weighted values for this layer's type: (B, H, T, D) queries -> (B, T, H, D), and the
-        probabilities (B, H, T, S) where the code that ran returns them, else None."""
+    def _attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        cache: Cache | None,
+        sparse_kernel: bool,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Scores and weighted values for this layer's type: (B, H, T, D) queries -> output (B, T, H, D), the
+        probabilities (B, H, T, S) where the code that ran returns them (else None), and the keys it attended to
+        (B, H_kv, S, D): cached, or Linformer's projected rows."""
         dropout = self.attention_dropout if self.training else 0.0
         if query.shape[0] == 0:  # an empty batch (e.g. a data shard's remainder): kernels reject it, there is no work
             return query.transpose(1, 2), None, key
@@ -375,7 +394,11 @@ class Attention(nn.Module):
         return output, weights, key
 
     def _probabilities(
-        self, query: torch.Tensor, key: torch.Tensor, probability_mask: torch.Tensor | None, padding_mask
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        probability_mask: torch.Tensor | None,
+        padding_mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """The attention probabilities of this layer, recomputed beside the kernel that produced its output:
         (B, H, T, D) queries and the (B, H_kv, S, D) keys it attended to -> (B, H, T, S), in the query's dtype.
@@ -384,21 +407,13 @@ class Attention(nn.Module):
         layers see the k projected rows, unmasked; "linear" layers write out φ(q)·φ(k) / Σ φ(q)·φ(k) over the
         visible keys, which their O(L) form never forms.
         """
-        if self.layer_type != "linear":
-            scores = torch.matmul(query.float(), repeat_kv(key, self.num_key_value_groups).float().transpose(2, 3))
-            scores = scores * self.scaling  # (B, H, T, S)
-            mask = None if self.layer_type == "lowrank" else probability_mask
-            if mask is not None:
-                scores = (
-                    scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-                    if mask.dtype == torch.bool
-                    else scores + mask
-                )
-            return torch.softmax(scores, dim=-1).to(query.dtype)
         key = repeat_kv(key, self.num_key_value_groups)
-        similarity = self._features(query, is_query=True).float() @ self._features(
-            key, is_query=False
-        ).float().transpose(2, 3)
+        if self.layer_type != "linear":
+            mask = None if self.layer_type == "lowrank" else probability_mask
+            return softmax_probabilities(query, key, mask, self.scaling)
+        query_features = self._features(query, is_query=True).float()  # (B, H, T, m)
+        key_features = self._features(key, is_query=False).float()  # (B, H, S, m)
+        similarity = query_features @ key_features.transpose(2, 3)  # (B, H, T, S)
         length, keys = similarity.shape[-2:]
         visible = torch.ones(length, keys, dtype=torch.bool, device=query.device)
         if self.is_causal:
