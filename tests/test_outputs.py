@@ -183,3 +183,24 @@ def test_unpadding_outputs_are_identical_with_and_without_hidden_states():
         recorded = model(ids, attention_mask=mask, output_hidden_states=True).last_hidden_state
     assert torch.equal(plain, recorded)
     assert PAD in ids
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_generate_returns_attentions_under_sdpa_equal_to_eagers(cache_implementation):
+    # Every decode step's attentions, with a dynamic cache (masks built per step) and a static one (the masks
+    # generate() prepared, read as they are).
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=["sliding", "full"], sliding_window=3)
+    ids, mask = padded_batch(length=8, left=True)
+    generate = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=PAD, return_dict_in_generate=True)
+    outputs = {}
+    for backend in ("eager", "sdpa"):
+        model.set_attn_implementation(backend)
+        outputs[backend] = model.generate(
+            ids, attention_mask=mask, output_attentions=True, cache_implementation=cache_implementation, **generate
+        )
+    assert torch.equal(outputs["sdpa"].sequences, outputs["eager"].sequences)
+    assert len(outputs["sdpa"].attentions) == 4
+    for step, expected in zip(outputs["sdpa"].attentions, outputs["eager"].attentions):
+        assert len(step) == 2
+        for ours, eager in zip(step, expected):
+            torch.testing.assert_close(ours, eager, atol=1e-5, rtol=0)
