@@ -578,7 +578,7 @@ class CoreformerCrossAttendingStack(CoreformerStack):
 def eager_view(config: CoreformerConfig) -> CoreformerConfig:
     """A shallow copy of `config` for which transformers' mask builders produce eager's (materialised) masks."""
     eager_config = copy.copy(config)
-    eager_config._attn_implementation_internal = "eager"
+    eager_config._attn_implementation = "eager"  # the copy has no sub-configs for the setter to reach
     return eager_config
 
 
