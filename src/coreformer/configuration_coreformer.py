@@ -17,26 +17,21 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
 from .families import MODEL_TYPES, register_with_peft
+from .layer_types import LAYER_TYPES as LAYER_TYPE_TABLE
 
 # PEFT's default LoRA targets for our model types, when peft is loaded (this file runs first under trust_remote_code).
 register_with_peft()
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
-# Attention per layer (`layer_types`): see `CoreformerConfig` and attention.py.
-LAYER_TYPES = ("full", "sliding", "strided", "lowrank", "linear")
+# Attention per layer (`layer_types`): the names of layer_types.py's table.
+LAYER_TYPES = tuple(LAYER_TYPE_TABLE)
 LINEAR_FEATURE_MAPS = ("elu", "performer")
 # What transformers' caches must hold for each of our layer types (it reads `layer_types` itself, with its own names).
-CACHE_LAYER_TYPES = {
-    "full": "full_attention",
-    "sliding": "sliding_attention",
-    "strided": "full_attention",  # every key may be needed later: the stride pattern reaches back indefinitely
-    "lowrank": "full_attention",  # encoder-only, never cached
-    "linear": "coreformer_linear_attention",  # a running state, see LinearAttentionStateLayer in attention.py
-}
+CACHE_LAYER_TYPES = {name: layer_type.cache_layer for name, layer_type in LAYER_TYPE_TABLE.items()}
 # config.json writes `layer_types` in names transformers' generic config accepts (AutoTokenizer reads config.json
 # where coreformer is not installed, and validates that field strictly), and our own names under SAVED_LAYER_TYPES.
 SAVED_LAYER_TYPES = "coreformer_layer_types"
-GENERIC_LAYER_TYPES = {**CACHE_LAYER_TYPES, "linear": "linear_attention"}
+GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPE_TABLE.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 
@@ -337,17 +332,17 @@ class CoreformerConfig(PreTrainedConfig):
             unknown = sorted(set(types) - set(LAYER_TYPES))
             if unknown:
                 raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {LAYER_TYPES}.")
-            if causal and "lowrank" in types:
+            if causal and "lowrank" in types:  # the only type with LAYER_TYPE_TABLE[...].causal False
                 raise ValueError(
                     f"`{name}` puts 'lowrank' (Linformer) in a causal stack: its projection mixes all positions along "
                     f"the sequence, so every output would see future tokens. Linformer is bidirectional only (encoder "
                     f"layers); use 'sliding', 'strided' or 'linear' for decoders."
                 )
             used.update(types)
-        needs = {"sliding": "sliding_window", "strided": "stride", "lowrank": "lowrank_k"}
-        for layer_type, parameter in needs.items():
-            value = getattr(self, parameter)
-            if layer_type in used and (not isinstance(value, int) or value < 1):
+        for layer_type in sorted(used):
+            parameter = LAYER_TYPE_TABLE[layer_type].parameter
+            value = getattr(self, parameter) if parameter else None
+            if parameter and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"'{layer_type}' layers need `{parameter}`, a positive integer; got {value!r}.")
         if "strided" in used and self.stride < 2:
             raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {self.stride}.")
