@@ -476,6 +476,21 @@ def test_all_full_layer_types_stay_out_of_config_json_and_come_back_on_load(tmp_
         assert cf.CoreformerDecoderConfig.from_pretrained(tmp_path / name).layer_types == config.layer_types
 
 
+def test_a_config_rebuilt_from_its_dict_keeps_mixed_layer_types():
+    # transformers' own tests (and users) rebuild configs as `Config(**config.to_dict())`; the dict carries
+    # transformers' names under `layer_types` and ours under `coreformer_layer_types`.
+    for family, overrides in {
+        "decoder": dict(layer_types=["full", "sliding"], sliding_window=2),
+        "seq2seq": dict(
+            layer_types=["strided", "full"], decoder_layer_types=["sliding", "full"], stride=2, sliding_window=2
+        ),
+    }.items():
+        config = tiny_config(family, **overrides)
+        rebuilt = type(config)(**config.to_dict())
+        assert rebuilt.layer_types == config.layer_types
+        assert rebuilt.to_dict() == config.to_dict()
+
+
 NO_COREFORMER_TOKENIZER = textwrap.dedent(
     """
     import sys

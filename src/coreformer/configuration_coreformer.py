@@ -139,6 +139,9 @@ class CoreformerConfig(PreTrainedConfig):
     linear_num_features: int | None = None
 
     def __post_init__(self, **kwargs):
+        if SAVED_LAYER_TYPES in kwargs:
+            # `Config(**config.to_dict())`: the dict holds transformers' names under `layer_types` and ours here.
+            self.layer_types = kwargs.pop(SAVED_LAYER_TYPES)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None and self.num_attention_heads and self.hidden_size % self.num_attention_heads == 0:
@@ -259,12 +262,10 @@ class CoreformerConfig(PreTrainedConfig):
         for name, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-        if self.head_dim is None:
-            raise ValueError(
-                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
-                f"({self.num_attention_heads}): change one of them, or set `head_dim` explicitly."
-            )
-        if not isinstance(self.head_dim, int) or self.head_dim < 1:
+        # A head width that cannot be derived is refused when a model is built (`require_head_dim`), not here: as
+        # BertConfig, a config with, say, hidden_size=37 and the default 12 heads must still construct, be edited and
+        # be saved (transformers' ConfigTester does exactly that).
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
             raise ValueError(f"`head_dim` must be a positive integer, got {self.head_dim!r}.")
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
@@ -284,7 +285,7 @@ class CoreformerConfig(PreTrainedConfig):
         for name, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
-        if self.position_embedding_type == "rotary" and self.head_dim % 2:
+        if self.position_embedding_type == "rotary" and self.head_dim is not None and self.head_dim % 2:
             raise ValueError(f"rotary positions rotate pairs of channels: `head_dim` ({self.head_dim}) must be even.")
         if self.position_offset < 0:
             raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
@@ -313,6 +314,15 @@ class CoreformerConfig(PreTrainedConfig):
                         f"`{name}` ({token_id}) must be a token id in [0, vocab_size={self.vocab_size}): "
                         f"set it to an id of your tokenizer or grow `vocab_size`."
                     )
+
+    def require_head_dim(self) -> int:
+        """The width of one head; one clear error when `hidden_size` does not split into `num_attention_heads`."""
+        if self.head_dim is None:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads}): change one of them, or set `head_dim` explicitly."
+            )
+        return self.head_dim
 
     def validate(self) -> None:
         """transformers' strict-dataclass validation (run at init and save), with its layer-type check swapped for
@@ -355,7 +365,10 @@ class CoreformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"`linear_feature_map` must be one of {LINEAR_FEATURE_MAPS}, got {self.linear_feature_map!r}."
             )
-        if not isinstance(self.linear_num_features, int) or self.linear_num_features < 1:
+        linear_num_features = self.linear_num_features
+        if linear_num_features is None and self.head_dim is None:
+            return  # derived from head_dim, which `require_head_dim` refuses when a model is built
+        if not isinstance(linear_num_features, int) or linear_num_features < 1:
             raise ValueError(f"`linear_num_features` must be a positive integer, got {self.linear_num_features!r}.")
 
 

@@ -152,6 +152,7 @@ class CoreformerStack(nn.Module):
         cross_attention: bool = False,
     ):
         super().__init__()
+        config.require_head_dim()  # before anything sized by it
         _CAN_RECORD_REGISTRY[self] = self._can_record_outputs  # what capture_outputs reads (keyed by class)
         self.config = config
         self.is_causal = is_causal
