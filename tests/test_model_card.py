@@ -175,10 +175,12 @@ def test_write_model_card_replaces_readme_and_leaves_no_temporary(tmp_path):
 
 
 def test_templates_ship_in_the_wheel_and_modeling_code_never_imports_cards():
-    assert model_card.template_dir() == ROOT / "model_cards"  # source checkout layout
+    # src/coreformer/model_cards is a symlink to the top-level model_cards/, so the package finds them in place and
+    # every package sits under src/ (one .pth line for editable installs).
+    assert model_card.template_dir().resolve() == ROOT / "model_cards"
     assert {path.stem for path in (ROOT / "model_cards").glob("*.md")} >= set(KINDS)
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert setuptools["package-dir"]["coreformer.model_cards"] == "model_cards"
+    assert setuptools["package-dir"] == {"": "src"}
     assert "coreformer.model_cards" in setuptools["packages"]
     assert setuptools["package-data"]["coreformer.model_cards"] == ["*.md"]  # -> coreformer/model_cards/*.md
     package = ROOT / "src" / "coreformer"

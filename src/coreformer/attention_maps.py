@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
+import coreformer_cli
+
 from .folders import folder_tokenizer
 
 
@@ -229,13 +231,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(
         prog="coreformer attention-map", description="Plot a saved model's attention probabilities for a text."
     )
-    parser.add_argument("folder", help="a saved coreformer model folder (with its tokenizer)")
-    parser.add_argument("text", help="the text to encode")
-    parser.add_argument("--layer", type=int, default=-1, help="layer index (default: the last)")
-    parser.add_argument("--head", type=int, default=None, help="one head (default: a grid of every head)")
-    parser.add_argument("--stack", choices=["encoder", "decoder", "cross"], default=None)
-    parser.add_argument("--target", default=None, help="seq2seq only: the decoder-side text")
-    parser.add_argument("-o", "--output", required=True, help="image to write, e.g. map.png")
+    coreformer_cli.add_attention_map_arguments(parser)  # defined beside the torch-free `coreformer` command line
     return parser
 
 

@@ -1,4 +1,5 @@
-"""The `coreformer` console command (declared in pyproject.toml as `coreformer = "coreformer.cli:main"`).
+"""The work behind the `coreformer` console command; its arguments are parsed in the torch-free `coreformer_cli`
+(declared in pyproject.toml as `coreformer = "coreformer_cli:main"`), which imports this module only afterwards.
 
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] -o map.png
@@ -9,24 +10,28 @@ coreformer is not installed, with a model card (README.md, model_cards/converted
 difference in its model-index when the check ran). DST is built in a temporary sibling folder and renamed into place
 only when everything (and `--check`, if asked) succeeded, so a failed run leaves nothing behind.
 
-Each subcommand is a function `(args) -> exit code` registered in `build_parser`. Exit codes: 0 success, 1 `--check`
-found a difference above tolerance, 2 a usage or input error (one message on stderr, nothing written).
+Each subcommand is a function `(args) -> exit code` named in `coreformer_cli.COMMANDS`. Exit codes: 0 success, 1
+`--check` found a difference above tolerance, 2 a usage or input error (one line on stderr, nothing written).
 """
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForMultipleChoice, AutoModelForSequenceClassification
 
+import coreformer_cli
+
 from . import attention_maps
 from .families import head_of_class
-from .folders import has_tokenizer, staged_folder
+from .folders import TOKENIZER_FILES, has_tokenizer, staged_folder
 from .model_card import ModelCardInfo, inherited_license, is_hub_id, source_card_metadata, write_model_card
 from .pipelines import save_with_pipeline
 
-CHECK_TOLERANCE = 1e-4
+CHECK_TOLERANCE = coreformer_cli.CHECK_TOLERANCE
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -46,6 +51,22 @@ class CommandError(Exception):
 
 class _CheckFailedError(Exception):
     """Unwinds the staging folder when --check finds a difference; `main` exits with code 1."""
+
+
+def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A subcommand's handler: a CommandError becomes one line on stderr and exit code 2, a failed --check 1."""
+
+    @functools.wraps(run)
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except CommandError as error:
+            print(f"coreformer {args.command}: error: {error}", file=sys.stderr)
+            return 2
+        except _CheckFailedError:
+            return 1
+
+    return handler
 
 
 def _check_destination(dst: Path, overwrite: bool) -> None:
@@ -162,6 +183,7 @@ def max_abs_difference(reference, converted, inputs: dict[str, torch.Tensor]) ->
     return differences
 
 
+@command
 def convert(args: argparse.Namespace) -> int:
     """`coreformer convert`: SRC (transformers folder) -> DST (coreformer folder)."""
     from .conversion import convert_from_hf
@@ -170,6 +192,12 @@ def convert(args: argparse.Namespace) -> int:
     _check_destination(dst, args.overwrite)
     hf_model = load_hf_model(src)
     tokenizer = None if args.skip_tokenizer else load_tokenizer(src)
+    if tokenizer is None and not args.skip_tokenizer:
+        print(
+            f"note: {src} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}), so none is copied: add the "
+            f"source model's with AutoTokenizer.from_pretrained(SOURCE).save_pretrained({str(dst)!r}).",
+            file=sys.stderr,
+        )
     try:
         model = convert_from_hf(hf_model)
     except ValueError as error:
@@ -256,31 +284,9 @@ def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coreformer", description="coreformer command-line tools")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    convert_parser = commands.add_parser(
-        "convert", help="convert a local transformers BERT / RoBERTa / GPT-2 / BART checkpoint folder to coreformer"
-    )
-    convert_parser.add_argument("src", help="transformers checkpoint folder (config.json + weights)")
-    convert_parser.add_argument("dst", help="folder to write the coreformer checkpoint to")
-    convert_parser.add_argument(
-        "--check",
-        action="store_true",
-        help=f"run both models on a padded sample and fail (exit 1) if outputs differ by more than {CHECK_TOLERANCE}",
-    )
-    convert_parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
-    convert_parser.add_argument("--skip-tokenizer", action="store_true", help="do not copy the tokenizer")
-    convert_parser.set_defaults(handler=convert)
-
-    maps_parser = commands.add_parser("attention-map", help="plot a saved model's attention probabilities for a text")
-    attention_maps.build_parser(maps_parser)
-    maps_parser.set_defaults(handler=attention_map)
-    return parser
-
-
+@command
 def attention_map(args: argparse.Namespace) -> int:
+    """`coreformer attention-map`: a saved model's attention probabilities for a text, drawn to an image."""
     try:
         return attention_maps.run(args)
     except ValueError as error:
@@ -288,14 +294,8 @@ def attention_map(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except CommandError as error:
-        print(f"coreformer {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except _CheckFailedError:
-        return 1
+    """`coreformer ARGS` in-process: the same as the console command (coreformer_cli.main)."""
+    return coreformer_cli.main(argv)
 
 
 if __name__ == "__main__":

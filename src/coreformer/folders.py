@@ -10,7 +10,9 @@ folder or the new one at the destination, never a mix and never nothing.
 
 On Linux the swap is renameat2(RENAME_EXCHANGE), one system call; elsewhere (or on filesystems without it) it is two
 renames, with a moment in which the previous folder sits at .NAME.replaced-HOST-PID-TOKEN. Leftovers of killed saves
-are removed (or put back) by the next save to the same destination.
+are removed (or put back) by the next save to the same destination. Before the swap every file in the folder gets the
+mode the user's umask gives new files (0644 under the usual 022): transformers writes the weights through a private
+temporary file (0600), which would otherwise be the one file others cannot read.
 
 `folder_tokenizer(folder)` loads a local folder's tokenizer, or says that the folder has none and how to add one
 (transformers' own error for a missing tokenizer is about sentencepiece). Nothing here imports the modeling files.
@@ -128,13 +130,41 @@ def link_into(source: Path, target: Path) -> None:
         _link_or_copy(str(source), str(target))
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where the system shows it (/proc), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def normalize_modes(folder: Path) -> None:
+    """Give every file under `folder` the mode a newly created file gets (0666 & ~umask; 0777 & ~umask when its
+    owner may execute it). Symlinks and files of other users are left as they are."""
+    mask = umask()
+    for path in folder.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        mode = path.stat().st_mode & 0o777
+        wanted = (0o777 if mode & 0o100 else 0o666) & ~mask
+        if mode != wanted:
+            with contextlib.suppress(PermissionError):
+                path.chmod(wanted)
+
+
 @contextlib.contextmanager
 def staged_folder(
     destination: str | Path, *, main_process: bool = True, launcher_pid: int | None = None
 ) -> Iterator[Path]:
     """Yield an empty hidden sibling of `destination` to fill; when the block finishes it replaces `destination`
     atomically. When the block raises, `destination` is untouched and the sibling is deleted; when the process is
-    killed, the sibling is left and the next save to `destination` deletes it.
+    killed, the sibling is left and the next save to `destination` deletes it. Its files get the umask's usual mode
+    (`normalize_modes`) before the swap.
 
     `destination` is resolved first (through symlinks and ".."): the folder itself is replaced, and a process working
     inside it follows it to the new one.
@@ -155,6 +185,7 @@ def staged_folder(
     try:
         yield staging
         if main_process:
+            normalize_modes(staging)
             working = Path.cwd()
             replace_folder(staging, destination)
             if working == destination or destination in working.parents:

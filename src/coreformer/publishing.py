@@ -14,7 +14,8 @@ What is pushed, from the folder's top level only:
 
 Everything else (metrics.json, loss.png, checkpoints/, logs/) stays local. The Hub address is huggingface_hub's
 (the HF_ENDPOINT environment variable, read when huggingface_hub is imported; https://huggingface.co by default);
-this module never names another. The token is the argument, else HF_TOKEN or the one `hf auth login` stored.
+this module never names another. The token is the argument, else HF_TOKEN or the one `hf auth login` stored; a
+401 or 403 from the Hub is a HubAuthError saying so.
 """
 
 import json
@@ -45,6 +46,13 @@ _FROM_PRETRAINED_PATH = re.compile(r'(\.from_pretrained\()"[^"\n]*"')
 
 class PublishError(ValueError):
     """One clear message about a folder that cannot be published; raised before anything is sent."""
+
+
+class HubAuthError(PermissionError):
+    """The Hub refused the token (HTTP 401 / 403): none was found, it is invalid, or it cannot write to the repo."""
+
+
+_AUTH_STATUSES = {401: "no valid token was sent", 403: "the token may not write to this repository"}
 
 
 def _is_published(path: Path) -> bool:
@@ -118,31 +126,41 @@ def publish_folder(
     The same commit deletes the repo's model files (weights, configs, code, tokenizer files, pickles) that the folder
     no longer has: a single-file model pushed over a sharded one must not leave the old shards to be loaded.
     """
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError
 
     files = check_folder(folder)
-    api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    if revision is not None and revision != "main":
-        api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-    pushed = {path.name for path in files}
-    existing = api.list_repo_files(repo_id, revision=revision, repo_type="model")
-    operations = [
-        CommitOperationDelete(path_in_repo=name)
-        for name in existing
-        if name not in pushed and (_is_published(Path(name)) or name.endswith(PICKLE_SUFFIXES))
-    ]
-    for path in files:
-        if path.name == CARD_NAME:
-            card = card_for_repo(path.read_text(encoding="utf-8"), repo_id)
-            operations.append(CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card.encode("utf-8")))
-        else:
-            operations.append(CommitOperationAdd(path_in_repo=path.name, path_or_fileobj=str(path)))
-    commit = api.create_commit(
-        repo_id,
-        operations,
-        commit_message=commit_message or f"Upload {Path(folder).name} with coreformer",
-        revision=revision,
-        repo_type="model",
-    )
+    try:
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        if revision is not None and revision != "main":
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        pushed = {path.name for path in files}
+        existing = api.list_repo_files(repo_id, revision=revision, repo_type="model")
+        operations = [
+            CommitOperationDelete(path_in_repo=name)
+            for name in existing
+            if name not in pushed and (_is_published(Path(name)) or name.endswith(PICKLE_SUFFIXES))
+        ]
+        for path in files:
+            if path.name == CARD_NAME:
+                card = card_for_repo(path.read_text(encoding="utf-8"), repo_id)
+                operations.append(CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card.encode("utf-8")))
+            else:
+                operations.append(CommitOperationAdd(path_in_repo=path.name, path_or_fileobj=str(path)))
+        commit = api.create_commit(
+            repo_id,
+            operations,
+            commit_message=commit_message or f"Upload {Path(folder).name} with coreformer",
+            revision=revision,
+            repo_type="model",
+        )
+    except HfHubHTTPError as error:
+        status = getattr(error.response, "status_code", None)
+        if status not in _AUTH_STATUSES:
+            raise
+        raise HubAuthError(
+            f"the Hub at {constants.ENDPOINT} answered {status} ({_AUTH_STATUSES[status]}) for {repo_id}: pass a token "
+            f"with write access with --token or the HF_TOKEN environment variable (or run `hf auth login`)."
+        ) from error
     return commit.commit_url

@@ -1,0 +1,184 @@
+"""The `coreformer` command's front door, importable without torch: argument parsing, `--version`, path checks.
+
+    coreformer --version | --help
+    coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
+    coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] [--target T] -o map.png
+
+Importing the `coreformer` package registers every class with transformers and so imports torch and transformers
+(about 5 s on a 2-core CPU); this module sits beside the package, not in it, so `--help`, `--version` and a mistyped
+folder answer before any of that. The work itself is in `coreformer.cli`, imported after the arguments are parsed.
+
+    version() -> "0.1.0"                 the installed package's version (torch-free)
+    add_version_argument(parser)         `--version` for any coreformer command line (training scripts too)
+    check_model_location(name) -> name   a local folder, or a Hub repo id; NoSuchFolderError for a local-looking path
+                                         that does not exist (before any Hub call and its retries)
+    check_local_folder(name) -> name     an existing local folder; NoSuchFolderError otherwise
+    COMMANDS                             the subcommands: arguments, checks, and the handler to import
+"""
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module, metadata
+from pathlib import Path
+
+PACKAGE = "coreformer"
+USAGE_ERROR = 2  # argparse's exit code for a bad command line; a missing folder is one too
+CHECK_TOLERANCE = 1e-4  # `convert --check`: the largest output difference accepted
+
+
+def version() -> str:
+    """The installed coreformer's version (from its metadata, so nothing heavy is imported)."""
+    try:
+        return metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:  # a source tree on sys.path without an install
+        return "unknown (not installed; run `pip install -e .`)"
+
+
+def add_version_argument(parser: argparse.ArgumentParser) -> None:
+    """Give `parser` a `--version` that prints `coreformer <version>` and exits 0."""
+    parser.add_argument(
+        "--version", action="version", version=f"coreformer {version()}", help="print the version and exit"
+    )
+
+
+class NoSuchFolderError(ValueError):
+    """A path meant as a local folder does not exist."""
+
+
+# A Hub repo id: "name" or "owner/name"; each part starts with a letter or digit, has no "--" or "..", and does not
+# end with "-" or "." (huggingface_hub's validate_repo_id, written out so that nothing is imported).
+_HUB_ID_PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?"
+_HUB_ID = re.compile(rf"(?:{_HUB_ID_PART}/)?{_HUB_ID_PART}")
+_LOCAL_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
+
+
+def looks_local(name: str) -> bool:
+    """True when `name` can only be meant as a local path: it starts with ./ ../ / or ~, has more than one slash, is
+    not a valid Hub repo id, or its first part is an existing local folder (`outputs/run` where `outputs/` exists)."""
+    if name.startswith(_LOCAL_PREFIXES) or name.count("/") > 1 or name in (".", ".."):
+        return True
+    if not _HUB_ID.fullmatch(name) or "--" in name or ".." in name:
+        return True
+    return "/" in name and Path(name).parent.is_dir()
+
+
+def check_model_location(name: str | Path) -> str:
+    """Return `name` when it is an existing local path or a Hub repo id; raise NoSuchFolderError (one line saying
+    which folder is missing and what to pass) when it looks local and does not exist. A Hub-id-shaped name that is
+    not a local folder is left for from_pretrained to fetch."""
+    name = str(name)
+    path = Path(name).expanduser()
+    if path.exists() or not looks_local(name):
+        return name
+    raise NoSuchFolderError(
+        f"no such folder: {name} (looked for {path.resolve()}); check the path, or pass a Hub repo id like owner/name."
+    )
+
+
+def check_local_folder(name: str | Path) -> str:
+    """Return `name` when it is an existing local folder; NoSuchFolderError otherwise (for inputs never fetched)."""
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        what = "not a folder" if path.exists() else "no such folder"
+        raise NoSuchFolderError(f"{what}: {name} (looked for {path.resolve()}); pass a local checkpoint folder.")
+    return str(name)
+
+
+def _convert_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="a local transformers checkpoint folder (config.json + weights)")
+    parser.add_argument("dst", help="the folder to write the coreformer checkpoint to (created; see --overwrite)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run both models on a padded sample batch and fail (exit 1, nothing written) if any output differs by "
+        f"more than {CHECK_TOLERANCE}",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
+    parser.add_argument("--skip-tokenizer", action="store_true", help="convert the weights only; copy no tokenizer")
+
+
+def add_attention_map_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `attention-map` arguments (also `python -m coreformer.attention_maps`)."""
+    parser.add_argument("folder", help="a saved coreformer model folder (with its tokenizer), or a Hub repo id")
+    parser.add_argument("text", help="the text to encode")
+    parser.add_argument("--layer", type=int, default=-1, help="layer index, negative from the end (default: the last)")
+    parser.add_argument("--head", type=int, default=None, help="one head (default: a grid of every head)")
+    parser.add_argument(
+        "--stack",
+        choices=["encoder", "decoder", "cross"],
+        default=None,
+        help="which attention to draw: encoder or decoder self-attention, or seq2seq cross-attention (default: the "
+        "model's own stack; a seq2seq model's encoder)",
+    )
+    parser.add_argument("--target", default=None, help="seq2seq only: the decoder-side text")
+    parser.add_argument("-o", "--output", required=True, help="the image to write, e.g. map.png")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its arguments, which of them name folders, and the handler run after parsing."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    handler: str  # "module:function", imported only after parsing: `(args) -> exit code`
+    local_folders: tuple[str, ...] = ()  # arguments that must be existing local folders
+    model_locations: tuple[str, ...] = ()  # arguments that are a local folder or a Hub repo id
+
+
+COMMANDS = {
+    command.name: command
+    for command in (
+        Command(
+            "convert",
+            "convert a local transformers BERT / RoBERTa / GPT-2 / BART checkpoint folder to coreformer",
+            _convert_arguments,
+            "coreformer.cli:convert",
+            local_folders=("src",),
+        ),
+        Command(
+            "attention-map",
+            "plot a saved model's attention probabilities for a text",
+            add_attention_map_arguments,
+            "coreformer.cli:attention_map",
+            model_locations=("folder",),
+        ),
+    )
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coreformer", description="coreformer command-line tools")
+    add_version_argument(parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS.values():
+        subparser = commands.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(subparser)
+    return parser
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    command = COMMANDS[args.command]
+    for name in command.local_folders:
+        check_local_folder(getattr(args, name))
+    for name in command.model_locations:
+        check_model_location(getattr(args, name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, check the folders, then import the handler and run it (exit codes: see coreformer.cli)."""
+    args = build_parser().parse_args(argv)
+    try:
+        check_paths(args)
+    except NoSuchFolderError as error:
+        print(f"coreformer {args.command}: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    module, function = COMMANDS[args.command].handler.split(":")
+    return getattr(import_module(module), function)(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Tests of the command lines' first minutes: coreformer_cli (fast --help, --version, missing folders), the install
+(a folder named coreformer/ in the working directory), `convert` without a tokenizer, saved file modes, a refused Hub
+token, and tests/hub_server.py --help."""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import transformers
+
+import coreformer
+import coreformer_cli
+from coreformer import cli, folders
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "transformers", "coreformer")
+
+
+def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
+
+
+HEAVY_IMPORTS_AFTER = """
+    import sys, coreformer_cli
+    try:
+        code = coreformer_cli.main({argv!r})
+    except SystemExit as exit:
+        code = exit.code
+    print("exit", code)
+    print("imported", sorted(name for name in {heavy!r} if name in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], ["convert", "--help"], ["attention-map", "--help"], ["convert", "./nope", "x"]],
+    ids=["help", "version", "convert-help", "attention-map-help", "missing-folder"],
+)
+def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_path, argv):
+    result = run_python(HEAVY_IMPORTS_AFTER.format(argv=argv, heavy=HEAVY), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "imported []" in result.stdout, result.stdout  # before: coreformer.cli imported torch first (6.5 s)
+
+
+def test_version_is_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exit:
+        coreformer_cli.main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.strip() == f"coreformer {coreformer.__version__}"
+    assert coreformer_cli.version() == coreformer.__version__
+
+
+def test_the_console_command_is_the_light_front(tmp_path):
+    command = shutil.which("coreformer", path=str(Path(sys.executable).parent))
+    assert command is not None, "the coreformer console script is not installed next to this Python"
+    result = subprocess.run([command, "--version"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == f"coreformer {coreformer.__version__}"
+
+
+def _actions(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                yield from _actions(subparser)
+        else:
+            yield parser.prog, action
+
+
+def test_every_flag_and_argument_has_help_text():
+    undocumented = [(prog, action.dest) for prog, action in _actions(coreformer_cli.build_parser()) if not action.help]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize(
+    "name, local",
+    [
+        ("./nope", True),
+        ("../nope", True),
+        ("/abs/nope", True),
+        ("~/nope", True),
+        ("a/b/c", True),  # more than one slash: never a repo id
+        ("bad name", True),  # not a valid repo id
+        ("owner/na--me", True),
+        ("existing/nope", True),  # its parent is a local folder
+        ("gpt2", False),
+        ("owner/model-name", False),
+        ("owner/model.v2", False),
+    ],
+)
+def test_looks_local(tmp_path, monkeypatch, name, local):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing").mkdir()
+    assert coreformer_cli.looks_local(name) is local
+
+
+def test_missing_local_folders_are_refused_and_hub_ids_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    with pytest.raises(coreformer_cli.NoSuchFolderError, match=r"^no such folder: outputs/nope \(looked for "):
+        coreformer_cli.check_model_location("outputs/nope")
+    assert coreformer_cli.check_model_location("outputs") == "outputs"
+    assert coreformer_cli.check_model_location("owner/model") == "owner/model"  # goes on to the Hub
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["attention-map", "outputs/nope", "some text", "-o", "map.png"],
+        ["attention-map", "./nope", "some text", "-o", "map.png"],
+        ["convert", "outputs/nope", "converted"],
+        ["convert", "owner/model", "converted"],  # convert reads local folders only
+        ["convert", "a-file", "converted"],
+    ],
+)
+def test_cli_names_a_missing_folder_in_one_line_before_any_hub_call(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("a missing folder reached from_pretrained")
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", no_hub)
+    (tmp_path / "a-file").write_text("not a folder")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.match(rf"coreformer {argv[0]}: error: (no such folder|not a folder): ", err), err
+    assert not (tmp_path / "converted").exists()
+
+
+def test_convert_without_a_tokenizer_says_so(tmp_path, capsys):
+    source = tmp_path / "bert"
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48
+    )
+    transformers.BertModel(config).save_pretrained(source)
+    assert cli.main(["convert", str(source), str(tmp_path / "converted")]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "tokenizer" in line]
+    assert len(notes) == 1 and "holds no tokenizer" in notes[0] and ".save_pretrained(" in notes[0], notes
+    assert cli.main(["convert", str(source), str(tmp_path / "weights-only"), "--skip-tokenizer"]) == 0
+    assert "tokenizer" not in capsys.readouterr().err  # asked for: nothing to say
+
+
+def test_staged_folder_gives_saved_files_the_umasks_mode(tmp_path):
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48
+    )
+    old = os.umask(0o022)
+    try:
+        with folders.staged_folder(tmp_path / "model") as staging:
+            transformers.BertModel(config).save_pretrained(staging)
+            (staging / "private.txt").write_text("x")
+            (staging / "private.txt").chmod(0o600)  # what a save through a temporary file leaves
+            (staging / "run.sh").write_text("#!/bin/sh\n")
+            (staging / "run.sh").chmod(0o700)
+    finally:
+        os.umask(old)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "model").iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644, "private.txt": 0o644, "run.sh": 0o755}
+
+
+def test_a_refused_token_names_hf_token_and_the_token_flag(tmp_path):
+    from hub_server import LoopbackHub
+    from test_publish import build_folder, hub_env, run_publish
+
+    folder = tmp_path / "model"
+    build_folder("decoder", folder)
+    hub = LoopbackHub()
+    hub.start()
+    try:  # no HF_TOKEN, an empty HF_HOME (no stored login): the loopback Hub answers 401 to the first write
+        result = run_publish(folder, "user/model", hub_env(hub, tmp_path / "home", token=None))
+    finally:
+        hub.stop()
+    assert result.returncode == 1 and hub.repos == {}
+    assert re.search(r"HubAuthError: the Hub at http://127\.0\.0\.1:\d+ answered 401 ", result.stderr), result.stderr
+    assert "pass a token with write access with --token or the HF_TOKEN environment variable" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_hub_server_help_prints_usage_instead_of_serving():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "hub_server.py"), "--help"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: python tests/hub_server.py"), result
+
+
+def test_a_folder_named_coreformer_in_the_working_directory_does_not_shadow_the_package(tmp_path):
+    (tmp_path / "coreformer" / "training").mkdir(parents=True)  # a clone named coreformer/, seen from its parent
+    result = run_python("import coreformer; print(coreformer.__file__)", tmp_path)
+    assert result.returncode == 0, result.stderr
+    package = Path(result.stdout.strip())  # "None" before: the empty folder, imported as a namespace package
+    assert package.name == "__init__.py" and package.is_file() and not package.is_relative_to(tmp_path), package
