@@ -1,7 +1,7 @@
-"""Fine-tuning (coreformer.finetuning, training/finetune.py): each task fine-tunes a tiny coreformer with Trainer,
-evaluates with the shipped metrics, saves a folder with its model card, and reloads with its Auto class to the same
-predictions and metrics; a converted MiniLM fine-tunes for classification; LoRA saves an adapter and a merged model
-that agree; bad inputs get one clear error each; the script runs end to end on an embedded default.
+"""Fine-tuning (coreformer.training.finetuning, training/finetune.py): each task fine-tunes a tiny coreformer with
+Trainer, evaluates with the shipped metrics, saves a folder with its model card, and reloads with its Auto class to
+the same predictions and metrics; a converted MiniLM fine-tunes for classification; LoRA saves an adapter and a
+merged model that agree; bad inputs get one clear error each; the script runs end to end on an embedded default.
 
 Models are tiny (hidden 32, 2 layers, vocab 600 trained on the embedded datasets' text), runs are 4 steps on a few
 dozen examples, and one thread is used, so the whole file stays well under a minute on a 2-core CPU.
@@ -32,20 +32,20 @@ from transformers import (
 import coreformer as cf
 from coreformer import cli
 from coreformer.evaluation import squad_scores
-from coreformer.finetuning import (
+from coreformer.model_card import validate_model_card
+from coreformer.training.finetuning import (
     TASKS,
     FinetuningArguments,
     FinetuningError,
     embedded_dataset,
     evaluate_folder,
     load_task_data,
-    python_token_tags,
-    question_answering_predictions,
     resolve_arguments,
     run_finetuning,
 )
-from coreformer.model_card import validate_model_card
-from coreformer.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer.training.tasks.question_answering import question_answering_predictions
+from coreformer.training.tasks.token_classification import python_token_tags
+from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 FINETUNE = REPO / "training" / "finetune.py"
@@ -491,7 +491,7 @@ def test_script_fine_tunes_the_embedded_default_with_example_script_flag_names(b
 
 KILLED_FINETUNE = """
 import pathlib, runpy, sys, time
-import coreformer.finetuning
+import coreformer.training.finetuning
 
 marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
 
@@ -499,7 +499,7 @@ def save_with_pipeline(*args, **kwargs):  # trained and evaluated; the folder is
     marker.write_text("saving")
     time.sleep(300)  # the test kills us here
 
-coreformer.finetuning.save_with_pipeline = save_with_pipeline
+coreformer.training.finetuning.save_with_pipeline = save_with_pipeline
 sys.argv = [script] + sys.argv[3:]
 runpy.run_path(script, run_name="__main__")
 """

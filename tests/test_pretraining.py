@@ -1,6 +1,6 @@
-"""Pretraining (coreformer.pretraining, training/pretrain.py): every family trains and reloads, 2 processes match 1
-process with --grad-accum 2, a run killed during a save resumes bit-identically, checkpoints are atomic, bad inputs
-are refused with nothing overwritten, presets and launcher configs resolve.
+"""Pretraining (coreformer.training.pretraining, training/pretrain.py): every family trains and reloads, 2 processes
+match 1 process with --grad-accum 2, a run killed during a save resumes bit-identically, checkpoints are atomic, bad
+inputs are refused with nothing overwritten, presets and launcher configs resolve.
 
 Runs are tiny (hidden 32, 2 layers, vocab 384 trained on 12 documents, blocks of 32, 30 steps) and use one thread,
 in this process and in every child, so that in-process and subprocess runs compute bit-identical numbers.
@@ -23,20 +23,20 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import coreformer as cf
-from coreformer.pretraining import (
+from coreformer.training.batches import GlobalBatches
+from coreformer.training.checkpoints import find_latest_checkpoint
+from coreformer.training.objectives.masked_lm import MaskedLMCollator
+from coreformer.training.pretraining import (
     FAMILIES,
     PRESETS,
-    GlobalBatches,
     PretrainingArguments,
     PretrainingError,
     build_collator,
     build_model_config,
     check_world_size,
-    find_latest_checkpoint,
     resolve_arguments,
     run_pretraining,
 )
-from coreformer.pretraining_data import MaskedLMCollator
 
 datasets.disable_progress_bars()
 
@@ -551,7 +551,7 @@ def test_a_finished_run_is_not_resumed_over_and_copies_are_independent(trained, 
 KILLED_FINAL_SAVE = textwrap.dedent(
     """
     import pathlib, runpy, sys, time
-    import coreformer.pretraining
+    import coreformer.training.pretraining
 
     marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
 
@@ -559,7 +559,7 @@ KILLED_FINAL_SAVE = textwrap.dedent(
         marker.write_text("saving the final folder")
         time.sleep(300)  # the test kills us here
 
-    coreformer.pretraining.plot_losses = plot_losses
+    coreformer.training.pretraining.plot_losses = plot_losses
     sys.argv = [script] + sys.argv[3:]
     runpy.run_path(script, run_name="__main__")
     """

@@ -11,21 +11,21 @@ Tasks: sequence-classification (run_glue), token-classification (run_ner), quest
 default, built from the Python standard library (see README, "Fine-tuning"). Settings come from the dataclass
 defaults, then --config FILE (YAML/JSON of the same keys), then the flags given here; the example scripts' flag names
 (--model_name_or_path, --dataset_name, --max_seq_length, --per_device_train_batch_size, --learning_rate,
---overwrite_output_dir, ...) are accepted too. Everything lives in coreformer.finetuning; this file only parses the
-command line.
+--overwrite_output_dir, ...) are accepted too. Everything lives in coreformer.training.finetuning; this file only
+parses the command line.
 """
 
 import argparse
 import sys
 
-from coreformer.finetuning import (
+from coreformer.training.arguments import add_flags
+from coreformer.training.finetuning import (
     FinetuningArguments,
     FinetuningError,
     argument_fields,
     resolve_arguments,
     run_finetuning,
 )
-from coreformer.run_arguments import add_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
