@@ -608,3 +608,12 @@ def test_a_tokenizer_folder_without_a_tokenizer_or_a_missing_path_is_one_clear_e
     with pytest.raises(PretrainingError, match=r"does not exist: pass a folder holding a tokenizer"):
         run_pretraining(tiny_args("decoder", tmp_path / "out", tokenizer=str(tmp_path / "nowhere")))
     assert not (tmp_path / "out").exists()
+
+
+def test_objective_defaults_to_the_familys_and_one_that_trains_another_family_is_refused(tmp_path):
+    defaults = {family: tiny_args(family, tmp_path).objective for family in FAMILIES}
+    assert defaults == {"encoder": "masked-lm", "decoder": "causal-lm", "seq2seq": "denoising"}
+    with pytest.raises(PretrainingError, match="The causal-lm objective trains decoder models; --family is encoder"):
+        tiny_args("encoder", tmp_path, objective="causal-lm")
+    with pytest.raises(PretrainingError, match="`objective` must be one of masked-lm, causal-lm, denoising"):
+        tiny_args("encoder", tmp_path, objective="electro")

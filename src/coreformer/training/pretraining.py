@@ -178,8 +178,8 @@ class PretrainingArguments(RunSettings):
         self.check_choices(objective=tuple(OBJECTIVES))
         if self.family not in self.spec.families:
             raise PretrainingError(
-                f"The {self.objective} objective trains a {' or '.join(self.spec.families)} model, not a "
-                f"{self.family}; pass --family {self.spec.families[0]} or another --objective."
+                f"The {self.objective} objective trains {' or '.join(self.spec.families)} models; --family is "
+                f"{self.family}. Pass --family {self.spec.families[0]} or another --objective."
             )
         positive = ("vocab_size", "pad_vocab_to_multiple_of", "block_size", "max_steps", "batch_size", "grad_accum")
         self.check_at_least(1, positive + ("keep_last", "eval_batches"))
