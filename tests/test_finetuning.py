@@ -22,6 +22,7 @@ from conftest import kill_at_marker
 from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
@@ -55,6 +56,7 @@ AUTO = {
     "question-answering": AutoModelForQuestionAnswering,
     "causal-lm": AutoModelForCausalLM,
     "seq2seq": AutoModelForSeq2SeqLM,
+    "multiple-choice": AutoModelForMultipleChoice,
 }
 FAMILY = {  # the family each task is run on here (token classification on the decoder: the encoder has enough)
     "sequence-classification": "encoder",
@@ -62,6 +64,7 @@ FAMILY = {  # the family each task is run on here (token classification on the d
     "question-answering": "encoder",
     "causal-lm": "decoder",
     "seq2seq": "seq2seq",
+    "multiple-choice": "encoder",
 }
 BASES = {
     "encoder": (cf.CoreformerEncoderConfig, cf.CoreformerEncoderForMaskedLM),
@@ -186,6 +189,7 @@ EXPECTED_METRICS = {
     "question-answering": ("eval_exact_match", "eval_f1", "eval_loss"),
     "causal-lm": ("eval_perplexity", "eval_token_loss", "eval_loss"),
     "seq2seq": ("eval_rouge1", "eval_rouge2", "eval_rougeL", "eval_bleu", "eval_gen_len", "eval_loss"),
+    "multiple-choice": ("eval_accuracy", "eval_loss"),
 }
 
 
@@ -244,6 +248,57 @@ def test_causal_lm_perplexity_is_exp_of_the_mean_next_token_loss_of_the_reloaded
         logits = model(blocks).logits
     nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
     assert metrics["eval_perplexity"] == pytest.approx(math.exp(nll.item()), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_multiple_choice_scores_every_candidate_and_accuracy_is_the_share_of_right_picks(runs):
+    args, metrics, folder = runs["multiple-choice"]
+    validation = embedded_dataset("multiple-choice")["validation"].select(range(args.max_eval_examples))
+    model = AutoModelForMultipleChoice.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    picks = []
+    for row in validation:  # each candidate paired with the text, all of one question in one (1, C, T) batch
+        pairs = ([row["text"]] * len(row["choices"]), row["choices"])
+        inputs = tokenizer(*pairs, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
+        with torch.no_grad():
+            scores = model(**{key: value[None] for key, value in inputs.items()}).logits
+        assert scores.shape == (1, 4)
+        picks.append(int(scores.argmax(-1)))
+    rows = _read_jsonl(folder / "eval_predictions.jsonl")
+    assert [row["prediction"] for row in rows] == picks
+    assert [row["prediction_text"] for row in rows] == [r["choices"][p] for r, p in zip(validation, picks)]
+    by_hand = sum(pick == row["label"] for pick, row in zip(picks, validation)) / len(picks)
+    assert metrics["eval_accuracy"] == pytest.approx(by_hand)
+
+
+def test_embedded_multiple_choice_holds_the_documented_function_among_four_of_its_package():
+    splits = embedded_dataset("multiple-choice")
+    assert (len(splits["train"]), len(splits["validation"])) == (320, 80)
+    from coreformer.training.corpora import first_paragraph, stdlib_definitions
+
+    documented = {}
+    for definition in stdlib_definitions():
+        signature = f"{definition.name}({', '.join(name for name, _ in definition.params)})"
+        documented.setdefault(first_paragraph(definition.doc), set()).add(signature)
+    for row in splits["train"]:
+        assert len(row["choices"]) == len(set(row["choices"])) == 4
+        assert row["choices"][row["label"]] in documented[row["text"]]
+    assert {row["label"] for row in splits["train"]} == {0, 1, 2, 3}
+
+
+def test_multiple_choice_with_uneven_candidates_or_a_bad_label_is_one_error(bases, tmp_path):
+    rows = [{"text": "a", "choices": ["x", "y"], "label": 0}, {"text": "b", "choices": ["x", "y", "z"], "label": 1}]
+    train = _write_jsonl(tmp_path / "uneven.jsonl", rows * 4)
+    args = tiny_args("multiple-choice", bases["encoder"], tmp_path / "out", train_file=str(train))
+    with pytest.raises(FinetuningError, match=r"same number \(>= 2\) of candidates in 'choices'; found \[2, 3\]"):
+        run_finetuning(args)
+    rows = [{"text": "a", "choices": ["x", "y"], "label": 2}] * 8
+    args = tiny_args(
+        "multiple-choice", bases["encoder"], tmp_path / "out", train_file=str(_write_jsonl(tmp_path / "l.jsonl", rows))
+    )
+    with pytest.raises(FinetuningError, match=r"'label' must hold the index \(0 to 1\) of the right candidate; got 2"):
+        run_finetuning(args)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -114,6 +114,7 @@ class FinetuningArguments(RunSettings):
     )
     id_column: str = arg("id", "question-answering: question ids (row numbers when the column is absent)")
     summary_column: str = arg("summary", "seq2seq: the target text")
+    choices_column: str = arg("choices", "multiple-choice: the candidate answers (a list, the same length everywhere)")
     source_prefix: str = arg("", "seq2seq: text put before every input (T5-style 'summarize: ')")
     # lengths
     max_length: int = arg(

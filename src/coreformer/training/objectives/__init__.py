@@ -14,6 +14,11 @@ from .causal_lm import CAUSAL_LM
 from .denoising import DENOISING
 from .masked_lm import MASKED_LM
 
-OBJECTIVES: dict[str, Objective] = {objective.name: objective for objective in (MASKED_LM, CAUSAL_LM, DENOISING)}
+_REGISTERED = (
+    MASKED_LM,
+    CAUSAL_LM,
+    DENOISING,
+)
+OBJECTIVES: dict[str, Objective] = {objective.name: objective for objective in _REGISTERED}
 
 __all__ = ["OBJECTIVES", "Objective"]

@@ -6,19 +6,27 @@
     question-answering        question_answering.py        run_qa               AutoModelForQuestionAnswering
     causal-lm                 causal_lm.py                 run_clm              AutoModelForCausalLM
     seq2seq                   seq2seq.py                   run_summarization    AutoModelForSeq2SeqLM
+    multiple-choice           multiple_choice.py           run_swag             AutoModelForMultipleChoice
 
 Each is a `Task` (base.py: columns, embedded data, features, collator, metrics, prediction rows, card text).
 """
 
 from .base import Evaluation, Task
 from .causal_lm import CAUSAL_LM
+from .multiple_choice import MULTIPLE_CHOICE
 from .question_answering import QUESTION_ANSWERING
 from .seq2seq import SEQ2SEQ
 from .sequence_classification import SEQUENCE_CLASSIFICATION
 from .token_classification import TOKEN_CLASSIFICATION
 
-TASKS: dict[str, Task] = {
-    task.name: task for task in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING, CAUSAL_LM, SEQ2SEQ)
-}
+_REGISTERED = (
+    SEQUENCE_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
+    QUESTION_ANSWERING,
+    CAUSAL_LM,
+    SEQ2SEQ,
+    MULTIPLE_CHOICE,
+)
+TASKS: dict[str, Task] = {task.name: task for task in _REGISTERED}
 
 __all__ = ["TASKS", "Evaluation", "Task"]
