@@ -152,6 +152,10 @@ class PretrainingArguments(RunSettings):
     mlm_probability: float = arg(0.15, "encoder: share of tokens selected for masking")
     mask_ratio: float = arg(0.3, "seq2seq: share of tokens hidden by text infilling")
     poisson_lambda: float = arg(3.0, "seq2seq: mean infilled span length")
+    generator_fraction: float = arg(
+        0.25, "electra: the generator's width as a share of the discriminator's (paper: 1/4 to 1/2 work best)"
+    )
+    rtd_weight: float = arg(50.0, "electra: weight of the replaced-token-detection loss (paper: 50)")
     # run
     output_dir: str = arg("outputs/pretrain", "run folder: checkpoints, logs, and the final model")
     overwrite: bool = arg(False, "replace an output directory that holds another run")
@@ -188,6 +192,10 @@ class PretrainingArguments(RunSettings):
             raise PretrainingError(f"`max_documents` must be >= 2 (train + held out), got {self.max_documents}.")
         if self.lr <= 0:
             raise PretrainingError(f"`lr` must be > 0, got {self.lr}.")
+        if not 0.0 < self.generator_fraction <= 1.0:
+            raise PretrainingError(f"`generator_fraction` must be in (0, 1], got {self.generator_fraction}.")
+        if self.rtd_weight <= 0:
+            raise PretrainingError(f"`rtd_weight` must be > 0, got {self.rtd_weight}.")
         for name in ("mlm_probability", "mask_ratio", "validation_fraction"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise PretrainingError(f"`{name}` must be in [0, 1), got {getattr(self, name)}.")
@@ -494,22 +502,37 @@ def shared_tokenizer(accelerator, train: typing.Callable[[], PreTrainedTokenizer
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]], objective: Objective) -> dict[str, float]:
-    """Token-weighted held-out loss over `batches`, split across processes; every process runs the same number of
-    forwards (FSDP needs every rank in every forward), padding its share with zero-weight repeats."""
+def evaluate(
+    accelerator, model, batches: list[dict[str, torch.Tensor]], objective: Objective, *, seed: int
+) -> dict[str, float]:
+    """The held-out loss over `batches`, token-weighted as in training (the objective's loss with the token counts of
+    all the batches), split across processes; every process runs the same number of forwards (FSDP needs every rank
+    in every forward), padding its share with zero-weight repeats. Randomness in a forward (ELECTRA's generator
+    samples) follows the batch, as in training, so every split of the batches gives the same loss."""
     model.eval()
     world, rank = accelerator.num_processes, accelerator.process_index
-    totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # (loss sum, label tokens)
-    for round_ in range(math.ceil(len(batches) / world)):
-        index = round_ * world + rank
+    shares = [index for index in range(math.ceil(len(batches) / world) * world) if index % world == rank]
+    counts = torch.tensor(
+        [
+            [objective.label_count(batches[index]), input_token_count(batches[index])]
+            for index in shares
+            if index < len(batches)
+        ]
+        or [[0, 0]],
+        device=accelerator.device,
+    ).sum(0)
+    counts = accelerator.reduce(counts, "sum")  # (label tokens, input tokens) of all held-out batches
+    total = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    for index in shares:
         batch = batches[index % len(batches)]
-        loss = objective.loss(model, _to_device(batch, accelerator.device), 1)  # num_items 1: the sum over tokens
+        torch.manual_seed(derive_seed(seed, "eval", index))
+        loss = objective.loss(model, _to_device(batch, accelerator.device), counts[0], counts[1])
         if index < len(batches):
-            totals += torch.stack([loss.double(), totals.new_tensor(objective.label_count(batch))])
-    totals = accelerator.reduce(totals, "sum")
+            total += loss.double()
+    total = accelerator.reduce(total, "sum")
     model.train()
-    loss = (totals[0] / totals[1]).item()
-    return {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "tokens": int(totals[1])}
+    loss = total.item()
+    return {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "tokens": int(counts[0])}
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -726,7 +749,8 @@ def build(run: _Run) -> _Training:
 
 
 def _evaluate(run: _Run, training: _Training) -> dict[str, float]:
-    result = {"step": training.step, **evaluate(run.accelerator, training.model, training.eval_batches, run.objective)}
+    held_out = evaluate(run.accelerator, training.model, training.eval_batches, run.objective, seed=run.args.seed)
+    result = {"step": training.step, **held_out}
     training.history["eval"].append(result)
     run.accelerator.log({"eval/loss": result["loss"], "eval/perplexity": result["perplexity"]}, step=training.step)
     return result
@@ -751,7 +775,7 @@ def train_step(run: _Run, training: _Training) -> tuple[float, float, int]:
     for g, batch in micro_batches:
         torch.manual_seed(derive_seed(args.seed, "dropout", g))  # dropout follows the batch, not the rank
         with accelerator.accumulate(model):
-            loss = run.objective.loss(model, _to_device(batch, accelerator.device), counts[0])
+            loss = run.objective.loss(model, _to_device(batch, accelerator.device), counts[0], counts[1])
             # loss is this micro-batch's share of the step's token mean. Accelerate divides by grad_accum and
             # DDP averages over processes: undo both, so the summed gradients are those of the step's mean.
             accelerator.backward(loss * (world * args.grad_accum))
@@ -873,8 +897,7 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
     state_dict = accelerator.get_state_dict(training.model)  # a collective under FSDP / DeepSpeed ZeRO-3
     if accelerator.is_main_process:
         with staged_folder(output_dir) as staging:
-            run.objective.save(accelerator.unwrap_model(training.model), state_dict, staging)
-            run.tokenizer.save_pretrained(staging)
+            run.objective.save(accelerator.unwrap_model(training.model), state_dict, run.tokenizer, staging)
             metrics["wall_time_s"] = time.perf_counter() - session_start
             plot_losses(training.history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
             (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))

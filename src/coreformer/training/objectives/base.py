@@ -5,8 +5,8 @@
     Objective.required_tokens                      special tokens the tokenizer must have
     Objective.label_count(batch)                   the tokens that carry a loss (the step's token-mean divisor)
     Objective.build_model(config, args)            the module trained (a family head; ELECTRA: two models in one)
-    Objective.loss(model, batch, num_items)        a micro-batch's share of the step's token-mean loss
-    Objective.save(model, state_dict, folder)      what the final folder holds (a loadable coreformer folder)
+    Objective.loss(model, batch, label_tokens, input_tokens)   a micro-batch's share of the step's token-mean loss
+    Objective.save(model, state_dict, tokenizer, folder)   what the final folder holds (a loadable folder)
     Objective.sample(folder, prompt, seed)         what the saved folder makes of a prompt (--sample-prompt)
     description / auto_class / pipeline_tag / usage   what the model card says
 
@@ -52,13 +52,28 @@ class Objective:
     def build_model(self, config: Any, args: Any) -> torch.nn.Module:
         return head_class(args.family, self.auto_class)(config)
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items_in_batch: Any) -> torch.Tensor:
-        """The model's loss summed over label tokens and divided by `num_items_in_batch` (transformers' contract)."""
-        return model(**batch, num_items_in_batch=num_items_in_batch).loss
+    def loss(
+        self,
+        model: torch.nn.Module,
+        batch: dict[str, torch.Tensor],
+        label_tokens: torch.Tensor | int,
+        input_tokens: torch.Tensor | int,
+    ) -> torch.Tensor:
+        """This micro-batch's share of the step's token-mean loss: its loss summed over tokens and divided by the
+        step's token counts (all micro-batches, all processes), `label_tokens` (`label_count`) and `input_tokens`
+        (real input tokens). One count suits most objectives: transformers' `num_items_in_batch`."""
+        return model(**batch, num_items_in_batch=label_tokens).loss
 
-    def save(self, model: torch.nn.Module, state_dict: dict[str, torch.Tensor], folder: Path) -> None:
-        """config (auto_map), weights, modeling code, generation config."""
+    def save(
+        self,
+        model: torch.nn.Module,
+        state_dict: dict[str, torch.Tensor],
+        tokenizer: PreTrainedTokenizerBase,
+        folder: Path,
+    ) -> None:
+        """config (auto_map), weights, modeling code, generation config, and the tokenizer."""
         model.save_pretrained(folder, state_dict=state_dict)
+        tokenizer.save_pretrained(folder)
 
     # ---- after the run ----
     def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:
