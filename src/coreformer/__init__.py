@@ -5,18 +5,11 @@ Importing the package registers every config and model with AutoConfig / AutoMod
 coreformer is not installed).
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoModelForMultipleChoice,
-    AutoModelForQuestionAnswering,
-    AutoModelForSeq2SeqLM,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+import importlib
 
+import transformers
+
+from . import configuration_coreformer
 from .configuration_coreformer import (
     CoreformerConfig,
     CoreformerDecoderConfig,
@@ -24,6 +17,7 @@ from .configuration_coreformer import (
     CoreformerSeq2SeqConfig,
 )
 from .conversion import convert_from_hf
+from .families import FAMILIES
 from .modeling_decoder import (
     CoreformerDecoderForCausalLM,
     CoreformerDecoderForSequenceClassification,
@@ -47,36 +41,20 @@ from .pipelines import save_with_pipeline  # importing registers the custom QA a
 
 __version__ = "0.1.0"
 
-_AUTO_CLASSES = {
-    CoreformerEncoderConfig: {
-        AutoModel: CoreformerEncoderModel,
-        AutoModelForMaskedLM: CoreformerEncoderForMaskedLM,
-        AutoModelForSequenceClassification: CoreformerEncoderForSequenceClassification,
-        AutoModelForTokenClassification: CoreformerEncoderForTokenClassification,
-        AutoModelForQuestionAnswering: CoreformerEncoderForQuestionAnswering,
-        AutoModelForMultipleChoice: CoreformerEncoderForMultipleChoice,
-    },
-    CoreformerDecoderConfig: {
-        AutoModel: CoreformerDecoderModel,
-        AutoModelForCausalLM: CoreformerDecoderForCausalLM,
-        AutoModelForSequenceClassification: CoreformerDecoderForSequenceClassification,
-        AutoModelForTokenClassification: CoreformerDecoderForTokenClassification,
-    },
-    CoreformerSeq2SeqConfig: {
-        AutoModel: CoreformerSeq2SeqModel,
-        AutoModelForSeq2SeqLM: CoreformerSeq2SeqForConditionalGeneration,
-        AutoModelForSequenceClassification: CoreformerSeq2SeqForSequenceClassification,
-    },
-}
-
-for _config_class, _models in _AUTO_CLASSES.items():
-    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+# Registration, read from the family registry (families.py): AutoConfig and every Auto class of every family, each
+# class also marked for save_pretrained to copy its code (the config's auto_map names them all).
+for _family in FAMILIES.values():
+    _config_class = getattr(configuration_coreformer, _family.config_class)
+    transformers.AutoConfig.register(_family.model_type, _config_class, exist_ok=True)
     _config_class.register_for_auto_class("AutoConfig")
-    for _auto_class, _model_class in _models.items():
-        _auto_class.register(_config_class, _model_class, exist_ok=True)
-        _model_class.register_for_auto_class(_auto_class.__name__)
+    _module = importlib.import_module(f".{_family.module}", __name__)
+    for _head in _family.heads:
+        _model_class = getattr(_module, _head.class_name)
+        getattr(transformers, _head.auto_class).register(_config_class, _model_class, exist_ok=True)
+        _model_class.register_for_auto_class(_head.auto_class)
 
 __all__ = [
+    "FAMILIES",
     "CoreformerConfig",
     "CoreformerEncoderConfig",
     "CoreformerDecoderConfig",

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from . import attention_maps
+from .families import head_of_class
 from .folders import has_tokenizer, staged_folder
 from .model_card import ModelCardInfo, inherited_license, is_hub_id, source_card_metadata, write_model_card
 from .pipelines import save_with_pipeline
@@ -198,18 +199,6 @@ def convert(args: argparse.Namespace) -> int:
     return 0
 
 
-# The Hub pipeline tag of each coreformer head, by class-name suffix (multiple choice has none).
-_PIPELINE_TAGS = {
-    "ForMaskedLM": "fill-mask",
-    "ForSequenceClassification": "text-classification",
-    "ForTokenClassification": "token-classification",
-    "ForQuestionAnswering": "question-answering",
-    "ForCausalLM": "text-generation",
-    "ForConditionalGeneration": "text2text-generation",
-    "Model": "feature-extraction",
-}
-
-
 def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict[str, float] | None) -> ModelCardInfo:
     """The card of a converted folder: what it was converted from, and the `--check` differences when measured.
     License and Hub datasets come from the source folder's card when it has one (the weights are the source's); with
@@ -227,10 +216,8 @@ def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict
             "measured above when the check was run."
         )
     name = type(model).__name__
-    family = {"coreformer_encoder": "encoder", "coreformer_decoder": "decoder", "coreformer_seq2seq": "seq2seq"}[
-        model.config.model_type
-    ]
-    pipeline_tag = next((tag for suffix, tag in _PIPELINE_TAGS.items() if name.endswith(suffix)), None)
+    family, head = head_of_class(name)
+    pipeline_tag = head.pipeline_tag
     hyperparameters = [
         ("source class", type(hf_model).__name__),
         ("coreformer class", name),
@@ -248,8 +235,8 @@ def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict
     return ModelCardInfo(
         kind="converted",
         title=f"coreformer {name} from {src.resolve().name}",
-        family=family,
-        auto_class=type(model)._auto_class,
+        family=family.name,
+        auto_class=head.auto_class,
         summary=(
             f"`{type(hf_model).__name__}` from `{src}` converted to coreformer's `{name}` with `coreformer convert`: "
             f"the same weights under coreformer's parameter names, computing the same outputs."

@@ -16,6 +16,8 @@ import copy
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+from .families import MODEL_TYPES
+
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
 # Attention per layer (`layer_types`): see `CoreformerConfig` and attention.py.
 LAYER_TYPES = ("full", "sliding", "strided", "lowrank", "linear")
@@ -34,13 +36,6 @@ SAVED_LAYER_TYPES = "coreformer_layer_types"
 GENERIC_LAYER_TYPES = {**CACHE_LAYER_TYPES, "linear": "linear_attention"}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-
-
-def _family_auto_map(config_class: str, model_classes: dict[str, str], module: str) -> dict[str, str]:
-    """The `auto_map` written into a saved config.json: every Auto class of the family, not just the saved one."""
-    auto_map = {"AutoConfig": f"configuration_coreformer.{config_class}"}
-    auto_map.update({auto: f"{module}.{cls}" for auto, cls in model_classes.items()})
-    return auto_map
 
 
 class CoreformerConfig(PreTrainedConfig):
@@ -141,9 +136,6 @@ class CoreformerConfig(PreTrainedConfig):
     linear_feature_map: str = "elu"
     linear_num_features: int | None = None
 
-    # Filled by each family: the Auto classes written into config.json so that trust_remote_code finds them all.
-    family_auto_map = {}
-
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
@@ -158,8 +150,9 @@ class CoreformerConfig(PreTrainedConfig):
             self.linear_num_features = self.head_dim
         self.validate_fields()
         super().__post_init__(**kwargs)
-        if self.family_auto_map:
-            self.auto_map = dict(self.family_auto_map)
+        if self.model_type in MODEL_TYPES:
+            # Every Auto class of the family (families.py), not just the saved one, so trust_remote_code finds all.
+            self.auto_map = MODEL_TYPES[self.model_type].auto_map
 
     def to_dict(self) -> dict:
         output = super().to_dict()
@@ -180,8 +173,8 @@ class CoreformerConfig(PreTrainedConfig):
         # then comes up with freshly initialised weights: refuse instead, saying what the folder holds.
         found = config_dict.get("model_type")
         if found and cls.model_type and found != cls.model_type:
-            if found.startswith("coreformer_"):
-                fix = f"load it with the Auto classes or the {found.split('_', 1)[1]} family's classes"
+            if found in MODEL_TYPES:
+                fix = f"load it with the Auto classes or the {MODEL_TYPES[found].name} family's classes"
             else:
                 fix = "convert it first with `coreformer convert SRC DST` (BERT, RoBERTa, GPT-2, BART)"
             raise ValueError(f"This checkpoint is a '{found}' model, not '{cls.model_type}': {fix}.")
@@ -327,27 +320,6 @@ class CoreformerConfig(PreTrainedConfig):
             raise ValueError(f"`linear_num_features` must be a positive integer, got {self.linear_num_features!r}.")
 
 
-_ENCODER_HEADS = {
-    "AutoModel": "CoreformerEncoderModel",
-    "AutoModelForMaskedLM": "CoreformerEncoderForMaskedLM",
-    "AutoModelForSequenceClassification": "CoreformerEncoderForSequenceClassification",
-    "AutoModelForTokenClassification": "CoreformerEncoderForTokenClassification",
-    "AutoModelForQuestionAnswering": "CoreformerEncoderForQuestionAnswering",
-    "AutoModelForMultipleChoice": "CoreformerEncoderForMultipleChoice",
-}
-_DECODER_HEADS = {
-    "AutoModel": "CoreformerDecoderModel",
-    "AutoModelForCausalLM": "CoreformerDecoderForCausalLM",
-    "AutoModelForSequenceClassification": "CoreformerDecoderForSequenceClassification",
-    "AutoModelForTokenClassification": "CoreformerDecoderForTokenClassification",
-}
-_SEQ2SEQ_HEADS = {
-    "AutoModel": "CoreformerSeq2SeqModel",
-    "AutoModelForSeq2SeqLM": "CoreformerSeq2SeqForConditionalGeneration",
-    "AutoModelForSequenceClassification": "CoreformerSeq2SeqForSequenceClassification",
-}
-
-
 class CoreformerEncoderConfig(CoreformerConfig):
     r"""BERT-style encoder: bidirectional self-attention, post-norm blocks, token types, MLM transform head.
 
@@ -357,7 +329,6 @@ class CoreformerEncoderConfig(CoreformerConfig):
     """
 
     model_type = "coreformer_encoder"
-    family_auto_map = _family_auto_map("CoreformerEncoderConfig", _ENCODER_HEADS, "modeling_encoder")
 
     num_hidden_layers: int = 12
     type_vocab_size: int = 2
@@ -377,7 +348,6 @@ class CoreformerDecoderConfig(CoreformerConfig):
 
     model_type = "coreformer_decoder"
     keys_to_ignore_at_inference = ["past_key_values"]
-    family_auto_map = _family_auto_map("CoreformerDecoderConfig", _DECODER_HEADS, "modeling_decoder")
 
     num_hidden_layers: int = 12
     is_causal_stack = True
@@ -407,7 +377,6 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
     model_type = "coreformer_seq2seq"
     keys_to_ignore_at_inference = ["past_key_values"]
     attribute_map = {"num_hidden_layers": "encoder_layers"}
-    family_auto_map = _family_auto_map("CoreformerSeq2SeqConfig", _SEQ2SEQ_HEADS, "modeling_seq2seq")
 
     encoder_layers: int = 6
     decoder_layers: int = 6

@@ -25,15 +25,11 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .families import FAMILIES
+
 KINDS = ("pretrained", "fine-tuned", "converted")
-FAMILIES = ("encoder", "decoder", "seq2seq")
 CARD_NAME = "README.md"
 
-_FAMILY_DESCRIPTION = {
-    "encoder": "BERT-style encoder (bidirectional self-attention)",
-    "decoder": "GPT-style decoder (causal self-attention)",
-    "seq2seq": "BART-style encoder-decoder (bidirectional encoder, causal decoder with cross-attention)",
-}
 # "name" or "owner/name": the shape of a Hub repository id (no path separators beyond one slash, no leading dot).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 # dataset.type of a model-index entry whose evaluation data is not a Hub dataset.
@@ -47,7 +43,7 @@ class ModelCardInfo:
 
     kind: str  # "pretrained" | "fine-tuned" | "converted": picks model_cards/<kind>.md
     title: str  # card heading, also model-index name
-    family: str  # "encoder" | "decoder" | "seq2seq"
+    family: str  # a name in families.FAMILIES: "encoder" | "decoder" | "seq2seq"
     auto_class: str  # e.g. "AutoModelForSequenceClassification"
     summary: str  # a paragraph: what the model is and how it was made
     num_parameters: int
@@ -174,7 +170,7 @@ def render_model_card(info: ModelCardInfo, path_hint: str = "path/to/folder") ->
         template_path=str(template_dir() / f"{info.kind}.md"),
         title=info.title,
         summary=info.summary.strip(),
-        family_description=_FAMILY_DESCRIPTION[info.family],
+        family_description=FAMILIES[info.family].description,
         parameters=f"{info.num_parameters:,}",
         data=data,
         base_model_text=f"`{info.base_model}`" if info.base_model else "not recorded",

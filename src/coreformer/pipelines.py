@@ -234,14 +234,19 @@ class CoreformerText2TextPipeline(Pipeline):
         ]
 
 
+# Auto class name -> the custom task that serves its heads (filled by `_register`).
+CUSTOM_TASKS: dict[str, str] = {}
+
+
 def _register(task: str, pipeline_class: type[Pipeline], model_class: type) -> None:
-    """Register `task` once per process. Each folder's copy of this file is its own module with its own classes: a
-    copy loaded later through remote code only learns its task name (which `save_pretrained` writes into
-    config.json) and leaves the registered classes alone."""
+    """Register `task` once per process, as the custom task of the `model_class` Auto class. Each folder's copy of
+    this file is its own module with its own classes: a copy loaded later through remote code only learns its task
+    name (which `save_pretrained` writes into config.json) and leaves the registered classes alone."""
     if task not in PIPELINE_REGISTRY.supported_tasks:
         PIPELINE_REGISTRY.register_pipeline(task, pipeline_class=pipeline_class, pt_model=model_class, type="text")
     else:
         pipeline_class._registered_impl = {task: {"impl": pipeline_class, "pt": (model_class,), "type": "text"}}
+    CUSTOM_TASKS[model_class.__name__] = task
 
 
 _register(QUESTION_ANSWERING, CoreformerQuestionAnsweringPipeline, AutoModelForQuestionAnswering)
@@ -249,12 +254,10 @@ _register(TEXT2TEXT, CoreformerText2TextPipeline, AutoModelForSeq2SeqLM)
 
 
 def default_pipeline_task(model: PreTrainedModel) -> str | None:
-    """The custom task a folder of this model should carry: QA heads and seq2seq LMs; None for the other heads."""
-    if type(model).__name__.endswith("ForQuestionAnswering"):
-        return QUESTION_ANSWERING
-    if model.config.is_encoder_decoder and model.can_generate():
-        return TEXT2TEXT
-    return None
+    """The custom task a folder of this model should carry: QA heads and seq2seq LMs; None for the other heads.
+    Read from the Auto class the model's class is registered for (when the package is imported, or when an Auto
+    class loaded it with remote code)."""
+    return CUSTOM_TASKS.get(getattr(type(model), "_auto_class", None))
 
 
 def save_with_pipeline(
