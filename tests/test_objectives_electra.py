@@ -150,6 +150,7 @@ def test_electra_run_lowers_its_held_out_loss_and_saves_an_encoder_and_its_gener
     assert config["architectures"] == ["CoreformerEncoderModel"] and config["hidden_size"] == 32
     encoder = AutoModel.from_pretrained(output_dir)
     assert type(encoder) is cf.CoreformerEncoderModel
+    assert metrics["num_parameters"] == sum(p.numel() for p in encoder.parameters()) < metrics["trained_parameters"]
     checkpoint = weights(output_dir)
     assert all(not name.startswith(("generator", "discriminator")) for name in checkpoint)
     generator = AutoModelForMaskedLM.from_pretrained(output_dir / "generator")

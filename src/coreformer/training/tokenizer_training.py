@@ -26,7 +26,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 from transformers import PreTrainedTokenizerFast
 
 from .families import FAMILIES as _FAMILY_FACTS
-from .families import FamilyFacts
+from .families import TrainingFacts
 
 FAMILIES = tuple(_FAMILY_FACTS)
 
@@ -34,13 +34,13 @@ FAMILIES = tuple(_FAMILY_FACTS)
 SPECIAL_TOKENS: dict[str, dict[str, str]] = {name: facts.special_tokens for name, facts in _FAMILY_FACTS.items()}
 
 
-def _facts(family: str) -> FamilyFacts:
+def _facts(family: str) -> TrainingFacts:
     if family not in _FAMILY_FACTS:
         raise ValueError(f"Unknown family {family!r}: expected one of {', '.join(FAMILIES)}.")
     return _FAMILY_FACTS[family]
 
 
-def _wordpiece(facts: FamilyFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+def _wordpiece(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
     """BERT-cased: keep case and accents (code is case-sensitive), split on whitespace and punctuation."""
     tokenizer = Tokenizer(models.WordPiece(unk_token=facts.special_tokens["unk_token"], max_input_chars_per_word=100))
     tokenizer.normalizer = normalizers.BertNormalizer(
@@ -54,7 +54,7 @@ def _wordpiece(facts: FamilyFacts, vocab_size: int) -> tuple[Tokenizer, trainers
     return tokenizer, trainer
 
 
-def _byte_level_bpe(facts: FamilyFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+def _byte_level_bpe(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
     """Byte-level BPE (GPT-2 / BART): every byte is in the alphabet, so any text encodes without <unk> and decodes
     back exactly. No prefix space: a document's first word is encoded as it is written."""
     tokenizer = Tokenizer(models.BPE())
@@ -77,12 +77,12 @@ _BACKENDS = {
 }
 
 
-def _min_vocab_size(facts: FamilyFacts) -> int:
+def _min_vocab_size(facts: TrainingFacts) -> int:
     """Special tokens, plus the 256 byte symbols every byte-level vocabulary starts with."""
     return len(facts.special_tokens) + _BACKENDS[facts.tokenizer_kind][1]
 
 
-def _post_processor(facts: FamilyFacts, tokenizer: Tokenizer) -> processors.PostProcessor | None:
+def _post_processor(facts: TrainingFacts, tokenizer: Tokenizer) -> processors.PostProcessor | None:
     """Adds the family's special tokens on encode (and keeps byte-level offsets right for the BPE families)."""
     byte_level = [processors.ByteLevel(trim_offsets=False)] if facts.tokenizer_kind == "byte-level-bpe" else []
     if facts.template is None:
@@ -147,11 +147,11 @@ def train_tokenizer(
     return tokenizer
 
 
-def _specials(facts: FamilyFacts) -> list[AddedToken]:
+def _specials(facts: TrainingFacts) -> list[AddedToken]:
     return [_added_token(facts, role) for role in facts.special_tokens]
 
 
-def _added_token(facts: FamilyFacts, role: str) -> AddedToken:
+def _added_token(facts: TrainingFacts, role: str) -> AddedToken:
     # BART's <mask> swallows the space before it, so "a <mask> b" encodes like "a<mask> b" ("Ġb" stays one piece).
     lstrip = role == "mask_token" and facts.tokenizer_kind == "byte-level-bpe"
     return AddedToken(facts.special_tokens[role], lstrip=lstrip, rstrip=False, normalized=False, special=True)

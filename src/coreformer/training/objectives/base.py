@@ -75,6 +75,10 @@ class Objective:
         model.save_pretrained(folder, state_dict=state_dict)
         tokenizer.save_pretrained(folder)
 
+    def saved_parameters(self, model: torch.nn.Module) -> int:
+        """Parameters of the model `save` writes (what the card counts)."""
+        return sum(parameter.numel() for parameter in model.parameters())
+
     # ---- after the run ----
     def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:
         raise NotImplementedError

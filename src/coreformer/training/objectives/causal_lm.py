@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..data import as_ids, tokenize_dataset
+from ..families import families_with_language_model
 from .base import Objective, load_for_sample, sampled_text
 
 
@@ -110,7 +111,7 @@ class CausalLM(Objective):
 
 CAUSAL_LM = CausalLM(
     name="causal-lm",
-    families=("decoder",),
+    families=families_with_language_model("AutoModelForCausalLM"),
     description="next-token prediction on packed blocks (documents joined by </s>, no padding)",
     auto_class="AutoModelForCausalLM",
     pipeline_tag="text-generation",

@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..data import SeededCollator, as_ids, pad_sequences
+from ..families import families_with_language_model
 from .base import Objective, load_for_sample, sampled_text
 
 
@@ -169,7 +170,7 @@ class Denoising(Objective):
 
 DENOISING = Denoising(
     name="denoising",
-    families=("seq2seq",),
+    families=families_with_language_model("AutoModelForSeq2SeqLM"),
     description="BART denoising (text infilling with Poisson(3) spans, 30% of tokens; sentence permutation)",
     auto_class="AutoModelForSeq2SeqLM",
     pipeline_tag="text2text-generation",

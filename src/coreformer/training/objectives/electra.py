@@ -195,6 +195,10 @@ class Electra(Objective):
         for destination in (folder, folder / GENERATOR_DIR):
             tokenizer.save_pretrained(destination)
 
+    def saved_parameters(self, model: ElectraPretraining) -> int:
+        """The discriminator's encoder: the final folder's model (the generator is a side product)."""
+        return sum(parameter.numel() for parameter in model.discriminator.model.parameters())
+
     def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:
         """The generator's five likeliest tokens at [MASK] (the discriminator alone has no vocabulary head)."""
         return MASKED_LM.sample(Path(folder) / GENERATOR_DIR, prompt, seed=seed)
@@ -202,7 +206,7 @@ class Electra(Objective):
 
 ELECTRA = Electra(
     name="electra",
-    families=("encoder",),
+    families=MASKED_LM.families,  # its generator is the family's masked LM
     description="replaced-token detection (ELECTRA: a masked-LM generator at a fraction of the width fills 15% "
     "masked tokens, the discriminator labels every token original or replaced; loss MLM + 50 x RTD)",
     auto_class="AutoModel",

@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..data import SeededCollator, as_ids, pad_sequences
+from ..families import families_with_language_model
 from .base import Objective, load_for_sample
 
 
@@ -144,7 +145,7 @@ class MaskedLM(Objective):
 
 MASKED_LM = MaskedLM(
     name="masked-lm",
-    families=("encoder",),
+    families=families_with_language_model("AutoModelForMaskedLM"),
     description="masked language modelling (BERT: 15% of tokens selected, 80% [MASK] / 10% random / 10% kept)",
     auto_class="AutoModelForMaskedLM",
     pipeline_tag="fill-mask",

@@ -6,7 +6,8 @@
     Task.collator(tokenizer)                  features -> a padded batch
     Task.metrics(args, evaluation, tokenizer, label_names)      (compute_metrics, preprocess_logits_for_metrics)
     Task.prediction_rows(output, args, evaluation, tokenizer, label_names)   eval_predictions.jsonl rows
-    auto_class / families / peft_task_type / pipeline_tag / card_* / usage   the head, LoRA and the model card
+    auto_class / peft_task_type / pipeline_tag / card_* / usage   the head, LoRA and the model card; `families`
+                                              are those that register a head for `auto_class`
 
 `evaluation` is an `Evaluation`: the validation examples and their features. A task with labels read from the data
 sets `labels` ("example": one per example, "word": one per word) and `head_suffix` (a checkpoint head of that class
@@ -23,6 +24,7 @@ import transformers
 from transformers import PreTrainedTokenizerBase
 
 from ..arguments import FinetuningError  # noqa: F401  (tasks raise it; re-exported for them)
+from ..families import families_with_head
 
 # argument -> (flag, what it holds), for the missing-column message; arguments not here are never required
 COLUMN_FLAGS = {
@@ -55,9 +57,8 @@ def logits_of(predictions: Any) -> np.ndarray:
 class Task:
     name: str
     auto_class: str  # name in transformers
-    families: tuple[str, ...]
     peft_task_type: str  # peft.TaskType member
-    pipeline_tag: str
+    pipeline_tag: str | None
     card_task_type: str  # model-index task type
     card_task_name: str
     label_names: tuple[str, ...]  # Trainer label_names
@@ -70,6 +71,11 @@ class Task:
     generates: bool = False  # Seq2SeqTrainer with predict_with_generate
     pads_right: bool = False  # features line up with offsets / words only when padding comes after the tokens
     pads_batches: bool = True  # batches are padded, so the tokenizer needs a pad token (eos serves when it has none)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The families that have this task's head (coreformer.families)."""
+        return families_with_head(self.auto_class)
 
     def embedded_data(self) -> datasets.DatasetDict:
         raise NotImplementedError

@@ -58,7 +58,6 @@ class CausalLanguageModeling(Task):
 CAUSAL_LM = CausalLanguageModeling(
     name="causal-lm",
     auto_class="AutoModelForCausalLM",
-    families=("decoder",),
     peft_task_type="CAUSAL_LM",
     pipeline_tag="text-generation",
     card_task_type="text-generation",

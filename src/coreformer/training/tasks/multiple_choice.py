@@ -121,9 +121,8 @@ class MultipleChoice(Task):
 MULTIPLE_CHOICE = MultipleChoice(
     name="multiple-choice",
     auto_class="AutoModelForMultipleChoice",
-    families=("encoder",),
     peft_task_type="SEQ_CLS",  # peft has no multiple-choice type; its classifier is saved with the adapter as well
-    pipeline_tag="multiple-choice",
+    pipeline_tag=None,  # the Hub has no multiple-choice pipeline (coreformer.families)
     card_task_type="multiple-choice",
     card_task_name="Multiple Choice",
     label_names=("labels",),

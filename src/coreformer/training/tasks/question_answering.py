@@ -204,7 +204,6 @@ class QuestionAnswering(Task):
 QUESTION_ANSWERING = QuestionAnswering(
     name="question-answering",
     auto_class="AutoModelForQuestionAnswering",
-    families=("encoder",),
     peft_task_type="QUESTION_ANS",
     pipeline_tag="question-answering",
     card_task_type="question-answering",

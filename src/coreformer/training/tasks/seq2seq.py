@@ -63,7 +63,6 @@ class Seq2Seq(Task):
 SEQ2SEQ = Seq2Seq(
     name="seq2seq",
     auto_class="AutoModelForSeq2SeqLM",
-    families=("seq2seq",),
     peft_task_type="SEQ_2_SEQ_LM",
     pipeline_tag="summarization",
     card_task_type="summarization",

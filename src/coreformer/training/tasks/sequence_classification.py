@@ -55,7 +55,6 @@ class SequenceClassification(Task):
 SEQUENCE_CLASSIFICATION = SequenceClassification(
     name="sequence-classification",
     auto_class="AutoModelForSequenceClassification",
-    families=("encoder", "decoder", "seq2seq"),
     peft_task_type="SEQ_CLS",
     pipeline_tag="text-classification",
     card_task_type="text-classification",

@@ -124,7 +124,6 @@ class TokenClassification(Task):
 TOKEN_CLASSIFICATION = TokenClassification(
     name="token-classification",
     auto_class="AutoModelForTokenClassification",
-    families=("encoder", "decoder"),
     peft_task_type="TOKEN_CLS",
     pipeline_tag="token-classification",
     card_task_type="token-classification",
