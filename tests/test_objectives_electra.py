@@ -15,14 +15,15 @@ import pytest
 import torch
 from conftest import kill_at_marker
 from test_pretraining import (
-    ACCELERATE,
     KILLED_CHILD,
     PRETRAIN,
     args_from,
+    assert_same_steps,
     child_env,
     cli_flags,
     tiny_settings,
     train_losses,
+    two_processes_and_one,
     weights,
 )
 from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
@@ -197,23 +198,10 @@ def test_electra_in_bf16_trains_with_finite_losses(tmp_path, fresh_accelerator_s
 
 
 def test_electra_two_processes_match_one_process_with_grad_accum_2(tmp_path):
+    # Dropout and the generator's samples both follow the global batch number, not the process.
     settings = electra_settings(model=dict(hidden_dropout=0.1), max_steps=8, eval_every=4, warmup_steps=2)
-    config = tmp_path / "electra-tiny-test.json"
-    config.write_text(json.dumps({"family": "encoder", "model": settings["model"]}))
-    two = tmp_path / "two-processes"
-    command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(PRETRAIN), "--config", str(config)]
-    command += cli_flags({**settings, "output_dir": str(two), "grad_accum": 1})
-    env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    two_metrics = json.loads((two / "metrics.json").read_text())
-    one = run_pretraining(args_from(settings, tmp_path / "one-process", grad_accum=2, tokenizer=str(two)))
-    assert (two_metrics["world_size"], one["world_size"]) == (2, 1)
-    difference = max(abs(a - b) for a, b in zip(train_losses(two_metrics), train_losses(one)))
-    assert len(train_losses(one)) == 8 and difference <= 1e-4, difference
-    for mine, theirs in zip(one["history"]["eval"], two_metrics["history"]["eval"]):
-        assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
+    two_metrics, one = two_processes_and_one(settings, tmp_path)
+    assert_same_steps(two_metrics, one, steps=8)
 
 
 def test_electra_killed_during_a_save_resumes_bit_identically(electra_run, tmp_path):

@@ -63,7 +63,7 @@ from .data import iter_texts, load_text_dataset
 from .families import FAMILIES as FAMILY_FACTS
 from .objectives import OBJECTIVES, Objective
 from .reports import PEAK_FLOPS, flops_per_token, plot_losses, render_model_card
-from .tokenizer_training import token_config_kwargs, train_tokenizer
+from .tokenizer_training import token_config_kwargs, tokenizer_name, train_tokenizer
 
 FAMILIES = tuple(FAMILY_FACTS)
 PRESETS = ("tiny", "small", "base")
@@ -620,8 +620,7 @@ def _run_tokenizer(args: PretrainingArguments, accelerator, resume: Path | None,
     tokenizer = shared_tokenizer(
         accelerator, lambda: train_tokenizer(args.family, iter_texts(splits["train"]), args.vocab_size)
     )
-    kind = {"wordpiece": "WordPiece", "byte-level-bpe": "byte-level BPE"}[FAMILY_FACTS[args.family].tokenizer_kind]
-    return tokenizer, f"{kind} trained on the training split"
+    return tokenizer, f"{tokenizer_name(args.family)} trained on the training split"
 
 
 def prepare(args: PretrainingArguments) -> _Run:

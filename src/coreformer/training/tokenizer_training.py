@@ -14,6 +14,7 @@ The decoder tokenizer adds no special tokens on encode: `pack_into_blocks` (obje
 with `</s>` when it concatenates them, so a `<s>`/`</s>` added per document would only waste block space.
 
     train_tokenizer(family, texts, vocab_size, output_dir=None) -> PreTrainedTokenizerFast
+    tokenizer_name(family) -> "WordPiece" | "byte-level BPE"
     token_config_kwargs(tokenizer, family) -> {"vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", ...}
 
 The families' tokens, tokenizer kinds and templates come from `families.FAMILIES`. Nothing here imports the
@@ -70,11 +71,16 @@ def _byte_level_bpe(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, t
     return tokenizer, trainer
 
 
-# tokenizer kind -> (untrained backend + its trainer, symbols every vocabulary holds besides the special tokens)
+# tokenizer kind -> (untrained backend + its trainer, symbols every vocabulary holds besides the special tokens, name)
 _BACKENDS = {
-    "wordpiece": (_wordpiece, 0),
-    "byte-level-bpe": (_byte_level_bpe, len(pre_tokenizers.ByteLevel.alphabet())),
+    "wordpiece": (_wordpiece, 0, "WordPiece"),
+    "byte-level-bpe": (_byte_level_bpe, len(pre_tokenizers.ByteLevel.alphabet()), "byte-level BPE"),
 }
+
+
+def tokenizer_name(family: str) -> str:
+    """What the family's trained tokenizer is called ("WordPiece", "byte-level BPE")."""
+    return _BACKENDS[_facts(family).tokenizer_kind][2]
 
 
 def _min_vocab_size(facts: TrainingFacts) -> int:
