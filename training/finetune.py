@@ -9,11 +9,11 @@
 
 Tasks: sequence-classification (run_glue), token-classification (run_ner), question-answering (run_qa), causal-lm
 (run_clm), seq2seq (run_summarization), multiple-choice (run_swag). Without --dataset / --train-file each task trains
-on its embedded offline default, built from the Python standard library (see README, "Fine-tuning"). Settings come from the dataclass
-defaults, then --config FILE (YAML/JSON of the same keys), then the flags given here; the example scripts' flag names
-(--model_name_or_path, --dataset_name, --max_seq_length, --per_device_train_batch_size, --learning_rate,
---overwrite_output_dir, ...) are accepted too. Everything lives in coreformer.training.finetuning; this file only
-parses the command line.
+on its embedded offline default, built from the Python standard library (see README, "Fine-tuning"). Settings come
+from the dataclass defaults, then --config FILE (YAML/JSON of the same keys), then the flags given here; the example
+scripts' flag names (--model_name_or_path, --dataset_name, --max_seq_length, --per_device_train_batch_size,
+--learning_rate, --overwrite_output_dir, ...) are accepted too. Everything lives in coreformer.training.finetuning;
+this file only parses the command line.
 """
 
 import argparse
