@@ -167,9 +167,73 @@ def test_converted_heads_keep_labels_and_tokens():
     assert converted.config.num_labels == 3 and converted.config.pad_token_id == reference.config.pad_token_id
 
     bart = convert_from_hf(tiny_model("BartForConditionalGeneration"))
-    assert bart.config.position_offset == 2 and bart.config.lm_head_bias and bart.config.scale_embedding
+    assert bart.config.position_offset == 2 and bart.config.scale_embedding
+    # final_logits_bias stays a buffer that is saved but never trained, as in BART (not a trainable lm_head.bias).
+    assert bart.config.final_logits_bias and not bart.config.lm_head_bias and bart.lm_head.bias is None
+    assert "final_logits_bias" in dict(bart.named_buffers()) and "final_logits_bias" in bart.state_dict()
     assert bart.lm_head.weight is bart.model.shared.weight  # tied, as in BART
     assert bart.generation_config.forced_eos_token_id == 2
+
+
+# Every dropout of each source switched on (BART's activation_dropout and layerdrop stay 0: coreformer has neither).
+TRAINING_DROPOUT = {
+    "Bert": dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+    "Roberta": dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+    "GPT2": dict(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1),
+    "Bart": dict(dropout=0.1, attention_dropout=0.1, classifier_dropout=0.1),
+}
+TRAINABLE_CLASSES = [name for name in CLASSES if name not in BASE_MODELS]
+
+
+def training_batch(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
+    """An unpadded batch (each row ending in eos) with the labels of `model`'s head. Unpadded because coreformer runs
+    a padded batch on its real tokens only (unpadding), which draws dropout masks of another shape."""
+    name, config = type(model).__name__, model.config
+    input_ids, attention_mask = padded_batch(config, [7, 7, 7], "right")
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if name.startswith("Bert"):
+        batch["token_type_ids"] = (torch.arange(7) >= 4).long().expand_as(input_ids)
+    generator = torch.Generator().manual_seed(1)
+    if name.endswith("ForMultipleChoice"):
+        return {**{key: value[None] for key, value in batch.items()}, "labels": torch.tensor([2])}
+    if name.endswith("ForSequenceClassification"):
+        return {**batch, "labels": torch.randint(3, (3,), generator=generator)}
+    if name.endswith("ForTokenClassification"):
+        return {**batch, "labels": torch.randint(3, (3, 7), generator=generator)}
+    if name.endswith("ForQuestionAnswering"):
+        return {**batch, "start_positions": torch.tensor([1, 2, 0]), "end_positions": torch.tensor([3, 5, 1])}
+    return {**batch, "labels": input_ids}  # language models: the inputs themselves (BART: decoder targets)
+
+
+def fine_tune(model: torch.nn.Module, batch: dict[str, torch.Tensor], steps: int = 4) -> list[float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    torch.manual_seed(1234)  # the dropout masks: drawn in the same order, of the same shapes, by both models
+    losses = []
+    for _ in range(steps):
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", TRAINABLE_CLASSES)
+def test_converted_model_fine_tunes_with_the_source_losses(name):
+    reference = tiny_model(name, **TRAINING_DROPOUT[family_of(name)])
+    converted = convert_from_hf(reference)
+    trainable = [p.numel() for p in reference.parameters() if p.requires_grad]
+    assert sum(p.numel() for p in converted.parameters() if p.requires_grad) == sum(trainable)
+    frozen_bias = reference.final_logits_bias.clone() if hasattr(reference, "final_logits_bias") else None
+    batch = training_batch(reference)
+    expected = fine_tune(reference, batch)
+    found = fine_tune(converted, batch)
+    assert len(set(expected)) == len(expected)  # training moved the loss at every step
+    torch.testing.assert_close(torch.tensor(found), torch.tensor(expected), rtol=0, atol=1e-5)
+    if frozen_bias is not None:  # BART's buffer is never trained, in either model
+        assert torch.equal(converted.final_logits_bias, frozen_bias)
+        assert torch.equal(reference.final_logits_bias, frozen_bias)
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -455,3 +519,27 @@ def test_cli_converted_card_carries_the_source_license_and_hub_datasets(tmp_path
     assert card.data.license == "mit" and card.data.datasets == ["wikitext"]  # local paths never reach metadata
     assert card.data.pipeline_tag == "fill-mask" and card.data.eval_results is None  # no --check, no numbers
     assert "was not checked against the source model" in card.text
+
+
+def test_bart_final_logits_bias_follows_a_vocabulary_resize_and_a_save(tmp_path):
+    converted = convert_from_hf(tiny_model("BartForConditionalGeneration"))
+    bias = converted.final_logits_bias.clone()  # (1, VOCAB), random in tiny_model
+    converted.resize_token_embeddings(VOCAB + 5)
+    assert converted.final_logits_bias.shape == (1, VOCAB + 5)
+    assert (
+        torch.equal(converted.final_logits_bias[:, :VOCAB], bias) and not converted.final_logits_bias[:, VOCAB:].any()
+    )
+    converted.resize_token_embeddings(VOCAB - 4)
+    assert torch.equal(converted.final_logits_bias, bias[:, : VOCAB - 4])
+    converted.save_pretrained(tmp_path)
+    reloaded = type(converted).from_pretrained(tmp_path)
+    assert torch.equal(reloaded.final_logits_bias, bias[:, : VOCAB - 4])
+    assert not any("final_logits_bias" in name for name, _ in reloaded.named_parameters())
+
+
+def test_cli_sample_inputs_follow_the_head():
+    multiple_choice = convert_from_hf(tiny_model("BertForMultipleChoice"))
+    assert cli.sample_inputs(multiple_choice, None)["input_ids"].shape == (1, 3, 12)  # 3 choices of one question
+    classifier = convert_from_hf(tiny_model("GPT2ForSequenceClassification", pad_token_id=None))
+    assert cli.sample_inputs(classifier, None)["input_ids"].shape == (1, 12)  # no pad id: one unpadded row
+    assert cli.sample_inputs(convert_from_hf(tiny_model("GPT2LMHeadModel")), None)["input_ids"].shape == (3, 12)

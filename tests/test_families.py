@@ -83,5 +83,10 @@ def test_lookups_name_what_exists_when_they_fail():
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_special_tokens_agree_with_the_tokenizers_trained_for_the_family(name):
-    assert dict(FAMILIES[name].special_tokens) == tokenizer_training.SPECIAL_TOKENS[name]
+def test_tokenizers_trained_for_a_family_have_its_special_tokens_in_order(name):
+    texts = ["def close(self):", "    return self.stream.read()", "import os"] * 20
+    tokenizer = tokenizer_training.train_tokenizer(name, texts, vocab_size=300)
+    special = FAMILIES[name].special_tokens  # (role, token) in id order
+    found = {role: (getattr(tokenizer, role), getattr(tokenizer, f"{role}_id")) for role, _ in special}
+    assert found == {role: (token, i) for i, (role, token) in enumerate(special)}
+    assert tuple(tokenizer.model_input_names) == FAMILIES[name].model_input_names

@@ -114,9 +114,9 @@ def test_seq2seq_untied_head_still_shares_the_encoder_decoder_embedding(tmp_path
     model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq", tie_word_embeddings=False)
     model.save_pretrained(tmp_path)
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
-    shared = reloaded.model.shared
-    assert reloaded.model.encoder.embed_tokens is shared and reloaded.model.decoder.embed_tokens is shared
-    assert reloaded.lm_head.weight is not shared.weight
+    shared = reloaded.model.shared.weight  # each stack owns its embedding module; the parameter is tied, as in BART
+    assert reloaded.model.encoder.embed_tokens.weight is shared and reloaded.model.decoder.embed_tokens.weight is shared
+    assert reloaded.lm_head.weight is not shared
     ids, mask = padded_batch()
     torch.testing.assert_close(_first_output(reloaded, ids, mask), _first_output(model, ids, mask), atol=0, rtol=0)
 

@@ -1,10 +1,16 @@
 """What transformers' common model tests expect of every head of every family (BERT/GPT-2/BART conventions)."""
 
+import inspect
+
 import pytest
 import torch
+import transformers
 from conftest import EOS, VOCAB, padded_batch, tiny_config, tiny_model
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 
 import coreformer as cf
+from coreformer.families import FAMILIES
 
 
 def _inputs(family: str, batch: int = 3, length: int = 10, head=None) -> dict:
@@ -283,3 +289,16 @@ def test_unpadded_causal_batch_takes_sdpa_is_causal_path_without_a_mask(monkeypa
         seen.clear()
         model(ids, attention_mask=mask, use_cache=False)  # row 1 is padded: a mask is needed
         assert seen and all(attn_mask is not None and not is_causal for attn_mask, is_causal in seen)
+
+
+# Every registered head but the base models (each family's first entry).
+REGISTERED_HEADS = [getattr(cf, head.class_name) for family in FAMILIES.values() for head in family.heads[1:]]
+
+
+@pytest.mark.parametrize("head", REGISTERED_HEADS, ids=lambda head: head.__name__)
+def test_head_forward_types_its_kwargs_as_transformers_kwargs(head):
+    # What transformers' in-library BERT and BART heads declare, and what its tools read from the signature.
+    reference = inspect.signature(transformers.BertForSequenceClassification.forward).parameters["kwargs"]
+    kwargs = inspect.signature(head.forward).parameters["kwargs"]
+    assert kwargs.kind is inspect.Parameter.VAR_KEYWORD
+    assert kwargs.annotation == reference.annotation == Unpack[TransformersKwargs]

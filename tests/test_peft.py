@@ -2,6 +2,11 @@
 weights move), save the adapter, reload it onto a freshly loaded base, merge it into the weights, and save / reload the
 merged model through the Auto classes. Every step must reproduce the adapter model's outputs."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from conftest import EOS, tiny_config
@@ -10,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelF
 
 import coreformer as cf
 from coreformer.attention import Attention
+from coreformer.families import FAMILIES
 
 CASES = {
     "encoder": (cf.CoreformerEncoderForSequenceClassification, AutoModelForSequenceClassification, TaskType.SEQ_CLS),
@@ -17,6 +23,7 @@ CASES = {
     "seq2seq": (cf.CoreformerSeq2SeqForConditionalGeneration, AutoModelForSeq2SeqLM, TaskType.SEQ_2_SEQ_LM),
 }
 MERGE_ATOL = 1e-5
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def _batch(family: str) -> dict[str, torch.Tensor]:
@@ -128,3 +135,71 @@ def test_adapter_model_generates_what_the_merged_model_generates(trained, family
         from_adapter = adapter_model.generate(**prompt, **options)
         from_merged = adapter_model.merge_and_unload().generate(**prompt, **options)
     assert torch.equal(from_adapter, from_merged)
+
+
+# --- PEFT's defaults: LoraConfig() without target_modules (PEFT picks q_proj, v_proj for Llama; c_attn for GPT-2) ---
+
+ATTENTION_QUERY_VALUE = ("q_proj", "v_proj")
+
+
+def _attention_query_value_names(model) -> set[str]:
+    """Every attention's q_proj and v_proj (self- and cross-attention), by full module name."""
+    return {
+        f"{name}.{projection}"
+        for name, module in model.named_modules()
+        if isinstance(module, Attention)
+        for projection in ATTENTION_QUERY_VALUE
+    }
+
+
+HEAD_CLASSES = [(name, getattr(cf, head.class_name)) for name, family in FAMILIES.items() for head in family.heads]
+
+
+@pytest.mark.parametrize(("family", "head"), HEAD_CLASSES, ids=[head.__name__ for _, head in HEAD_CLASSES])
+def test_default_lora_config_targets_every_attention_query_and_value(family, head):
+    base = head(tiny_config(family, num_labels=2))
+    expected = _attention_query_value_names(base)
+    model = get_peft_model(base, LoraConfig())  # no target_modules: PEFT's default for the model type
+    assert set(model.peft_config["default"].target_modules) == set(ATTENTION_QUERY_VALUE)
+    assert set(model.base_model.targeted_module_names) == expected
+    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+
+
+REMOTE_PEFT_CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["coreformer"] = None  # a machine without coreformer: transformers, peft and the saved folders
+    import peft, transformers
+    from peft import LoraConfig, get_peft_model
+    for auto_class, folder in zip(sys.argv[1::2], sys.argv[2::2]):
+        model = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True)
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        targets = get_peft_model(model, LoraConfig()).base_model.targeted_module_names
+        print(auto_class, len(targets), sorted({name.rsplit(".", 1)[1] for name in targets}))
+    """
+)
+
+
+def test_default_lora_config_works_with_trust_remote_code_when_peft_is_imported_first(tmp_path):
+    arguments, expected = [], []
+    for family, (head, auto_class, _) in CASES.items():
+        torch.manual_seed(0)
+        model = head(tiny_config(family, num_labels=2))
+        model.save_pretrained(tmp_path / family)
+        arguments += [auto_class.__name__, str(tmp_path / family)]
+        expected.append(f"{auto_class.__name__} {len(_attention_query_value_names(model))} ['q_proj', 'v_proj']")
+    result = subprocess.run(
+        [sys.executable, "-c", REMOTE_PEFT_CHILD, *arguments], capture_output=True, text=True, env=OFFLINE
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == expected
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_transformers_add_adapter_takes_the_same_default_targets(family):
+    # transformers' own PEFT integration (PeftAdapterMixin.add_adapter) asks PEFT for the defaults the same way.
+    model = CASES[family][0](tiny_config(family, num_labels=2))
+    model.add_adapter(LoraConfig())
+    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
+    assert adapted == _attention_query_value_names(model)

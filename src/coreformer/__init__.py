@@ -5,7 +5,7 @@ Importing the package registers every config and model with AutoConfig / AutoMod
 coreformer is not installed).
 """
 
-import importlib
+import importlib.util
 
 import transformers
 
@@ -17,7 +17,7 @@ from .configuration_coreformer import (
     CoreformerSeq2SeqConfig,
 )
 from .conversion import convert_from_hf
-from .families import FAMILIES
+from .families import FAMILIES, register_with_peft
 from .modeling_decoder import (
     CoreformerDecoderForCausalLM,
     CoreformerDecoderForSequenceClassification,
@@ -52,6 +52,10 @@ for _family in FAMILIES.values():
         _model_class = getattr(_module, _head.class_name)
         getattr(transformers, _head.auto_class).register(_config_class, _model_class, exist_ok=True)
         _model_class.register_for_auto_class(_head.auto_class)
+
+if importlib.util.find_spec("peft") is not None:
+    importlib.import_module("peft.utils.constants")  # so that LoraConfig() without target_modules works for us
+    register_with_peft()
 
 __all__ = [
     "FAMILIES",

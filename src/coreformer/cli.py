@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForMultipleChoice, AutoModelForSequenceClassification
 
 from . import attention_maps
 from .families import head_of_class
@@ -129,14 +130,14 @@ def sample_inputs(model, tokenizer) -> dict[str, torch.Tensor]:
             if config.eos_token_id is not None:  # BART's classifier pools at the eos token
                 row[-1] = config.eos_token_id
             rows.append(row)
-    name = type(model).__name__
-    if config.pad_token_id is None and name.endswith("ForSequenceClassification"):
+    _, head = head_of_class(type(model).__name__)
+    if config.pad_token_id is None and head.auto_class == AutoModelForSequenceClassification.__name__:
         rows = rows[:1]  # without a pad id, transformers cannot find the last token of a padded row
     longest = max(len(row) for row in rows)
     pad = config.pad_token_id if config.pad_token_id is not None else 0
     input_ids = torch.tensor([row + [pad] * (longest - len(row)) for row in rows])  # (B, T)
     attention_mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows])  # (B, T)
-    if name.endswith("ForMultipleChoice"):
+    if head.auto_class == AutoModelForMultipleChoice.__name__:
         # (B, T) -> (1, B, T): the sample rows become the choices of one question.
         return {"input_ids": input_ids[None], "attention_mask": attention_mask[None]}
     return {"input_ids": input_ids, "attention_mask": attention_mask}

@@ -16,7 +16,10 @@ import copy
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .families import MODEL_TYPES
+from .families import MODEL_TYPES, register_with_peft
+
+# PEFT's default LoRA targets for our model types, when peft is loaded (this file runs first under trust_remote_code).
+register_with_peft()
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
 # Attention per layer (`layer_types`): see `CoreformerConfig` and attention.py.
@@ -70,10 +73,13 @@ class CoreformerConfig(PreTrainedConfig):
         hidden_dropout: Dropout on embeddings and on every residual branch.
         classifier_dropout: Dropout before classification heads; `None` means `hidden_dropout`.
         lm_head_transform: Dense + activation + norm before the LM projection (BERT's MLM transform).
-        lm_head_bias: A bias on the LM projection (BERT's decoder bias, BART's final_logits_bias).
+        lm_head_bias: A trained bias on the LM projection (BERT's decoder bias). BART's frozen one is the seq2seq
+            config's `final_logits_bias`.
         classifier_dense: Sequence classifiers project the pooled token with a tanh dense layer first (BERT's pooler,
             BART's classification head); without it the pooled token goes straight to the output (GPT-2's score).
         classifier_bias: A bias on the classifier output projection.
+        classifier_dropout_before_dense: Dropout on the pooled token before the dense layer too (RoBERTa's and BART's
+            classification heads drop out both before and after it; BERT's pooler only after).
         initializer_range: Standard deviation of the normal weight init.
         tie_word_embeddings: The LM head shares its weight with the input embedding.
         use_cache: Return a KV cache from causal forwards (inference only; training never builds one).
@@ -123,6 +129,7 @@ class CoreformerConfig(PreTrainedConfig):
     lm_head_bias: bool = False
     classifier_dense: bool = True
     classifier_bias: bool = True
+    classifier_dropout_before_dense: bool = False
     initializer_range: float = 0.02
     tie_word_embeddings: bool = True
     use_cache: bool = True
@@ -182,6 +189,43 @@ class CoreformerConfig(PreTrainedConfig):
             config_dict = dict(config_dict)
             config_dict["layer_types"] = config_dict.pop(SAVED_LAYER_TYPES)
         return super().from_dict(config_dict, **kwargs)
+
+    @property
+    def base_model_tp_plan(self) -> dict[str, str] | None:
+        """Tensor parallelism (`from_pretrained(..., tp_plan="auto")`), as Llama's plan: every attention's heads and
+        every MLP's width split across ranks (q/k/v, up and gate by columns; o and down by rows, then summed), in
+        every stack of the base model (families.py names them). Layer types need nothing more: each head attends on
+        its own in every type, and the sequence-side pieces (Linformer's E/F, Performer's features) are shared by
+        all heads, so they stay whole on every rank. As for Llama, the number of ranks must divide
+        `num_key_value_heads`. Not usable yet: `Attention._split_heads` counts heads from the projection's declared
+        width, which sharding leaves whole (tests/test_parallelism.py holds the 2-process check as a strict xfail)."""
+        family = MODEL_TYPES.get(self.model_type)
+        if family is None:
+            return None
+        block = {f"{projection}_proj": "colwise" for projection in "qkv"} | {"o_proj": "rowwise"}
+        mlp = {"up_proj": "colwise", "down_proj": "rowwise"} | ({"gate_proj": "colwise"} if self.gated_mlp else {})
+        plan = {}
+        for stack in family.stacks:
+            attentions = ("self_attn", "cross_attn") if stack == family.cross_attention_stack else ("self_attn",)
+            for attention in attentions:
+                plan |= {f"{stack}.layers.*.{attention}.{name}": style for name, style in block.items()}
+            plan |= {f"{stack}.layers.*.mlp.{name}": style for name, style in mlp.items()}
+        return plan
+
+    @property
+    def base_model_pp_plan(self) -> dict[str, tuple[list[str], list[str]]] | None:
+        """Pipeline stages (read by pipeline-parallel trainers): each stack's embedding, its blocks and its final
+        norm, with the tensors that flow between them, as Llama's plan names them."""
+        family = MODEL_TYPES.get(self.model_type)
+        if family is None:
+            return None
+        plan = {}
+        for stack in family.stacks:
+            plan[f"{stack}.embed_tokens"] = (["input_ids"], ["inputs_embeds"])
+            plan[f"{stack}.layers"] = (["hidden_states", "attention_mask"], ["hidden_states"])
+            if self.final_norm:
+                plan[f"{stack}.norm"] = (["hidden_states"], ["hidden_states"])
+        return plan
 
     def layer_counts(self) -> dict[str, int]:
         """The layer-count fields of this family, by name (validated to be positive)."""
@@ -372,6 +416,8 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
         encoder_layers: Blocks in the encoder stack.
         decoder_layers: Blocks in the decoder stack.
         decoder_start_token_id: First decoder input, also used to shift labels right.
+        final_logits_bias: Add BART's `final_logits_bias` to the LM logits: a (1, vocab_size) buffer, saved with the
+            weights but never trained (converted BART checkpoints set it).
     """
 
     model_type = "coreformer_seq2seq"
@@ -381,6 +427,7 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
     encoder_layers: int = 6
     decoder_layers: int = 6
     decoder_start_token_id: int | None = 2
+    final_logits_bias: bool = False
     is_encoder_decoder: bool = True
     layer_norm_eps: float = 1e-5
     bos_token_id: int | None = 0

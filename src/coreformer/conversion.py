@@ -145,9 +145,11 @@ _QA_RULES: tuple[Rule, ...] = ((rf"qa_outputs\.{_WB}", r"qa_outputs.\1"),)
 class _Conversion:
     """How one transformers class becomes one coreformer class."""
 
-    family: str  # the source model_type, "bert" | "roberta" | "gpt2" | "bart": config translation and base rules
+    family: str  # the source model_type, a key of _SOURCES: "bert" | "roberta" | "gpt2" | "bart"
     target: type[CoreformerPreTrainedModel]
     head_rules: tuple[Rule, ...] = ()
+    # Config fields this head sets over the family's translation (what the source head does differently).
+    head_config: tuple[tuple[str, object], ...] = ()
 
 
 _CONVERSIONS: dict[str, _Conversion] = {
@@ -165,6 +167,7 @@ _CONVERSIONS: dict[str, _Conversion] = {
         "roberta",
         CoreformerEncoderForSequenceClassification,
         ((rf"classifier\.(dense|out_proj)\.{_WB}", r"classifier.\1.\2"),),
+        (("classifier_dropout_before_dense", True),),  # RobertaClassificationHead: dropout, dense, dropout
     ),
     "RobertaForTokenClassification": _Conversion(
         "roberta", CoreformerEncoderForTokenClassification, _SAME_NAME_CLASSIFIER
@@ -176,33 +179,28 @@ _CONVERSIONS: dict[str, _Conversion] = {
     "GPT2Model": _Conversion("gpt2", CoreformerDecoderModel),
     "GPT2LMHeadModel": _Conversion("gpt2", CoreformerDecoderForCausalLM, ((r"lm_head\.weight", "lm_head.weight"),)),
     "GPT2ForSequenceClassification": _Conversion(
-        "gpt2", CoreformerDecoderForSequenceClassification, ((r"score\.weight", "classifier.out_proj.weight"),)
+        "gpt2",
+        CoreformerDecoderForSequenceClassification,
+        ((r"score\.weight", "classifier.out_proj.weight"),),
+        (("classifier_dropout", 0.0),),  # GPT-2's `score` has no dropout in front of it
     ),
     "GPT2ForTokenClassification": _Conversion("gpt2", CoreformerDecoderForTokenClassification, _SAME_NAME_CLASSIFIER),
     "BartModel": _Conversion("bart", CoreformerSeq2SeqModel),
     "BartForConditionalGeneration": _Conversion(
         "bart",
         CoreformerSeq2SeqForConditionalGeneration,
-        (
-            (r"lm_head\.weight", "lm_head.weight"),
-            (r"final_logits_bias", "lm_head.bias", lambda bias: bias.reshape(-1)),  # (1, vocab) -> (vocab,)
-        ),
+        ((r"lm_head\.weight", "lm_head.weight"), (r"final_logits_bias", "final_logits_bias")),
+        (("final_logits_bias", True),),  # a buffer, never trained, as in BART
     ),
     "BartForSequenceClassification": _Conversion(
         "bart",
         CoreformerSeq2SeqForSequenceClassification,
         ((rf"classification_head\.(dense|out_proj)\.{_WB}", r"classifier.\1.\2"),),
+        (("classifier_dropout_before_dense", True),),  # BartClassificationHead: dropout, dense, dropout
     ),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_CONVERSIONS)
-
-_BASE_RULES = {
-    "bert": _BERT_BASE_RULES,
-    "roberta": _BERT_BASE_RULES,
-    "gpt2": _GPT2_BASE_RULES,
-    "bart": _BART_BASE_RULES,
-}
 
 
 def _unsupported(model_name: str, option: str, why: str) -> ValueError:
@@ -226,9 +224,9 @@ def _check_activation(model_name: str, act) -> str:
     return act
 
 
-def _encoder_config(config: PreTrainedConfig, family: str, is_mlm: bool) -> CoreformerEncoderConfig:
+def _encoder_config(config: PreTrainedConfig, is_mlm: bool, roberta: bool = False) -> CoreformerEncoderConfig:
     """BERT / RoBERTa: post-norm, learned absolute positions, token types, embedding LayerNorm, MLM transform."""
-    name = "BERT" if family == "bert" else "RoBERTa"
+    name = "RoBERTa" if roberta else "BERT"
     position_type = getattr(config, "position_embedding_type", "absolute")
     if position_type != "absolute":
         # transformers 5 dropped relative_key(_query) and silently ignores the field; the checkpoint was trained
@@ -237,11 +235,11 @@ def _encoder_config(config: PreTrainedConfig, family: str, is_mlm: bool) -> Core
     if config.is_decoder or config.add_cross_attention:
         raise _unsupported(name, "is_decoder/add_cross_attention=True", "(a causal BERT decoder)")
     hidden_act = _check_activation(name, config.hidden_act)
-    if family == "roberta" and is_mlm and hidden_act != "gelu":
+    if roberta and is_mlm and hidden_act != "gelu":
         # RobertaLMHead hard-codes erf gelu whatever hidden_act says; our MLM transform uses hidden_act.
         raise _unsupported(name, f"hidden_act={hidden_act!r} with an MLM head", "(RobertaLMHead always uses gelu)")
     positions = {"max_position_embeddings": config.max_position_embeddings, "position_offset": 0}
-    if family == "roberta":
+    if roberta:
         if config.pad_token_id is None:
             raise _unsupported(name, "pad_token_id=None", "(RoBERTa numbers positions from padding_idx + 1)")
         # RoBERTa numbers tokens from padding_idx + 1 (cumsum of non-padding); our learned positions are
@@ -276,7 +274,7 @@ def _encoder_config(config: PreTrainedConfig, family: str, is_mlm: bool) -> Core
     )
 
 
-def _decoder_config(config: PreTrainedConfig) -> CoreformerDecoderConfig:
+def _decoder_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerDecoderConfig:
     """GPT-2: pre-norm with a final norm, learned positions, no embedding norm, tied LM head."""
     if not config.scale_attn_weights:
         raise _unsupported("GPT-2", "scale_attn_weights=False", "(unscaled attention scores)")
@@ -286,8 +284,10 @@ def _decoder_config(config: PreTrainedConfig) -> CoreformerDecoderConfig:
         raise _unsupported("GPT-2", "reorder_and_upcast_attn=True", "(keys scaled before the product)")
     if config.add_cross_attention:
         raise _unsupported("GPT-2", "add_cross_attention=True", "(cross-attention in a GPT-2 decoder)")
-    # GPT2ForTokenClassification's rule for its dropout; the other GPT-2 heads have none.
+    # GPT2ForTokenClassification's rule for its dropout (GPT2ForSequenceClassification has none: its head_config).
     classifier_dropout = getattr(config, "classifier_dropout", None)
+    if classifier_dropout is None:
+        classifier_dropout = getattr(config, "hidden_dropout", None)
     return CoreformerDecoderConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.n_embd,
@@ -320,7 +320,7 @@ def _decoder_config(config: PreTrainedConfig) -> CoreformerDecoderConfig:
     )
 
 
-def _seq2seq_config(config: PreTrainedConfig, lm_head_bias: bool) -> CoreformerSeq2SeqConfig:
+def _seq2seq_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerSeq2SeqConfig:
     """BART: post-norm encoder and decoder, positions stored from 2, embedding LayerNorm, optional sqrt(d) scale."""
     if config.encoder_attention_heads != config.decoder_attention_heads:
         raise _unsupported(
@@ -369,7 +369,7 @@ def _seq2seq_config(config: PreTrainedConfig, lm_head_bias: bool) -> CoreformerS
         attention_dropout=config.attention_dropout,
         classifier_dropout=config.classifier_dropout,
         lm_head_transform=False,
-        lm_head_bias=lm_head_bias,  # final_logits_bias
+        lm_head_bias=False,  # BART's logits bias is final_logits_bias, a buffer: see its head_config
         classifier_dense=True,
         classifier_bias=True,
         initializer_range=config.init_std,
@@ -381,13 +381,12 @@ def _seq2seq_config(config: PreTrainedConfig, lm_head_bias: bool) -> CoreformerS
 
 
 def _translate_config(model: PreTrainedModel, conversion: _Conversion) -> CoreformerConfig:
-    config = model.config
-    if conversion.family in ("bert", "roberta"):
-        is_mlm = conversion.target is CoreformerEncoderForMaskedLM
-        return _encoder_config(config, conversion.family, is_mlm)
-    if conversion.family == "gpt2":
-        return _decoder_config(config)
-    return _seq2seq_config(config, lm_head_bias=conversion.target is CoreformerSeq2SeqForConditionalGeneration)
+    is_mlm = conversion.target is CoreformerEncoderForMaskedLM
+    translated = _SOURCES[conversion.family].translate_config(model.config, is_mlm)
+    for name, value in conversion.head_config:
+        setattr(translated, name, value)
+    translated.validate_fields()
+    return translated
 
 
 def _unfuse_gpt2(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -406,6 +405,24 @@ def _unfuse_gpt2(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) ->
         else:
             unfused[name] = tensor
     return unfused
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One transformers architecture (a source `model_type`): how its config and base-model weights translate."""
+
+    translate_config: Callable[[PreTrainedConfig, bool], CoreformerConfig]  # (config, is the head masked LM?)
+    base_rules: list[Rule]
+    # Rewrites the source state dict before renaming (GPT-2: transpose Conv1D, split c_attn).
+    prepare_weights: Callable[[PreTrainedModel, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+
+
+_SOURCES: dict[str, _Source] = {
+    "bert": _Source(_encoder_config, _BERT_BASE_RULES),
+    "roberta": _Source(lambda config, is_mlm: _encoder_config(config, is_mlm, roberta=True), _BERT_BASE_RULES),
+    "gpt2": _Source(_decoder_config, _GPT2_BASE_RULES, _unfuse_gpt2),
+    "bart": _Source(_seq2seq_config, _BART_BASE_RULES),
+}
 
 
 def _rename(state_dict: dict[str, torch.Tensor], rules: list[Rule], source_name: str) -> dict[str, torch.Tensor]:
@@ -468,8 +485,10 @@ def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
         - RoBERTa: positions are arange(T) + padding_idx + 1, equal to RoBERTa's cumsum of non-padding tokens for
           right-padded (or unpadded) batches only; padding positions themselves differ (nothing attends to them).
         - GPT-2: `token_type_ids`, which GPT-2 looks up in its token embedding, are ignored by the converted model.
-        - Training-time differences only: GPT-2's separate embedding dropout, BART's activation dropout and
-          layerdrop are not kept.
+        - Training-time differences only: GPT-2's embedding dropout takes resid_pdrop (coreformer has one
+          hidden_dropout), BART's activation dropout and layerdrop are not kept. With those equal (the defaults
+          of GPT-2, and BART's activation_dropout=0, layerdrop=0), fine-tuning the converted model from the same seed
+          on the same unpadded batches gives the source's losses, dropout included (tests/test_conversion.py).
 
     Args:
         model: an instantiated transformers model; `SUPPORTED_ARCHITECTURES` lists the classes.
@@ -489,16 +508,17 @@ def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
     if conversion.target is CoreformerEncoderForQuestionAnswering and model.config.num_labels != 2:
         raise _unsupported(source_name, f"num_labels={model.config.num_labels}", "(QA predicts a start and an end)")
 
+    source = _SOURCES[conversion.family]
     state_dict = dict(model.state_dict())
-    if conversion.family == "gpt2":
-        state_dict = _unfuse_gpt2(model, state_dict)
+    if source.prepare_weights is not None:
+        state_dict = source.prepare_weights(model, state_dict)
     converted = conversion.target(config)
     # Base-model keys carry the prefix ("bert.", "model.") only inside a head model, on both sides.
     source_prefix = "" if model.base_model is model else f"{model.base_model_prefix}."
     target_prefix = "" if converted.base_model is converted else f"{converted.base_model_prefix}."
     base_rules = [
         (re.escape(source_prefix) + pattern, None if target is None else target_prefix + target, *transform)
-        for pattern, target, *transform in _BASE_RULES[conversion.family]
+        for pattern, target, *transform in source.base_rules
     ]
     # Head rules first: BertForSequenceClassification's pooler lives under the base prefix but belongs to the head.
     state_dict = _rename(state_dict, [*conversion.head_rules, *base_rules], source_name)

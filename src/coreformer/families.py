@@ -6,11 +6,12 @@
     Head                           one Auto class of a family: its coreformer class and its Hub pipeline tag
     family_of_model_type(type)     the Family of a config's `model_type`; ValueError naming the known ones
     head_of_class(class_name)      the (Family, Head) of a coreformer model class name
+    register_with_peft()           PEFT's default adapter targets for every family (LoRA: q_proj, v_proj)
 
 Who reads it: `__init__.py` (AutoConfig / AutoModel* registration), `configuration_coreformer.py` (the `auto_map`
-written into config.json), `cli.py` and `model_card.py` (families, pipeline tags, card text), and the training
-code (which family a checkpoint is, its language-model head, its special tokens). Nothing else compares a family
-or head name as a string.
+written into config.json, the tensor/pipeline-parallel plans over each family's stacks), `cli.py` and `model_card.py`
+(families, heads, pipeline tags, card text), PEFT through `register_with_peft`, and the training code (which family a
+checkpoint is, its language-model head, its special tokens). Nothing else compares a family or head name as a string.
 
 Classes are named here, not imported: `configuration_coreformer.py` imports this module, so it is copied next to
 every checkpoint and loaded with `trust_remote_code=True`; it must stay flat and import neither torch nor the
@@ -21,6 +22,7 @@ family's `heads` below (and export the class from `__init__.py`). To add a famil
 `configuration_coreformer.py` and its `modeling_<name>.py`, then add one `Family(...)` entry to `FAMILIES`.
 """
 
+import sys
 from dataclasses import dataclass
 
 
@@ -45,6 +47,8 @@ class Family:
     heads: tuple[Head, ...]  # every Auto class the family registers; the first is the base model (AutoModel)
     language_model_auto_class: str  # the head that predicts tokens (what pretraining trains and saves)
     special_tokens: tuple[tuple[str, str], ...]  # (role, token) in id order, for tokenizers trained for the family
+    stacks: tuple[str, ...]  # the base model's CoreformerStack attributes, in order (parallelism plans name them)
+    cross_attention_stack: str | None  # the stack whose blocks also cross-attend (seq2seq decoder)
     model_input_names: tuple[str, ...]  # what the family's tokenizers return
 
     @property
@@ -103,6 +107,8 @@ FAMILIES: dict[str, Family] = {
                 ("mask_token", "[MASK]"),
             ),
             model_input_names=("input_ids", "token_type_ids", "attention_mask"),
+            stacks=("encoder",),
+            cross_attention_stack=None,
         ),
         Family(
             name="decoder",
@@ -130,6 +136,8 @@ FAMILIES: dict[str, Family] = {
                 ("unk_token", "<unk>"),
             ),
             model_input_names=("input_ids", "attention_mask"),
+            stacks=("decoder",),
+            cross_attention_stack=None,
         ),
         Family(
             name="seq2seq",
@@ -155,6 +163,8 @@ FAMILIES: dict[str, Family] = {
                 ("mask_token", "<mask>"),
             ),
             model_input_names=("input_ids", "attention_mask"),
+            stacks=("encoder", "decoder"),
+            cross_attention_stack="decoder",
         ),
     )
 }
@@ -181,3 +191,32 @@ def head_of_class(class_name: str) -> tuple[Family, Head]:
             if head.class_name == class_name:
                 return family, head
     raise ValueError(f"{class_name} is not a registered coreformer model class (see coreformer.families.FAMILIES).")
+
+
+# Module names every coreformer block has, whatever its options. They are Llama's names (a gated MLP adds Llama's
+# gate_proj), so PEFT's Llama defaults fit every family wherever they name only these.
+BLOCK_MODULE_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"})
+PEFT_REFERENCE_MODEL_TYPE = "llama"
+
+
+def register_with_peft() -> bool:
+    """Give PEFT default target modules for every coreformer model type, so `get_peft_model(model, LoraConfig())`
+    works without `target_modules` (LoRA then adapts every attention's q_proj and v_proj, as PEFT does for Llama).
+
+    PEFT picks defaults by `config.model_type` from its own tables (peft.utils.constants) and offers no way for a model
+    to declare them, so each table that has a Llama entry naming only `BLOCK_MODULE_NAMES` gets the same entry for
+    every family. Nothing is imported: this acts only when peft already is (returns whether it did). `import
+    coreformer` imports peft when it is installed and calls this; the modeling code copied next to a checkpoint calls
+    it on load, which covers `trust_remote_code=True` when peft was imported before the model was loaded.
+    """
+    constants = sys.modules.get("peft.utils.constants")
+    if constants is None:
+        return False
+    for name, table in vars(constants).items():
+        if not (name.startswith("TRANSFORMERS_MODELS_TO_") and name.endswith("_MAPPING") and isinstance(table, dict)):
+            continue
+        reference = table.get(PEFT_REFERENCE_MODEL_TYPE)
+        if isinstance(reference, list | tuple) and set(reference) <= BLOCK_MODULE_NAMES:
+            for family in FAMILIES.values():
+                table.setdefault(family.model_type, list(reference))
+    return True

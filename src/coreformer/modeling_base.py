@@ -29,7 +29,8 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .attention import Attention, Unpadding
@@ -502,20 +503,23 @@ def build_lm_head(config: CoreformerConfig) -> tuple[LMHeadTransform | None, nn.
 
 
 class ClassificationHead(nn.Module):
-    """Pooled token -> [tanh(dense)] -> dropout -> out_proj.
+    """Pooled token -> [[dropout] -> tanh(dense)] -> dropout -> out_proj.
 
-    With `config.classifier_dense` this is BERT's pooler + classifier and BART's classification head; without it,
-    GPT-2's `score` projection.
+    With `config.classifier_dense` this is BERT's pooler + classifier, and with `classifier_dropout_before_dense`
+    RoBERTa's and BART's classification heads; without a dense layer, GPT-2's `score` projection.
     """
 
     def __init__(self, config: CoreformerConfig, num_outputs: int):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size) if config.classifier_dense else None
+        self.dropout_before_dense = config.classifier_dense and config.classifier_dropout_before_dense
         self.dropout = nn.Dropout(classifier_dropout(config))
         self.out_proj = nn.Linear(config.hidden_size, num_outputs, bias=config.classifier_bias)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         if self.dense is not None:
+            if self.dropout_before_dense:
+                pooled = self.dropout(pooled)
             pooled = torch.tanh(self.dense(pooled))
         return self.out_proj(self.dropout(pooled))
 
@@ -564,7 +568,7 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TokenClassifierOutput:
         """labels: (B, T) class ids, -100 where no loss is taken (padding, sub-word continuations)."""
         outputs = self.model(
@@ -610,7 +614,7 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutputWithPast:
         """labels: (B,) class ids, (B, num_labels) floats for multi-label, or (B,) floats when num_labels == 1."""
         outputs = self.model(

@@ -12,7 +12,8 @@ from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerDecoderConfig
 from .losses import causal_lm_loss
@@ -98,7 +99,7 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         """
         labels: (B, T) the input ids themselves (shifted inside the loss), -100 where no loss is taken.

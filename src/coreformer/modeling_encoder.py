@@ -16,7 +16,8 @@ from transformers.modeling_outputs import (
     MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
 )
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerEncoderConfig
 from .losses import token_loss
@@ -95,7 +96,7 @@ class CoreformerEncoderForMaskedLM(CoreformerEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
         """labels: (B, T) original ids at masked positions, -100 elsewhere."""
         outputs = self.model(
@@ -150,7 +151,7 @@ class CoreformerEncoderForQuestionAnswering(CoreformerEncoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.LongTensor | None = None,
         end_positions: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> QuestionAnsweringModelOutput:
         """start_positions / end_positions: (B,) token indices of the answer span."""
         outputs = self.model(
@@ -192,7 +193,7 @@ class CoreformerEncoderForMultipleChoice(CoreformerEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MultipleChoiceModelOutput:
         """Inputs are (B, C, T) (embeddings (B, C, T, hidden)); labels: (B,) index of the right choice."""
         reference = input_ids if input_ids is not None else inputs_embeds

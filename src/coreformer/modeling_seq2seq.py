@@ -1,4 +1,4 @@
-"""BART-style encoder-decoder family: an encoder stack and a cross-attending decoder stack over one shared embedding.
+"""BART-style encoder-decoder family: an encoder stack and a cross-attending decoder stack over one tied embedding.
 
 input_ids ─> shared ─> encoder stack (bidirectional) ─────────────┐ encoder_hidden_states
 decoder_input_ids ─> shared ─> decoder stack (causal + cross-attn) ┴─> last_hidden_state ─> lm_head
@@ -11,6 +11,7 @@ CoreformerSeq2SeqForSequenceClassification    decoder state at the last eos toke
 import torch
 from torch import nn
 from transformers import GenerationMixin
+from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -18,7 +19,8 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
     Seq2SeqSequenceClassifierOutput,
 )
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerSeq2SeqConfig
 from .losses import token_loss
@@ -38,9 +40,20 @@ class CoreformerSeq2SeqPreTrainedModel(CoreformerPreTrainedModel):
     config_class = CoreformerSeq2SeqConfig
     config: CoreformerSeq2SeqConfig
 
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, CoreformerSeq2SeqForConditionalGeneration) and module.final_logits_bias is not None:
+            init.zeros_(module.final_logits_bias)
+
 
 class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
-    """Encoder stack + decoder stack with cross-attention, both reading the one `shared` embedding."""
+    """Encoder stack + decoder stack with cross-attention, their token embeddings tied to the one `shared` weight.
+
+    As in transformers' BART, each stack owns its embedding module and the PARAMETERS are tied (`_tied_weights_keys`,
+    applied by `post_init` and after loading): a checkpoint that has any one of the three names fills all three, and
+    one that has none reports them missing and initialises them.
+    """
 
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
@@ -50,15 +63,17 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
     def __init__(self, config: CoreformerSeq2SeqConfig):
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.encoder = CoreformerStack(config, config.layer_types, self.shared, is_causal=False)
+        encoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        decoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.encoder = CoreformerStack(config, config.layer_types, encoder_embed_tokens, is_causal=False)
         self.decoder = CoreformerStack(
-            config, config.decoder_layer_types, self.shared, is_causal=True, cross_attention=True
+            config, config.decoder_layer_types, decoder_embed_tokens, is_causal=True, cross_attention=True
         )
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
-        # transformers drops every tie when tie_word_embeddings=False; that flag is about lm_head only here, the
-        # encoder and decoder always read the one shared embedding.
+        # transformers drops every tie when tie_word_embeddings=False (BART then unties its stacks' embeddings too);
+        # here that flag is about lm_head only: the encoder and decoder always read the one shared embedding.
         if all_submodels:
             return super().get_expanded_tied_weights_keys(all_submodels=True)
         return dict(self._tied_weights_keys)
@@ -145,7 +160,21 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         super().__init__(config)
         self.model = CoreformerSeq2SeqModel(config)
         self.lm_head_transform, self.lm_head = build_lm_head(config)
+        # BART's final_logits_bias: added to the logits, saved, never trained (a buffer, not a parameter).
+        bias = torch.zeros(1, config.vocab_size) if config.final_logits_bias else None  # (1, vocab)
+        self.register_buffer("final_logits_bias", bias)
         self.post_init()
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.final_logits_bias is not None:  # cut, or extended with zeros as BART does
+            vocab = embeddings.weight.shape[0]
+            extended = self.final_logits_bias.new_zeros(1, max(vocab, self.final_logits_bias.shape[-1]))
+            extended[:, : self.final_logits_bias.shape[-1]] = self.final_logits_bias
+            self.final_logits_bias = extended[:, :vocab]
+        return embeddings
 
     @can_return_tuple
     def forward(
@@ -160,7 +189,7 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """labels: (B, T) target ids, -100 where no loss is taken. Decoder inputs default to labels shifted right,
         so logits[:, t] already predicts labels[:, t]: the loss is taken without a second shift."""
@@ -184,6 +213,8 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         if self.lm_head_transform is not None:
             hidden_states = self.lm_head_transform(hidden_states)
         logits = self.lm_head(hidden_states)  # (B, T, vocab)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias.to(logits.dtype)  # (B, T, vocab) + (1, vocab)
         loss = None
         if labels is not None:
             loss = token_loss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -232,7 +263,7 @@ class CoreformerSeq2SeqForSequenceClassification(CoreformerSeq2SeqPreTrainedMode
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqSequenceClassifierOutput:
         """input_ids (B, S) must contain config.eos_token_id in every row; labels as for any sequence classifier."""
         if input_ids is None:
