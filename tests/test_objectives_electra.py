@@ -162,6 +162,10 @@ def test_electra_run_lowers_its_held_out_loss_and_saves_an_encoder_and_its_gener
     assert torch.equal(generator.lm_head.weight, generator_embeddings)  # tied, as a masked LM's are
     card = (output_dir / "README.md").read_text()
     assert "replaced-token detection" in card and "AutoModel" in card
+    final = metrics["history"]["eval"][-1]
+    assert final["loss"] == pytest.approx(final["mlm_loss"] + 50 * final["rtd_loss"], rel=1e-6)
+    assert 0.5 < final["rtd_accuracy"] <= 1.0  # most tokens are original: even "none replaced" is right on those
+    assert f"rtd accuracy {final['rtd_accuracy']:.4f}" in card and "perplexity" not in card.split("---")[1]
     assert metrics["sample"].startswith("import [MASK] -> ")
 
 

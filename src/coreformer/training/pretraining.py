@@ -522,17 +522,21 @@ def evaluate(
         device=accelerator.device,
     ).sum(0)
     counts = accelerator.reduce(counts, "sum")  # (label tokens, input tokens) of all held-out batches
-    total = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    totals: dict[str, torch.Tensor] = {}
     for index in shares:
         batch = batches[index % len(batches)]
         torch.manual_seed(derive_seed(seed, "eval", index))
-        loss = objective.loss(model, _to_device(batch, accelerator.device), counts[0], counts[1])
-        if index < len(batches):
-            total += loss.double()
-    total = accelerator.reduce(total, "sum")
+        terms = objective.loss_terms(model, _to_device(batch, accelerator.device), counts[0], counts[1])
+        for name, value in terms.items():
+            totals.setdefault(name, torch.zeros((), dtype=torch.float64, device=accelerator.device))
+            if index < len(batches):
+                totals[name] += value.double()
+    names = sorted(totals)  # every process reduces the terms in one order
+    reduced = accelerator.reduce(torch.stack([totals[name] for name in names]), "sum").tolist()
     model.train()
-    loss = total.item()
-    return {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "tokens": int(counts[0])}
+    result = dict(zip(names, reduced, strict=True))
+    loss = result.pop("loss")
+    return {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "tokens": int(counts[0]), **result}
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -50,7 +50,7 @@ def plot_losses(history: dict[str, list[dict]], path: Path, title: str) -> None:
 
 def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
     """What the final folder's card says (model_cards/pretrained.md): the run's settings and its held-out numbers,
-    which also go into the card's model-index (loss and perplexity on the held-out split)."""
+    which also go into the card's model-index (the objective's `card_metrics` on the held-out split)."""
     family, objective = FAMILIES[args.family], OBJECTIVES[args.objective]
     hub_dataset = args.dataset if args.dataset and is_hub_id(args.dataset) else None
     if args.dataset is None:
@@ -58,13 +58,15 @@ def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
     else:
         dataset_description = f"`{args.dataset}`" + (f" ({args.dataset_config})" if args.dataset_config else "")
     tokens_per_second = f"{metrics['tokens_per_second']:,.0f}" if metrics["tokens_per_second"] else "n/a"
+    final = metrics["history"]["eval"][-1]
+    numbers = ", ".join(f"{name.replace('_', ' ')} {final[name]:.4f}" for name in objective.card_metrics)
     summary = (
         f"A {family.description} with {metrics['num_parameters']:,} parameters, pretrained from scratch with "
-        f"coreformer's `training/pretrain.py` on {dataset_description}. After {metrics['steps']} steps "
-        f"({metrics['tokens_seen']:,} training tokens, {tokens_per_second} tokens/s on {metrics['device']}) the "
-        f"held-out loss is {metrics['final_eval_loss']:.4f} nats/token (perplexity "
-        f"{metrics['final_eval_perplexity']:.2f}) on {metrics['final_eval_tokens']:,} held-out label tokens. The "
-        f"architecture is coreformer's ({family.config_class.__name__})."
+        f"coreformer's `training/pretrain.py` on {dataset_description} ({objective.name} objective). After "
+        f"{metrics['steps']} steps ({metrics['tokens_seen']:,} training tokens, {tokens_per_second} tokens/s on "
+        f"{metrics['device']}) the held-out numbers are: {numbers} (losses in nats per token, over "
+        f"{metrics['final_eval_tokens']:,} held-out label tokens). The architecture is coreformer's "
+        f"({family.config_class.__name__})."
     )
     hyperparameters = [
         ("preset / config", args.preset),
@@ -91,7 +93,7 @@ def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
         pipeline_tag=objective.pipeline_tag,
         task_type=objective.pipeline_tag,
         task_name=objective.description.split(" (")[0],
-        eval_results={"loss": metrics["final_eval_loss"], "perplexity": metrics["final_eval_perplexity"]},
+        eval_results={name: metrics["history"]["eval"][-1][name] for name in objective.card_metrics},
         eval_dataset=hub_dataset or f"{args.dataset or 'coreformer embedded corpus'} (held-out split)",
         hyperparameters=hyperparameters,
         usage=objective.usage,

@@ -6,9 +6,10 @@
     Objective.label_count(batch)                   the tokens that carry a loss (the step's token-mean divisor)
     Objective.build_model(config, args)            the module trained (a family head; ELECTRA: two models in one)
     Objective.loss(model, batch, label_tokens, input_tokens)   a micro-batch's share of the step's token-mean loss
+    Objective.loss_terms(...)                      the loss and its reported parts (held-out evaluation)
     Objective.save(model, state_dict, tokenizer, folder)   what the final folder holds (a loadable folder)
     Objective.sample(folder, prompt, seed)         what the saved folder makes of a prompt (--sample-prompt)
-    description / auto_class / pipeline_tag / usage   what the model card says
+    description / auto_class / pipeline_tag / usage / card_metrics   what the model card says
 
 An objective trains one family's model (`families`: those whose config it can build); it is chosen by
 `--objective`, the family's default when not given. The registry is objectives/__init__.py.
@@ -35,6 +36,7 @@ class Objective:
     pipeline_tag: str
     usage: str  # the card's code example after `model = ...` and `tokenizer = ...`
     required_tokens: tuple[str, ...]
+    card_metrics: tuple[str, ...] = ("loss", "perplexity")  # held-out numbers the card's model-index reports
 
     # ---- data ----
     def examples(self, split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, args: Any) -> datasets.Dataset:
@@ -63,6 +65,17 @@ class Objective:
         step's token counts (all micro-batches, all processes), `label_tokens` (`label_count`) and `input_tokens`
         (real input tokens). One count suits most objectives: transformers' `num_items_in_batch`."""
         return model(**batch, num_items_in_batch=label_tokens).loss
+
+    def loss_terms(
+        self,
+        model: torch.nn.Module,
+        batch: dict[str, torch.Tensor],
+        label_tokens: torch.Tensor | int,
+        input_tokens: torch.Tensor | int,
+    ) -> dict[str, torch.Tensor]:
+        """The loss ("loss") and any parts of it worth reporting, each a share of a token mean like `loss`; the
+        held-out evaluation sums each over the batches."""
+        return {"loss": self.loss(model, batch, label_tokens, input_tokens)}
 
     def save(
         self,

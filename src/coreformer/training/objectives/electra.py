@@ -117,7 +117,7 @@ class ElectraPretraining(nn.Module):
         self.discriminator.gradient_checkpointing_enable()
 
 
-def electra_loss(
+def electra_loss_terms(
     outputs: dict[str, torch.Tensor],
     labels: torch.Tensor,
     attention_mask: torch.Tensor | None,
@@ -125,19 +125,26 @@ def electra_loss(
     label_tokens: torch.Tensor | int,
     input_tokens: torch.Tensor | int,
     rtd_weight: float,
-) -> torch.Tensor:
-    """L_MLM summed over the masked tokens / label_tokens + rtd_weight * L_RTD summed over real tokens /
-    input_tokens (paper eq. 3, as token means over the step)."""
+) -> dict[str, torch.Tensor]:
+    """{"loss": L_MLM + rtd_weight * L_RTD (paper eq. 3), "mlm_loss": L_MLM summed over the masked tokens /
+    label_tokens, "rtd_loss": L_RTD summed over real tokens / input_tokens, "rtd_accuracy": the share of real tokens
+    the discriminator labels right, over input_tokens} (token means over the step)."""
     generator_logits = outputs["generator_logits"]
     mlm = token_loss(generator_logits, labels, generator_logits.shape[-1], num_items_in_batch=label_tokens)
     targets = replaced_token_labels(outputs["original"], outputs["corrupted"], attention_mask)
     real = targets != -100
-    rtd = nn.functional.binary_cross_entropy_with_logits(
-        outputs["discriminator_logits"][real].float(), targets[real], reduction="sum"
-    )
+    logits = outputs["discriminator_logits"][real].float()
+    rtd = nn.functional.binary_cross_entropy_with_logits(logits, targets[real], reduction="sum")
+    right = ((logits > 0).float() == targets[real]).sum()
     if torch.is_tensor(input_tokens):
         input_tokens = input_tokens.to(rtd.device)
-    return mlm + rtd_weight * rtd / input_tokens
+    rtd, accuracy = rtd / input_tokens, right / input_tokens
+    return {"loss": mlm + rtd_weight * rtd, "mlm_loss": mlm, "rtd_loss": rtd, "rtd_accuracy": accuracy}
+
+
+def electra_loss(outputs: dict[str, torch.Tensor], labels: torch.Tensor, attention_mask, **counts) -> torch.Tensor:
+    """L_MLM + rtd_weight * L_RTD as token means over the step (see `electra_loss_terms`)."""
+    return electra_loss_terms(outputs, labels, attention_mask, **counts)["loss"]
 
 
 @dataclass(frozen=True)
@@ -159,17 +166,19 @@ class Electra(Objective):
         generator = head_class(args.family, "AutoModelForMaskedLM")(generator_config(config, args.generator_fraction))
         return ElectraPretraining(discriminator, generator, rtd_weight=args.rtd_weight)
 
-    def loss(self, model, batch: dict[str, torch.Tensor], label_tokens, input_tokens) -> torch.Tensor:
+    def loss_terms(self, model, batch: dict[str, torch.Tensor], label_tokens, input_tokens) -> dict:
         outputs = model(**batch)
-        rtd_weight = getattr(model, "module", model).rtd_weight  # DDP wraps the module
-        return electra_loss(
+        return electra_loss_terms(
             outputs,
             batch["labels"],
             batch.get("attention_mask"),
             label_tokens=label_tokens,
             input_tokens=input_tokens,
-            rtd_weight=rtd_weight,
+            rtd_weight=getattr(model, "module", model).rtd_weight,  # DDP wraps the module
         )
+
+    def loss(self, model, batch: dict[str, torch.Tensor], label_tokens, input_tokens) -> torch.Tensor:
+        return self.loss_terms(model, batch, label_tokens, input_tokens)["loss"]
 
     def save(
         self,
@@ -213,4 +222,5 @@ ELECTRA = Electra(
     pipeline_tag="feature-extraction",
     usage='inputs = tokenizer("def read(path):", return_tensors="pt")\nhidden = model(**inputs).last_hidden_state',
     required_tokens=MASKED_LM.required_tokens,
+    card_metrics=("loss", "mlm_loss", "rtd_loss", "rtd_accuracy"),
 )
