@@ -456,6 +456,14 @@ def test_resume_from_a_checkpoint_of_another_family_is_refused(trained, tmp_path
     assert snapshot(decoder_dir) == before and not (tmp_path / "new").exists()
 
 
+def test_resume_with_another_objective_is_refused(trained, tmp_path):
+    encoder_dir, _ = trained["encoder"]
+    before = snapshot(encoder_dir)
+    with pytest.raises(PretrainingError, match="belongs to a run of the masked-lm objective; this run trains electra"):
+        run_pretraining(tiny_args("encoder", encoder_dir, resume_from_checkpoint="latest", objective="electra"))
+    assert snapshot(encoder_dir) == before
+
+
 def load_cli():
     """training/pretrain.py as a module (it is a script, not part of the package)."""
     spec = importlib.util.spec_from_file_location("pretrain_cli", PRETRAIN)
