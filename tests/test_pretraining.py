@@ -513,6 +513,15 @@ def test_every_preset_resolves_and_pads_the_vocabulary_to_64(trained, family):
         assert (config.norm_type, config.gated_mlp, config.num_key_value_heads) == ("rmsnorm", True, 2)
 
 
+def test_a_block_longer_than_the_position_table_is_refused_and_rotary_has_no_limit(trained):
+    tokenizer = AutoTokenizer.from_pretrained(trained["encoder"][0])
+    learned = PretrainingArguments(family="encoder", block_size=100, model=dict(max_position_embeddings=64))
+    with pytest.raises(PretrainingError, match="--block-size 100 needs max_position_embeddings >= 100 with learned"):
+        build_model_config(learned, tokenizer)
+    rotary = dict(max_position_embeddings=64, position_embedding_type="rotary")
+    assert build_model_config(PretrainingArguments(family="encoder", block_size=100, model=rotary), tokenizer)
+
+
 def test_flags_override_the_config_file_which_overrides_defaults(tmp_path):
     args = resolve_arguments(
         family="decoder", preset="tiny", overrides={"lr": 0.5, "model": {"num_hidden_layers": 1}}, configs_dir=CONFIGS

@@ -6,6 +6,7 @@ the few that only training uses.
     head_class(family, auto_class)  the coreformer class of the family's head for a transformers Auto class
     families_with_head(auto_class)  the families that register a head for an Auto class
     families_with_language_model(auto_class)   the families whose language-model head that Auto class is
+    longest_input(config)           tokens a model's position table holds (None: rotary / no positions, no limit)
 
 From the registry: config class, heads and their Auto classes, language-model head, special tokens (in id order),
 model input names, description. Training's own: the default pretraining objective, the tokenizer kind and its
@@ -103,3 +104,14 @@ def families_with_head(auto_class: str) -> tuple[str, ...]:
 def families_with_language_model(auto_class: str) -> tuple[str, ...]:
     """The families whose language-model head (what pretraining trains) is `auto_class`."""
     return tuple(name for name, family in registry.FAMILIES.items() if family.language_model_auto_class == auto_class)
+
+
+_TABLE_POSITIONS = ("learned", "sinusoidal")  # position embeddings read from a table of max_position_embeddings rows
+
+
+def longest_input(config: transformers.PretrainedConfig) -> int | None:
+    """The most tokens one sequence may hold: the position table's rows past the offset (learned / sinusoidal
+    positions), None where positions are computed (rotary) or absent."""
+    if config.position_embedding_type not in _TABLE_POSITIONS:
+        return None
+    return config.max_position_embeddings - config.position_offset

@@ -44,7 +44,7 @@ from ..model_card import ModelCardInfo, inherited_license, is_hub_id, write_mode
 from ..pipelines import input_length_limit, save_with_pipeline
 from .arguments import FinetuningError, RunSettings, arg, check_output_dir, load_config_file, write_json
 from .data import local_builder
-from .families import family_of
+from .families import family_of, longest_input
 from .tasks import TASKS, Evaluation, Task
 from .tasks.base import COLUMN_FLAGS
 
@@ -430,10 +430,8 @@ class _Prepared:
 
 def _max_length(args: FinetuningArguments, model, tokenizer: PreTrainedTokenizerBase) -> int:
     """--max-length capped by the tokenizer and by the model's learned / sinusoidal positions."""
-    max_length = min(args.max_length, input_length_limit(model, tokenizer))
-    if model.config.position_embedding_type in ("learned", "sinusoidal"):
-        max_length = min(max_length, model.config.max_position_embeddings - model.config.position_offset)
-    return max_length
+    limits = (args.max_length, input_length_limit(model, tokenizer), longest_input(model.config))
+    return min(limit for limit in limits if limit is not None)
 
 
 def prepare_task(

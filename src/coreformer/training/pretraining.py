@@ -61,6 +61,7 @@ from .checkpoints import (
 )
 from .data import iter_texts, load_text_dataset
 from .families import FAMILIES as FAMILY_FACTS
+from .families import longest_input
 from .objectives import OBJECTIVES, Objective
 from .reports import PEAK_FLOPS, flops_per_token, plot_losses, render_model_card
 from .tokenizer_training import token_config_kwargs, tokenizer_name, train_tokenizer
@@ -350,14 +351,14 @@ def build_model_config(args: PretrainingArguments, tokenizer: PreTrainedTokenize
         config = FAMILY_FACTS[args.family].config_class(**fields)
     except ValueError as error:
         raise PretrainingError(f"Bad model config: {error}") from error
-    if config.position_embedding_type in ("learned", "sinusoidal"):
-        longest = args.block_size + config.position_offset
-        if longest > config.max_position_embeddings:
-            raise PretrainingError(
-                f"--block-size {args.block_size} needs max_position_embeddings >= {longest} with "
-                f"{config.position_embedding_type} positions; the model has {config.max_position_embeddings}. "
-                f"Lower --block-size or raise model.max_position_embeddings."
-            )
+    longest = longest_input(config)
+    if longest is not None and args.block_size > longest:
+        needed = args.block_size + config.position_offset
+        raise PretrainingError(
+            f"--block-size {args.block_size} needs max_position_embeddings >= {needed} with "
+            f"{config.position_embedding_type} positions; the model has {config.max_position_embeddings}. "
+            f"Lower --block-size or raise model.max_position_embeddings."
+        )
     return config
 
 
