@@ -313,8 +313,9 @@ def test_question_answering_and_seq2seq_folders_serve_their_custom_pipelines(run
     _, _, folder = runs["seq2seq"]
     args = runs["seq2seq"][0]
     source = embedded_dataset("seq2seq")["validation"][0]["text"]
+    # The generation limit Seq2SeqTrainer used: max_length (decoder start token included) = --max-target-length
     generated = pipeline(model=str(folder), trust_remote_code=True)(
-        source, max_new_tokens=args.max_target_length, num_beams=1
+        source, max_length=args.max_target_length, num_beams=1
     )
     assert generated[0]["generated_text"] == _read_jsonl(folder / "eval_predictions.jsonl")[0]["prediction"]
 
