@@ -160,13 +160,14 @@ def test_static_cache_decode_step_compiles_with_fullgraph(layer_types):
 def test_prefill_into_an_empty_cache_runs_the_sparse_kernels_and_matches_eager(monkeypatch, layer_types):
     # An eval forward builds a DynamicCache by default; while it is empty, sliding/strided layers must still take
     # the O(L·w) kernels rather than a dense (B, 1, L, L) mask, and compute what eager's dense mask computes.
-    from coreformer import attention
-
-    calls = []
-    for name in ("sliding_window_attention", "strided_attention"):
-        kernel = getattr(attention, name)
-        monkeypatch.setattr(attention, name, lambda *a, kernel=kernel, **k: (calls.append(kernel), kernel(*a, **k))[1])
     model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=layer_types, sliding_window=3, stride=3)
+    calls = []
+    for module in model.modules():
+        if getattr(module, "kernel", None) is not None:
+            kernel = module.kernel
+            monkeypatch.setattr(
+                module, "kernel", lambda *a, kernel=kernel, **k: (calls.append(kernel), kernel(*a, **k))[1]
+            )
     ids, mask = padded_batch(length=14, left=True)
     with torch.no_grad():
         cached = model(ids, attention_mask=mask)
@@ -182,3 +183,44 @@ def test_prefill_into_an_empty_cache_runs_the_sparse_kernels_and_matches_eager(m
     torch.testing.assert_close(cached.logits[real], reference[real], atol=1e-5, rtol=0)
     for mode, tokens in sdpa_tokens.items():
         assert torch.equal(tokens, eager_tokens), mode
+
+
+@pytest.mark.parametrize(
+    ("family", "layer_types", "graphs"),
+    [
+        # The prefill and one decode step, the same for every later step (the 8-token prompt already fills the
+        # sliding window; a window filling up mid-generation recompiles once more, in transformers' own
+        # StaticSlidingWindowLayer, as for Mistral or Qwen2).
+        ("decoder", ["full", "sliding"], 2),
+        ("decoder", ["strided", "full"], 2),
+        # The first decoder step computes the cross-attention keys, every later one reads them (as in BART).
+        ("seq2seq", ["full", "full"], 2),
+    ],
+)
+def test_static_cache_generation_compiles_fullgraph_once_and_matches_eager(family, layer_types, graphs):
+    # generate() prepares per-layer-type masks for a static cache (create_masks_for_generate), so every decode step
+    # hands the compiled forward tensors of one shape; fullgraph=True fails on any graph break.
+    if family == "decoder":
+        model = tiny_model(
+            cf.CoreformerDecoderForCausalLM, "decoder", layer_types=layer_types, sliding_window=3, stride=3
+        )
+    else:
+        model = tiny_model(
+            cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq", decoder_layer_types=layer_types, sliding_window=3
+        )
+    ids, mask = padded_batch(length=8, left=family == "decoder")
+    compiled = []
+
+    def counting_backend(graph, example_inputs):
+        compiled.append(graph)
+        return graph.forward  # run the captured graph as is: what is counted is capture, not code generation
+
+    generate = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, cache_implementation="static")
+    eager_tokens = model.generate(ids, attention_mask=mask, pad_token_id=PAD, **generate)
+    model.forward = torch.compile(model.forward, fullgraph=True, backend=counting_backend)
+    # Other models' compiled entries share transformers' forward wrapper: room enough that none is evicted. (No
+    # torch._dynamo.reset() here: after one, flex_attention's CPU kernels fail to build later in the process.)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        tokens = model.generate(ids, attention_mask=mask, pad_token_id=PAD, **generate)
+    assert torch.equal(tokens, eager_tokens)
+    assert len(compiled) == graphs, f"{len(compiled)} graphs for 10 decode steps"

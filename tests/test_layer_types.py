@@ -13,14 +13,9 @@ from conftest import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config
 from transformers.cache_utils import DynamicCache
 
 import coreformer as cf
-from coreformer import attention
-from coreformer.attention import (
-    elu_feature_map,
-    linear_attention,
-    performer_feature_map,
-    sliding_window_attention,
-    strided_attention,
-)
+from coreformer import sparse_attention
+from coreformer.linear_attention import elu_feature_map, linear_attention, performer_feature_map
+from coreformer.sparse_attention import sliding_window_attention, strided_attention
 from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
 
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
@@ -87,7 +82,7 @@ def kernel_path(request, monkeypatch):
     """Run the sparse kernels through torch's fused CPU kernels (the default on CPU) or, as on other devices and
     with attention dropout, through autograd."""
     if request.param == "autograd":
-        monkeypatch.setattr(attention, "_fused_kernels_apply", lambda query, dropout: False)
+        monkeypatch.setattr(sparse_attention, "_fused_kernels_apply", lambda query, dropout: False)
     return request.param
 
 
@@ -481,6 +476,21 @@ def test_all_full_layer_types_stay_out_of_config_json_and_come_back_on_load(tmp_
         assert cf.CoreformerDecoderConfig.from_pretrained(tmp_path / name).layer_types == config.layer_types
 
 
+def test_a_config_rebuilt_from_its_dict_keeps_mixed_layer_types():
+    # transformers' own tests (and users) rebuild configs as `Config(**config.to_dict())`; the dict carries
+    # transformers' names under `layer_types` and ours under `coreformer_layer_types`.
+    for family, overrides in {
+        "decoder": dict(layer_types=["full", "sliding"], sliding_window=2),
+        "seq2seq": dict(
+            layer_types=["strided", "full"], decoder_layer_types=["sliding", "full"], stride=2, sliding_window=2
+        ),
+    }.items():
+        config = tiny_config(family, **overrides)
+        rebuilt = type(config)(**config.to_dict())
+        assert rebuilt.layer_types == config.layer_types
+        assert rebuilt.to_dict() == config.to_dict()
+
+
 NO_COREFORMER_TOKENIZER = textwrap.dedent(
     """
     import sys
@@ -532,7 +542,7 @@ def test_flex_block_mask_skips_blocks_for_sliding_layers():
     stack = next(module for module in model.modules() if hasattr(module, "build_masks"))
     length = 1024
     hidden = torch.zeros(1, length, model.config.hidden_size)
-    masks = stack.build_masks(hidden, None, None, torch.arange(length)[None], False)
+    masks = stack.build_masks(hidden, None, None, torch.arange(length)[None])
     # 8 x 8 blocks; a band of +-64 touches at most 3 per row: at least 58% of them skipped. Full attention skips none.
     assert masks["sliding"].sparsity() > 55
     assert masks["full"] is None or masks["full"].sparsity() == 0

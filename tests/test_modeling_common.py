@@ -255,8 +255,9 @@ def test_rotary_positions_are_recomputed_after_loading(tmp_path):
 
 
 def test_config_is_validated_with_the_field_and_the_fix():
+    undivided = tiny_config("encoder", hidden_size=30)  # constructs and saves, as BertConfig does
     with pytest.raises(ValueError, match="`hidden_size` .* divisible by `num_attention_heads`"):
-        tiny_config("encoder", hidden_size=30)
+        cf.CoreformerEncoderModel(undivided)
     with pytest.raises(ValueError, match="num_key_value_heads"):
         tiny_config("decoder", num_key_value_heads=3)
     with pytest.raises(ValueError, match="position_embedding_type"):

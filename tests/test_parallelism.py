@@ -152,13 +152,6 @@ TP_CHILD = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Attention._split_heads (attention.py) counts heads from projection.out_features, which tensor "
-    "parallelism leaves at the full width while the sharded weight yields a rank's heads only; with the count read "
-    "from the projected tensor every family and layer type matches (checked by hand, <=1.2e-7)",
-)
 def test_tensor_parallel_load_on_two_processes_matches_the_single_process_model(tmp_path):
     cases = []
     for family, head, options in [

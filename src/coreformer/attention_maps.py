@@ -3,8 +3,8 @@
     attention_maps(model, tokenizer, text, *, target=None) -> {stack: AttentionMaps}
         stacks: "encoder" (encoder models, seq2seq encoder), "decoder" (decoder models, seq2seq decoder self-attention),
         "cross" (seq2seq decoder over the encoder); each holds per-layer probabilities (heads, queries, keys) and the
-        query / key token labels. Computed under the eager backend (the only one that forms the probabilities; the
-        model is switched for the call and switched back).
+        query / key token labels. Computed under the model's own backend: layers whose kernel forms no probabilities
+        recompute them beside it (linear layers write out φ(q)·φ(k) normalised), see `Attention._probabilities`.
     plot_head(maps, layer, head, ax=None) -> np.ndarray          one heatmap; returns exactly the array it drew
     plot_layer(maps, layer) -> (Figure, np.ndarray)              every head of a layer in a grid; (heads, queries, keys)
     save_attention_map(model, text, output, ...) -> np.ndarray   model object or saved folder -> PNG; returns the arrays
@@ -39,7 +39,7 @@ class AttentionMaps:
     """
 
     stack: str
-    probabilities: list[np.ndarray | None]
+    probabilities: list[np.ndarray]
     query_tokens: list[str]
     key_tokens: list[str]
 
@@ -51,13 +51,7 @@ class AttentionMaps:
         """(heads, queries, keys) of `layer` (negative counts from the end); a clear error where there is none."""
         if not -self.num_layers <= layer < self.num_layers:
             raise ValueError(f"The {self.stack} stack has {self.num_layers} layers: layer {layer} does not exist.")
-        probabilities = self.probabilities[layer]
-        if probabilities is None:
-            raise ValueError(
-                f"{self.stack} layer {layer} is a linear-attention layer: kernel feature maps never form attention "
-                f"probabilities, so there is nothing to plot. Pick a softmax layer."
-            )
-        return probabilities
+        return self.probabilities[layer]
 
     def labels(self, layer: int) -> tuple[list[str], list[str]]:
         """Row and column labels; Linformer layers' columns are projected rows, not tokens."""
@@ -70,9 +64,9 @@ def _token_labels(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor) -> list
     return tokenizer.convert_ids_to_tokens(ids.tolist())
 
 
-def _layers(weights: tuple[torch.Tensor | None, ...]) -> list[np.ndarray | None]:
+def _layers(weights: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
     # (1, H, T, S) per layer -> (H, T, S)
-    return [None if w is None else w[0].detach().float().cpu().numpy() for w in weights]
+    return [w[0].detach().float().cpu().numpy() for w in weights]
 
 
 @torch.no_grad()
@@ -83,7 +77,7 @@ def attention_maps(
     *,
     target: str | None = None,
 ) -> dict[str, AttentionMaps]:
-    """The eager attention probabilities of `model` on `text`, per stack.
+    """The attention probabilities of `model` on `text`, per stack (under any backend).
 
     Args:
         model: any coreformer model (base model or head).
@@ -111,17 +105,12 @@ def attention_maps(
         start = torch.full_like(source[:, :1], model.config.decoder_start_token_id)
         inputs["decoder_input_ids"] = torch.cat([start, source[:, :-1]], dim=1)  # (1, T) shifted right
 
-    implementation = model.config._attn_implementation
     was_training = model.training
     model.eval()
-    if implementation != "eager":
-        model.set_attn_implementation("eager")
     no_cache = {"use_cache": False} if is_seq2seq or model.config.is_causal_stack else {}  # nothing to decode after
     try:
         output = model(**inputs, output_attentions=True, **no_cache)
     finally:
-        if implementation != "eager":
-            model.set_attn_implementation(implementation)
         model.train(was_training)
 
     if not is_seq2seq:

@@ -17,26 +17,21 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
 from .families import MODEL_TYPES, register_with_peft
+from .layer_types import LAYER_TYPES as LAYER_TYPE_TABLE
 
 # PEFT's default LoRA targets for our model types, when peft is loaded (this file runs first under trust_remote_code).
 register_with_peft()
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
-# Attention per layer (`layer_types`): see `CoreformerConfig` and attention.py.
-LAYER_TYPES = ("full", "sliding", "strided", "lowrank", "linear")
+# Attention per layer (`layer_types`): the names of layer_types.py's table.
+LAYER_TYPES = tuple(LAYER_TYPE_TABLE)
 LINEAR_FEATURE_MAPS = ("elu", "performer")
 # What transformers' caches must hold for each of our layer types (it reads `layer_types` itself, with its own names).
-CACHE_LAYER_TYPES = {
-    "full": "full_attention",
-    "sliding": "sliding_attention",
-    "strided": "full_attention",  # every key may be needed later: the stride pattern reaches back indefinitely
-    "lowrank": "full_attention",  # encoder-only, never cached
-    "linear": "coreformer_linear_attention",  # a running state, see LinearAttentionStateLayer in attention.py
-}
+CACHE_LAYER_TYPES = {name: layer_type.cache_layer for name, layer_type in LAYER_TYPE_TABLE.items()}
 # config.json writes `layer_types` in names transformers' generic config accepts (AutoTokenizer reads config.json
 # where coreformer is not installed, and validates that field strictly), and our own names under SAVED_LAYER_TYPES.
 SAVED_LAYER_TYPES = "coreformer_layer_types"
-GENERIC_LAYER_TYPES = {**CACHE_LAYER_TYPES, "linear": "linear_attention"}
+GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPE_TABLE.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 
@@ -144,6 +139,9 @@ class CoreformerConfig(PreTrainedConfig):
     linear_num_features: int | None = None
 
     def __post_init__(self, **kwargs):
+        if SAVED_LAYER_TYPES in kwargs:
+            # `Config(**config.to_dict())`: the dict holds transformers' names under `layer_types` and ours here.
+            self.layer_types = kwargs.pop(SAVED_LAYER_TYPES)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None and self.num_attention_heads and self.hidden_size % self.num_attention_heads == 0:
@@ -264,12 +262,10 @@ class CoreformerConfig(PreTrainedConfig):
         for name, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-        if self.head_dim is None:
-            raise ValueError(
-                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
-                f"({self.num_attention_heads}): change one of them, or set `head_dim` explicitly."
-            )
-        if not isinstance(self.head_dim, int) or self.head_dim < 1:
+        # A head width that cannot be derived is refused when a model is built (`require_head_dim`), not here: as
+        # BertConfig, a config with, say, hidden_size=37 and the default 12 heads must still construct, be edited and
+        # be saved (transformers' ConfigTester does exactly that).
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
             raise ValueError(f"`head_dim` must be a positive integer, got {self.head_dim!r}.")
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
@@ -289,7 +285,7 @@ class CoreformerConfig(PreTrainedConfig):
         for name, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
-        if self.position_embedding_type == "rotary" and self.head_dim % 2:
+        if self.position_embedding_type == "rotary" and self.head_dim is not None and self.head_dim % 2:
             raise ValueError(f"rotary positions rotate pairs of channels: `head_dim` ({self.head_dim}) must be even.")
         if self.position_offset < 0:
             raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
@@ -319,6 +315,15 @@ class CoreformerConfig(PreTrainedConfig):
                         f"set it to an id of your tokenizer or grow `vocab_size`."
                     )
 
+    def require_head_dim(self) -> int:
+        """The width of one head; one clear error when `hidden_size` does not split into `num_attention_heads`."""
+        if self.head_dim is None:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads}): change one of them, or set `head_dim` explicitly."
+            )
+        return self.head_dim
+
     def validate(self) -> None:
         """transformers' strict-dataclass validation (run at init and save), with its layer-type check swapped for
         ours: it only knows its own vocabulary, which `get_text_config` translates to where transformers reads it."""
@@ -337,17 +342,17 @@ class CoreformerConfig(PreTrainedConfig):
             unknown = sorted(set(types) - set(LAYER_TYPES))
             if unknown:
                 raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {LAYER_TYPES}.")
-            if causal and "lowrank" in types:
+            if causal and "lowrank" in types:  # the only type with LAYER_TYPE_TABLE[...].causal False
                 raise ValueError(
                     f"`{name}` puts 'lowrank' (Linformer) in a causal stack: its projection mixes all positions along "
                     f"the sequence, so every output would see future tokens. Linformer is bidirectional only (encoder "
                     f"layers); use 'sliding', 'strided' or 'linear' for decoders."
                 )
             used.update(types)
-        needs = {"sliding": "sliding_window", "strided": "stride", "lowrank": "lowrank_k"}
-        for layer_type, parameter in needs.items():
-            value = getattr(self, parameter)
-            if layer_type in used and (not isinstance(value, int) or value < 1):
+        for layer_type in sorted(used):
+            parameter = LAYER_TYPE_TABLE[layer_type].parameter
+            value = getattr(self, parameter) if parameter else None
+            if parameter and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"'{layer_type}' layers need `{parameter}`, a positive integer; got {value!r}.")
         if "strided" in used and self.stride < 2:
             raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {self.stride}.")
@@ -360,7 +365,10 @@ class CoreformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"`linear_feature_map` must be one of {LINEAR_FEATURE_MAPS}, got {self.linear_feature_map!r}."
             )
-        if not isinstance(self.linear_num_features, int) or self.linear_num_features < 1:
+        linear_num_features = self.linear_num_features
+        if linear_num_features is None and self.head_dim is None:
+            return  # derived from head_dim, which `require_head_dim` refuses when a model is built
+        if not isinstance(linear_num_features, int) or linear_num_features < 1:
             raise ValueError(f"`linear_num_features` must be a positive integer, got {self.linear_num_features!r}.")
 
 

@@ -16,7 +16,7 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .attention import Attention
+from .attention import Attention, Unpadding
 from .configuration_coreformer import CoreformerConfig
 
 # Activations that transformers writes out elementwise in Python, each mapped to the one fused kernel computing the
@@ -147,14 +147,38 @@ class Block(GradientCheckpointingLayer):
         encoder_attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
+        sparse_kernel: bool = False,
+        probability_mask: torch.Tensor | None = None,
+        cross_probability_mask: torch.Tensor | None = None,
+        unpadding: Unpadding | None = None,
+        padded_states: bool = False,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Returns the new hidden states (B, T, hidden) and the self- and cross-attention probabilities (or None)."""
+        """Returns the new hidden states and the self- and cross-attention probabilities (or None).
+
+        Args:
+            hidden_states: (B, T, hidden), or the (N, hidden) real tokens of a padded batch when `unpadding` is given
+                and not `padded_states`.
+            sparse_kernel: the stack's decision that self-attention runs its layer type's sparse kernel.
+            probability_mask / cross_probability_mask: eager-form masks for recomputed attention probabilities.
+            unpadding: where the real tokens of a padded batch sit; position-wise work then runs on those alone.
+            padded_states: with `unpadding`, take and return padded (B, T, hidden) states and unpad only inside, so
+                that the states the stack records for `output_hidden_states` are the ones the computation uses.
+        """
+        if padded_states:
+            hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N, hidden)
         hidden_states, self_weights = self._residual(
             hidden_states,
             self.self_attn_norm,
             lambda x: self.self_attn(
-                x, attention_mask, position_embeddings=position_embeddings, past_key_values=past_key_values, **kwargs
+                x,
+                attention_mask,
+                position_embeddings=position_embeddings,
+                past_key_values=past_key_values,
+                sparse_kernel=sparse_kernel,
+                probability_mask=probability_mask,
+                unpadding=unpadding,
+                **kwargs,
             ),
         )
         cross_weights = None
@@ -167,8 +191,12 @@ class Block(GradientCheckpointingLayer):
                     encoder_attention_mask,
                     key_value_states=encoder_hidden_states,
                     past_key_values=past_key_values,
+                    probability_mask=cross_probability_mask,
+                    unpadding=unpadding,
                     **kwargs,
                 ),
             )
         hidden_states, _ = self._residual(hidden_states, self.mlp_norm, lambda x: (self.mlp(x), None))
+        if padded_states:
+            hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden)
         return hidden_states, self_weights, cross_weights

@@ -5,16 +5,18 @@ once per forward, runs its blocks and applies the final norm. The families diffe
 
     encoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=False)
     decoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=True)
-    seq2seq model   encoder stack as above + CoreformerStack(config, config.decoder_layer_types, ...,
-                                                             is_causal=True, cross_attention=True)
+    seq2seq model   encoder stack as above + CoreformerCrossAttendingStack(config, config.decoder_layer_types, ...)
 
-Layers may differ in attention type (`layer_types`): the stack builds one mask per type present, once per forward.
+Layers may differ in attention type (`layer_types`, one entry each in `layer_types.py`): per forward the stack builds
+one mask per type present and decides once which layers run their sparse kernel, and hands both to the blocks.
+Hidden states and attentions are recorded by transformers' `capture_outputs` hooks (`_can_record_outputs`), not
+collected by hand.
 
 Head pieces (`LMHeadTransform`, `ClassificationHead`, the pooling functions) and the token-classification head, which
 is the same for every family with a single stack, live here too.
 """
 
-from collections.abc import Callable
+import copy
 
 import torch
 from safetensors import SafetensorError
@@ -22,7 +24,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
@@ -32,9 +34,11 @@ from transformers.modeling_outputs import (
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
+from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY, OutputRecorder, capture_outputs
 
 from .attention import Attention, Unpadding
 from .configuration_coreformer import CoreformerConfig
+from .layer_types import LAYER_TYPES
 from .layers import (
     MLP,
     Block,
@@ -76,6 +80,30 @@ class CoreformerPreTrainedModel(PreTrainedModel):
         # "coreformer" does. Without this, generate() silently ignores cache_implementation="static".
         return True
 
+    def create_masks_for_generate(
+        self,
+        config: CoreformerConfig,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        position_ids: torch.Tensor | None = None,
+        **kwargs,
+    ) -> dict[str, torch.Tensor | None]:
+        """generate() builds the masks ahead of a compiled forward when the cache is static, so that every decode step
+        hands the forward tensors of one shape (no recompiles). transformers' own builder knows only its layer-type
+        names (and hands back the raw 2D mask for any other); this builds ours, per layer type, with the causal
+        stack's own `build_masks`. (B, past + T) padding mask -> {layer type: mask for the configured backend}."""
+        stack = self.base_model.decoder
+        cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        if position_ids is None:
+            past_length = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device).unsqueeze(0) + past_length
+        return stack.build_masks(inputs_embeds, attention_mask, cache, position_ids)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)  # normal(initializer_range) linears/embeddings, unit norms, zero biases
@@ -94,36 +122,25 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
 
 
-def sliding_window_overlay(window: int) -> Callable:
-    """Band mask: a query sees keys at most `window` positions away (ANDed with causality in decoders)."""
-
-    def allowed(batch_idx, head_idx, q_idx, kv_idx):
-        return (q_idx - kv_idx).abs() <= window
-
-    return allowed
-
-
-def strided_overlay(stride: int) -> Callable:
-    """Sparse Transformer strided pattern (Child et al. 2019, sec. 4.2): A(1) the `stride` nearest positions,
-    A(2) every position a multiple of `stride` away."""
-
-    def allowed(batch_idx, head_idx, q_idx, kv_idx):
-        distance = (q_idx - kv_idx).abs()
-        return (distance < stride) | (distance % stride == 0)
-
-    return allowed
-
-
 class CoreformerStack(nn.Module):
     """Embeddings, a stack of `Block`s and the final norm; bidirectional or causal, with or without cross-attention.
 
     Args:
         config: the family config.
         layer_types: the attention type of each block ("full", "sliding", ...); its length is the depth.
-        embed_tokens: the token embedding; the seq2seq model passes its one shared embedding to both stacks.
+        embed_tokens: the token embedding; the seq2seq model gives each stack its own, tied to `shared` through
+            `_tied_weights_keys`.
         is_causal: causal self-attention (decoder) or bidirectional (encoder).
-        cross_attention: add cross-attention to the encoder output in every block.
+        cross_attention: add cross-attention to the encoder output in every block (`CoreformerCrossAttendingStack`).
+
+    Hidden states and attentions are recorded by transformers' `capture_outputs` from the blocks and attention
+    modules named in `_can_record_outputs` (hooks installed on first use), as Llama, BERT and BART record theirs.
     """
+
+    _can_record_outputs = {
+        "hidden_states": OutputRecorder(Block, index=0),
+        "attentions": OutputRecorder(Attention, index=1, layer_name="self_attn"),
+    }
 
     def __init__(
         self,
@@ -135,6 +152,8 @@ class CoreformerStack(nn.Module):
         cross_attention: bool = False,
     ):
         super().__init__()
+        config.require_head_dim()  # before anything sized by it
+        _CAN_RECORD_REGISTRY[self] = self._can_record_outputs  # what capture_outputs reads (keyed by class)
         self.config = config
         self.is_causal = is_causal
         self.cross_attention = cross_attention
@@ -244,85 +263,104 @@ class CoreformerStack(nn.Module):
             hidden_states = self.embedding_norm(hidden_states)
         return self.dropout(hidden_states)
 
+    def check_packed_linear(
+        self, attention_mask: torch.Tensor | None, cache: Cache | None, position_ids: torch.Tensor, packed: bool
+    ) -> None:
+        """transformers separates packed documents (position ids restarting mid-row, no attention_mask, no cache) in
+        causal masks only; a linear layer's running sums would run across them: refuse that."""
+        unmasked_packed = packed and attention_mask is None and cache is None
+        if not (self.is_causal and "linear" in self.layer_types and unmasked_packed):
+            return
+        # The test of transformers' find_packed_sequence_indices: a step other than +1 starts a new document.
+        if not is_torchdynamo_compiling() and bool((position_ids.diff(dim=-1) != 1).any()):
+            raise ValueError(
+                "position_ids restart mid-row (packed documents), which 'linear' layers cannot keep apart: their "
+                "running sums would mix the documents, while the other layer types separate them. Give each "
+                "document its own row (pad, and pass attention_mask) instead of packing, or use 'full', "
+                "'sliding' or 'strided' layers."
+            )
+
+    def sparse_kernel_types(
+        self, attention_mask: torch.Tensor | None, cache: Cache | None, packed: bool
+    ) -> frozenset[str]:
+        """The layer types of this stack that run their sparse kernel in this forward: decided here, once, and handed
+        to each layer explicitly.
+
+        Sliding and strided layers run sparse kernels (O(L·w), O(L·(s + L/s))) under sdpa when nothing constrains
+        the keys beyond padding: no cached keys (whose window bookkeeping the dense mask handles) and no packed
+        sequences (documents that restart their position ids, which transformers' mask machinery separates). An
+        empty dynamic cache layer (a prefill; eval-mode forwards build a DynamicCache by default) hands back exactly
+        the new keys, so the kernels apply there too; a static layer hands back its whole fixed-length buffer.
+        Under eager the dense reference path runs; under any other backend (flex, a registered custom function) the
+        backend gets every call. (The layer check goes first: a static cache's length is a tensor, which
+        torch.compile cannot branch on.)
+        """
+        with_kernel = {name for name in self.layer_types if LAYER_TYPES[name].sparse_kernel is not None}
+        if not with_kernel or self.config._attn_implementation != "sdpa" or (attention_mask is None and packed):
+            return frozenset()
+        if cache is not None:
+            layers = [index for index, name in enumerate(self.layer_types) if name in with_kernel]
+            if any(index < len(cache.layers) and not isinstance(cache.layers[index], DynamicLayer) for index in layers):
+                return frozenset()
+            if cache.get_seq_length() != 0:
+                return frozenset()
+        return frozenset(with_kernel)
+
     def build_masks(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         cache: Cache | None,
         position_ids: torch.Tensor,
-        packed: bool,
+        sparse_types: frozenset[str] = frozenset(),
+        config: CoreformerConfig | None = None,
     ) -> dict[str, torch.Tensor | None]:
         """One mask per attention type in the stack, in the form the configured backend wants.
 
-        "full", "sliding" and "strided" go through transformers' mask machinery (eager, sdpa and flex all work;
-        flex turns the pattern into a sparse BlockMask); "lowrank" and "linear" take the (B, S) padding mask itself,
-        and so do "sliding" and "strided" layers on their sparse-kernel path. `packed`: the caller passed its own
-        position ids, which may restart mid-row (packed documents).
+        Types with a mask overlay ("full", "sliding", "strided") go through transformers' mask machinery (eager,
+        sdpa and flex all work; flex turns the pattern into a sparse BlockMask); types that take the padding mask
+        itself ("lowrank", "linear"), and the `sparse_types` that run their kernel, get the (B, S) boolean padding
+        mask. `config`: build for another backend than the model's (`eager_view`, for recomputed probabilities).
         """
-        implementation = self.config._attn_implementation
-        patterns = {"sliding", "strided"} & set(self.layer_types)
+        config = self.config if config is None else config
+        implementation = config._attn_implementation
+        patterns = sorted(name for name in set(self.layer_types) if LAYER_TYPES[name].overlay is not None)
         if patterns and implementation is not None and implementation.startswith("flash"):
             raise ValueError(
-                f"{sorted(patterns)} layers are defined by their mask, which {implementation} ignores: use "
+                f"{patterns} layers are defined by their mask, which {implementation} ignores: use "
                 f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
             )
-        # transformers separates packed documents (position ids restarting mid-row, no attention_mask, no cache) in
-        # causal masks only; a linear layer's running sums would run across them.
-        if self.is_causal and "linear" in self.layer_types and packed and attention_mask is None and cache is None:
-            # The test of transformers' find_packed_sequence_indices: a step other than +1 starts a new document.
-            if not is_torchdynamo_compiling() and bool((position_ids.diff(dim=-1) != 1).any()):
-                raise ValueError(
-                    "position_ids restart mid-row (packed documents), which 'linear' layers cannot keep apart: their "
-                    "running sums would mix the documents, while the other layer types separate them. Give each "
-                    "document its own row (pad, and pass attention_mask) instead of packing, or use 'full', "
-                    "'sliding' or 'strided' layers."
-                )
-        # Sliding and strided layers run sparse kernels (O(L·w), O(L·(s + L/s))) under sdpa when nothing constrains
-        # the keys beyond padding: no cached keys (whose window bookkeeping the dense mask handles) and no packed
-        # sequences (documents that restart their position ids, which transformers' mask machinery separates). An
-        # empty dynamic cache layer (a prefill; eval-mode forwards build a DynamicCache by default) hands back exactly
-        # the new keys, so the kernels apply there too; a static layer hands back its whole fixed-length buffer.
-        # (The layer check goes first: a static cache's length is a tensor, which torch.compile cannot branch on.)
-        sparse_kernels = (
-            bool(patterns)
-            and implementation == "sdpa"
-            and not (attention_mask is None and packed)
-            and (
-                cache is None
-                or all(
-                    index >= len(cache.layers) or isinstance(cache.layers[index], DynamicLayer)
-                    for index, layer_type in enumerate(self.layer_types)
-                    if layer_type in patterns
-                )
-                and cache.get_seq_length() == 0
+        beyond_window = [name for name in patterns if LAYER_TYPES[name].transformers_window is None]
+        if beyond_window and implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
+            raise ValueError(
+                f"{beyond_window} layers are defined by their mask, but the attention function {implementation!r} "
+                f"has no mask function registered, so it would get no mask: register one with "
+                f"AttentionMaskInterface.register({implementation!r}, sdpa_mask) (transformers.masking_utils), or use "
+                f"'sdpa', 'flex_attention' or 'eager'."
             )
-        )
         masks: dict[str, torch.Tensor | None] = {}
-        for layer_type in dict.fromkeys(self.layer_types):
-            if layer_type in ("lowrank", "linear") or (layer_type in patterns and sparse_kernels):
+        for name in dict.fromkeys(self.layer_types):
+            layer_type = LAYER_TYPES[name]
+            if layer_type.padding_mask_only or name in sparse_types:
                 if attention_mask is not None and attention_mask.dim() != 2:
-                    raise ValueError(f"'{layer_type}' layers need the 2D (batch, length) padding mask.")
-                masks[layer_type] = attention_mask.bool() if attention_mask is not None else None
+                    raise ValueError(f"'{name}' layers need the 2D (batch, length) padding mask.")
+                masks[name] = attention_mask.bool() if attention_mask is not None else None
                 continue
-            overlay = {
-                "full": None,
-                "sliding": sliding_window_overlay(self.config.sliding_window),
-                "strided": strided_overlay(self.config.stride),
-            }[layer_type]
+            overlay = layer_type.overlay(getattr(self.config, layer_type.parameter)) if layer_type.overlay else None
             if self.is_causal:
-                masks[layer_type] = create_causal_mask(
-                    config=self.config,
+                masks[name] = create_causal_mask(
+                    config=config,
                     inputs_embeds=hidden_states,
                     attention_mask=attention_mask,
                     past_key_values=cache,
                     position_ids=position_ids,
                     and_mask_function=overlay,
                     # Size the mask by a cache layer of this type: a sliding layer holds only its window.
-                    layer_idx=self.layer_types.index(layer_type) if cache is not None else None,
+                    layer_idx=self.layer_types.index(name) if cache is not None else None,
                 )
             else:
-                masks[layer_type] = create_bidirectional_mask(
-                    config=self.config,
+                masks[name] = create_bidirectional_mask(
+                    config=config,
                     inputs_embeds=hidden_states,
                     attention_mask=attention_mask,
                     and_mask_function=overlay,
@@ -341,7 +379,22 @@ class CoreformerStack(nn.Module):
             return None
         return Unpadding.from_padding_mask(attention_mask)
 
-    @can_return_tuple
+    def probability_masks(
+        self,
+        masks: dict[str, torch.Tensor | None],
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+        position_ids: torch.Tensor,
+        sparse_types: frozenset[str],
+    ) -> dict[str, torch.Tensor | None]:
+        """The masks in eager's form, for attention probabilities recomputed beside another backend or a sparse
+        kernel (`Attention._probabilities`); under eager without sparse kernels, the masks themselves."""
+        if self.config._attn_implementation == "eager" and not sparse_types:
+            return masks
+        return self.build_masks(hidden_states, attention_mask, cache, position_ids, config=eager_view(self.config))
+
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -354,19 +407,23 @@ class CoreformerStack(nn.Module):
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        output_hidden_states: bool | int | list[int] | None = None,
         **kwargs,
     ) -> BaseModelOutput | BaseModelOutputWithPastAndCrossAttentions:
         """
         Args:
             input_ids / inputs_embeds: exactly one; (B, T) ids or (B, T, hidden) embeddings.
-            attention_mask: (B, past + T), 1 for tokens to attend to, 0 for padding.
+            attention_mask: (B, past + T), 1 for tokens to attend to, 0 for padding; or the masks generate()
+                prepared per layer type for a static cache (`CoreformerPreTrainedModel.create_masks_for_generate`).
             token_type_ids: (B, T) segment ids; ignored when the config has no token types (type_vocab_size=0),
                 because tokenizers return them by default.
             position_ids: (B, T); default past + arange(T). Generation passes them to skip left padding.
             encoder_hidden_states / encoder_attention_mask: the encoder output and its padding mask (cross-attention).
             past_key_values: a `Cache`, updated in place (causal stacks only).
             use_cache: build and return a cache; default `config.use_cache` at inference, never while training.
+            output_attentions / output_hidden_states: recorded by `capture_outputs` from the blocks
+                (`_can_record_outputs`); hidden states may be selected by index (an int or a list), as transformers
+                allows. Attentions come under every backend (recomputed next to fast kernels).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
@@ -377,106 +434,155 @@ class CoreformerStack(nn.Module):
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        if output_attentions and self.config._attn_implementation != "eager":
-            raise ValueError(
-                f"output_attentions=True needs the eager attention backend, which returns the probabilities; this "
-                f"model runs {self.config._attn_implementation!r}. Load it with attn_implementation='eager' or call "
-                f"model.set_attn_implementation('eager')."
-            )
         if self.cross_attention and encoder_hidden_states is None:
             raise ValueError("This decoder cross-attends to an encoder: pass encoder_hidden_states.")
+        prepared_masks = self._prepared_masks(attention_mask)
+        if prepared_masks is not None:
+            attention_mask = None
 
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        if not self.is_causal:
-            use_cache, past_key_values = False, None
-        elif use_cache is None:
-            use_cache = self.config.use_cache and not self.training
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-            if self.cross_attention:
-                # Cross-attention keeps every encoder key whatever the decoder's layer types: a plain cache.
-                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache())
+        use_cache, past_key_values = self._resolve_cache(use_cache, past_key_values)
         self_attention_cache = (
             past_key_values.self_attention_cache
             if isinstance(past_key_values, EncoderDecoderCache)
             else past_key_values
         )
         past_length = self_attention_cache.get_seq_length() if self_attention_cache is not None else 0
-        if (
-            attention_mask is not None
-            and attention_mask.dim() == 2
-            and attention_mask.shape != (batch, past_length + length)
-        ):
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs ({batch}, "
-                f"{past_length + length}) (batch, cached + new tokens): pass the mask the tokenizer returned with "
-                f"these input_ids."
-            )
+        self._check_mask_shape(attention_mask, batch, past_length, length)
         self._check_lowrank_length(length)
         caller_positions = position_ids is not None
         if position_ids is None:
             device = (input_ids if input_ids is not None else inputs_embeds).device
-            position_ids = torch.arange(past_length, past_length + length, device=device).unsqueeze(0)  # (1, T)
+            position_ids = torch.arange(length, device=device).unsqueeze(0) + past_length  # (1, T)
 
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
 
-        # Masks and rotary angles are built once here and shared by every block.
-        masks = self.build_masks(hidden_states, attention_mask, self_attention_cache, position_ids, caller_positions)
+        # Masks, the sparse-kernel decision and rotary angles are made once here and shared by every block.
+        if prepared_masks is not None:  # generate() built them ahead, outside a compiled forward
+            sparse_types, masks = frozenset(), prepared_masks
+            probability_masks = prepared_masks  # the backend's own form: boolean or additive, both read as eager's
+        else:
+            self.check_packed_linear(attention_mask, self_attention_cache, position_ids, caller_positions)
+            sparse_types = self.sparse_kernel_types(attention_mask, self_attention_cache, caller_positions)
+            masks = self.build_masks(hidden_states, attention_mask, self_attention_cache, position_ids, sparse_types)
+            probability_masks = (
+                self.probability_masks(
+                    masks, hidden_states, attention_mask, self_attention_cache, position_ids, sparse_types
+                )
+                if output_attentions
+                else {}
+            )
+        cross_mask = cross_probability_mask = None
         if self.cross_attention:
-            encoder_attention_mask = create_bidirectional_mask(
+            cross_mask = create_bidirectional_mask(
                 config=self.config,
                 inputs_embeds=hidden_states,
                 attention_mask=encoder_attention_mask,
                 encoder_hidden_states=encoder_hidden_states,
             )
+            if output_attentions:
+                cross_probability_mask = create_bidirectional_mask(
+                    config=eager_view(self.config),
+                    inputs_embeds=hidden_states,
+                    attention_mask=encoder_attention_mask,
+                    encoder_hidden_states=encoder_hidden_states,
+                )
         position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
         unpadding = self.unpadding(attention_mask, past_key_values)
-        if unpadding is not None:
+        # Recorded hidden states must be the tensors the computation uses: blocks then pass padded states and unpad
+        # inside (the same numbers; two index copies per layer), instead of unpadding once for the whole stack.
+        padded_states = unpadding is not None and bool(output_hidden_states is not False and output_hidden_states)
+        if unpadding is not None and not padded_states:
             hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N real tokens, hidden)
-            kwargs["unpadding"] = unpadding
 
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        all_cross_attentions = () if output_attentions and self.cross_attention else None
         for block in self.layers:
             # Tensors that need gradients go positionally: reentrant checkpointing only sees positional inputs.
-            hidden_states, self_weights, cross_weights = block(
+            hidden_states, _, _ = block(
                 hidden_states,
                 masks[block.layer_type],
                 encoder_hidden_states,
-                encoder_attention_mask=encoder_attention_mask,
+                encoder_attention_mask=cross_mask,
                 position_embeddings=position_embeddings,
                 past_key_values=past_key_values,
+                sparse_kernel=block.layer_type in sparse_types,
+                probability_mask=probability_masks.get(block.layer_type),
+                cross_probability_mask=cross_probability_mask,
+                unpadding=unpadding,
+                padded_states=padded_states,
+                output_attentions=output_attentions,
                 **kwargs,
             )
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            if output_attentions:
-                all_attentions += (self_weights,)
-                if self.cross_attention:
-                    all_cross_attentions += (cross_weights,)
 
+        if unpadding is not None and padded_states:
+            hidden_states = unpadding.unpad(hidden_states)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
-            if output_hidden_states:
-                # As in transformers: the last hidden state reported is the normed one.
-                all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
         if unpadding is not None:
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden), zeros at the padding
-            if output_hidden_states:
-                all_hidden_states = tuple(unpadding.pad(states) for states in all_hidden_states)
 
         if not self.is_causal:
-            return BaseModelOutput(
-                last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
-            )
+            return BaseModelOutput(last_hidden_state=hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            cross_attentions=all_cross_attentions,
+            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
         )
+
+    def _prepared_masks(self, attention_mask) -> dict[str, torch.Tensor | None] | None:
+        """Masks already built per layer type (`CoreformerPreTrainedModel.create_masks_for_generate`), or None."""
+        if not isinstance(attention_mask, dict):
+            return None
+        missing = sorted(set(self.layer_types) - set(attention_mask))
+        if missing:
+            raise ValueError(
+                f"attention_mask is a dict of prepared masks without an entry for the layer types {missing}: pass "
+                f"the (batch, length) padding mask instead, or one mask per type of {sorted(set(self.layer_types))}."
+            )
+        return attention_mask
+
+    def _resolve_cache(self, use_cache: bool | None, past_key_values: Cache | None) -> tuple[bool, Cache | None]:
+        """Whether this forward caches, and the cache: none in a bidirectional stack; a DynamicCache (wrapped for
+        cross-attention) when caching is on and none was passed."""
+        if not self.is_causal:
+            return False, None
+        if use_cache is None:
+            use_cache = self.config.use_cache and not self.training
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+            if self.cross_attention:
+                # Cross-attention keeps every encoder key whatever the decoder's layer types: a plain cache.
+                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache())
+        return use_cache, past_key_values
+
+    def _check_mask_shape(self, attention_mask: torch.Tensor | None, batch: int, past_length, length: int) -> None:
+        # A static cache's length is a tensor: under torch.compile comparing it would break the graph, so the check
+        # runs eagerly only (a compiled call was checked on its eager first call by the same code path).
+        if attention_mask is None or attention_mask.dim() != 2 or is_torchdynamo_compiling():
+            return
+        if attention_mask.shape != (batch, int(past_length) + length):
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs ({batch}, "
+                f"{int(past_length) + length}) (batch, cached + new tokens): pass the mask the tokenizer returned with "
+                f"these input_ids."
+            )
+
+
+class CoreformerCrossAttendingStack(CoreformerStack):
+    """The seq2seq decoder's stack: a causal `CoreformerStack` whose blocks cross-attend to the encoder output, and
+    which records cross-attentions too (transformers keys what a module records by its class, as BART's decoder)."""
+
+    _can_record_outputs = {
+        **CoreformerStack._can_record_outputs,
+        "cross_attentions": OutputRecorder(Attention, index=1, layer_name="cross_attn"),
+    }
+
+    def __init__(self, config: CoreformerConfig, layer_types: list[str], embed_tokens: nn.Embedding):
+        super().__init__(config, layer_types, embed_tokens, is_causal=True, cross_attention=True)
+
+
+def eager_view(config: CoreformerConfig) -> CoreformerConfig:
+    """A shallow copy of `config` for which transformers' mask builders produce eager's (materialised) masks."""
+    eager_config = copy.copy(config)
+    eager_config._attn_implementation = "eager"  # the copy has no sub-configs for the setter to reach
+    return eager_config
 
 
 def classifier_dropout(config: CoreformerConfig) -> float:

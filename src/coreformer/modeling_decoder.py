@@ -57,8 +57,6 @@ class CoreformerDecoderModel(CoreformerDecoderPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, past + T) with 0 on padding."""
@@ -70,8 +68,6 @@ class CoreformerDecoderModel(CoreformerDecoderPreTrainedModel):
             inputs_embeds=inputs_embeds,
             past_key_values=past_key_values,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             **kwargs,
         )
 

@@ -59,8 +59,6 @@ class CoreformerEncoderModel(CoreformerEncoderPreTrainedModel):
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutput:
         """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, T) with 0 on padding."""
@@ -70,8 +68,6 @@ class CoreformerEncoderModel(CoreformerEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             **kwargs,
         )
 

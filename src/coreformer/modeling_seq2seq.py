@@ -24,7 +24,13 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerSeq2SeqConfig
 from .losses import token_loss
-from .modeling_base import ClassificationHead, CoreformerPreTrainedModel, CoreformerStack, build_lm_head
+from .modeling_base import (
+    ClassificationHead,
+    CoreformerCrossAttendingStack,
+    CoreformerPreTrainedModel,
+    CoreformerStack,
+    build_lm_head,
+)
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int) -> torch.Tensor:
@@ -66,9 +72,7 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
         encoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         decoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.encoder = CoreformerStack(config, config.layer_types, encoder_embed_tokens, is_causal=False)
-        self.decoder = CoreformerStack(
-            config, config.decoder_layer_types, decoder_embed_tokens, is_causal=True, cross_attention=True
-        )
+        self.decoder = CoreformerCrossAttendingStack(config, config.decoder_layer_types, decoder_embed_tokens)
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
@@ -98,8 +102,6 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
         """
@@ -121,8 +123,6 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
                 input_ids,
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
                 **kwargs,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
@@ -135,8 +135,6 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
             encoder_attention_mask=attention_mask,
             past_key_values=past_key_values,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             **kwargs,
         )
         return Seq2SeqModelOutput(
