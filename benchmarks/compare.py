@@ -32,7 +32,7 @@ from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_availa
 
 from coreformer import CoreformerDecoderConfig, convert_from_hf
 from coreformer.attention import Attention, eager_attention_forward
-from coreformer.pretraining import flops_per_token
+from coreformer.training.reports import flops_per_token
 
 # A flash backend is only tried where its package is importable: transformers would otherwise fall back to fetching a
 # kernel from the Hub.

@@ -10,7 +10,7 @@ import torch
 import coreformer as cf
 from coreformer.attention import Attention
 from coreformer.attention_maps import attention_maps, main, plot_head, plot_layer, save_attention_map
-from coreformer.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
 CORPUS = [
     "The old tower is in Paris.",

@@ -11,8 +11,9 @@ from conftest import tiny_model
 from transformers import PreTrainedModel
 
 import coreformer as cf
-from coreformer import configuration_coreformer, tokenizer_training
+from coreformer import configuration_coreformer
 from coreformer.families import FAMILIES, MODEL_TYPES, family_of_model_type, head_of_class
+from coreformer.training import tokenizer_training
 
 FAMILIES_FILE = Path(cf.__file__).with_name("families.py")
 

@@ -1,7 +1,7 @@
-"""Fine-tuning (coreformer.finetuning, training/finetune.py): each task fine-tunes a tiny coreformer with Trainer,
-evaluates with the shipped metrics, saves a folder with its model card, and reloads with its Auto class to the same
-predictions and metrics; a converted MiniLM fine-tunes for classification; LoRA saves an adapter and a merged model
-that agree; bad inputs get one clear error each; the script runs end to end on an embedded default.
+"""Fine-tuning (coreformer.training.finetuning, training/finetune.py): each task fine-tunes a tiny coreformer with
+Trainer, evaluates with the shipped metrics, saves a folder with its model card, and reloads with its Auto class to
+the same predictions and metrics; a converted MiniLM fine-tunes for classification; LoRA saves an adapter and a
+merged model that agree; bad inputs get one clear error each; the script runs end to end on an embedded default.
 
 Models are tiny (hidden 32, 2 layers, vocab 600 trained on the embedded datasets' text), runs are 4 steps on a few
 dozen examples, and one thread is used, so the whole file stays well under a minute on a 2-core CPU.
@@ -22,6 +22,7 @@ from conftest import kill_at_marker
 from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
@@ -32,20 +33,20 @@ from transformers import (
 import coreformer as cf
 from coreformer import cli
 from coreformer.evaluation import squad_scores
-from coreformer.finetuning import (
+from coreformer.model_card import validate_model_card
+from coreformer.training.finetuning import (
     TASKS,
     FinetuningArguments,
     FinetuningError,
     embedded_dataset,
     evaluate_folder,
     load_task_data,
-    python_token_tags,
-    question_answering_predictions,
     resolve_arguments,
     run_finetuning,
 )
-from coreformer.model_card import validate_model_card
-from coreformer.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer.training.tasks.question_answering import question_answering_predictions
+from coreformer.training.tasks.token_classification import python_token_tags
+from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 FINETUNE = REPO / "training" / "finetune.py"
@@ -55,6 +56,7 @@ AUTO = {
     "question-answering": AutoModelForQuestionAnswering,
     "causal-lm": AutoModelForCausalLM,
     "seq2seq": AutoModelForSeq2SeqLM,
+    "multiple-choice": AutoModelForMultipleChoice,
 }
 FAMILY = {  # the family each task is run on here (token classification on the decoder: the encoder has enough)
     "sequence-classification": "encoder",
@@ -62,6 +64,7 @@ FAMILY = {  # the family each task is run on here (token classification on the d
     "question-answering": "encoder",
     "causal-lm": "decoder",
     "seq2seq": "seq2seq",
+    "multiple-choice": "encoder",
 }
 BASES = {
     "encoder": (cf.CoreformerEncoderConfig, cf.CoreformerEncoderForMaskedLM),
@@ -186,6 +189,7 @@ EXPECTED_METRICS = {
     "question-answering": ("eval_exact_match", "eval_f1", "eval_loss"),
     "causal-lm": ("eval_perplexity", "eval_token_loss", "eval_loss"),
     "seq2seq": ("eval_rouge1", "eval_rouge2", "eval_rougeL", "eval_bleu", "eval_gen_len", "eval_loss"),
+    "multiple-choice": ("eval_accuracy", "eval_loss"),
 }
 
 
@@ -247,6 +251,57 @@ def test_causal_lm_perplexity_is_exp_of_the_mean_next_token_loss_of_the_reloaded
 
 
 @pytest.mark.slow
+def test_multiple_choice_scores_every_candidate_and_accuracy_is_the_share_of_right_picks(runs):
+    args, metrics, folder = runs["multiple-choice"]
+    validation = embedded_dataset("multiple-choice")["validation"].select(range(args.max_eval_examples))
+    model = AutoModelForMultipleChoice.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    picks = []
+    for row in validation:  # each candidate paired with the text, all of one question in one (1, C, T) batch
+        pairs = ([row["text"]] * len(row["choices"]), row["choices"])
+        inputs = tokenizer(*pairs, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
+        with torch.no_grad():
+            scores = model(**{key: value[None] for key, value in inputs.items()}).logits
+        assert scores.shape == (1, 4)
+        picks.append(int(scores.argmax(-1)))
+    rows = _read_jsonl(folder / "eval_predictions.jsonl")
+    assert [row["prediction"] for row in rows] == picks
+    assert [row["prediction_text"] for row in rows] == [r["choices"][p] for r, p in zip(validation, picks)]
+    by_hand = sum(pick == row["label"] for pick, row in zip(picks, validation)) / len(picks)
+    assert metrics["eval_accuracy"] == pytest.approx(by_hand)
+
+
+def test_embedded_multiple_choice_holds_the_documented_function_among_four_of_its_package():
+    splits = embedded_dataset("multiple-choice")
+    assert (len(splits["train"]), len(splits["validation"])) == (320, 80)
+    from coreformer.training.corpora import first_paragraph, stdlib_definitions
+
+    documented = {}
+    for definition in stdlib_definitions():
+        signature = f"{definition.name}({', '.join(name for name, _ in definition.params)})"
+        documented.setdefault(first_paragraph(definition.doc), set()).add(signature)
+    for row in splits["train"]:
+        assert len(row["choices"]) == len(set(row["choices"])) == 4
+        assert row["choices"][row["label"]] in documented[row["text"]]
+    assert {row["label"] for row in splits["train"]} == {0, 1, 2, 3}
+
+
+def test_multiple_choice_with_uneven_candidates_or_a_bad_label_is_one_error(bases, tmp_path):
+    rows = [{"text": "a", "choices": ["x", "y"], "label": 0}, {"text": "b", "choices": ["x", "y", "z"], "label": 1}]
+    train = _write_jsonl(tmp_path / "uneven.jsonl", rows * 4)
+    args = tiny_args("multiple-choice", bases["encoder"], tmp_path / "out", train_file=str(train))
+    with pytest.raises(FinetuningError, match=r"same number \(>= 2\) of candidates in 'choices'; found \[2, 3\]"):
+        run_finetuning(args)
+    rows = [{"text": "a", "choices": ["x", "y"], "label": 2}] * 8
+    args = tiny_args(
+        "multiple-choice", bases["encoder"], tmp_path / "out", train_file=str(_write_jsonl(tmp_path / "l.jsonl", rows))
+    )
+    with pytest.raises(FinetuningError, match=r"'label' must hold the index \(0 to 1\) of the right candidate; got 2"):
+        run_finetuning(args)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
 def test_question_answering_and_seq2seq_folders_serve_their_custom_pipelines(runs):
     from transformers import pipeline
 
@@ -258,8 +313,9 @@ def test_question_answering_and_seq2seq_folders_serve_their_custom_pipelines(run
     _, _, folder = runs["seq2seq"]
     args = runs["seq2seq"][0]
     source = embedded_dataset("seq2seq")["validation"][0]["text"]
+    # The generation limit Seq2SeqTrainer used: max_length (decoder start token included) = --max-target-length
     generated = pipeline(model=str(folder), trust_remote_code=True)(
-        source, max_new_tokens=args.max_target_length, num_beams=1
+        source, max_length=args.max_target_length, num_beams=1
     )
     assert generated[0]["generated_text"] == _read_jsonl(folder / "eval_predictions.jsonl")[0]["prediction"]
 
@@ -491,7 +547,7 @@ def test_script_fine_tunes_the_embedded_default_with_example_script_flag_names(b
 
 KILLED_FINETUNE = """
 import pathlib, runpy, sys, time
-import coreformer.finetuning
+import coreformer.training.finetuning
 
 marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
 
@@ -499,7 +555,7 @@ def save_with_pipeline(*args, **kwargs):  # trained and evaluated; the folder is
     marker.write_text("saving")
     time.sleep(300)  # the test kills us here
 
-coreformer.finetuning.save_with_pipeline = save_with_pipeline
+coreformer.training.finetuning.save_with_pipeline = save_with_pipeline
 sys.argv = [script] + sys.argv[3:]
 runpy.run_path(script, run_name="__main__")
 """

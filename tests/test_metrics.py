@@ -27,7 +27,7 @@ from coreformer.evaluation import (
     squad_scores,
     token_classification_metrics,
 )
-from coreformer.tokenizer_training import train_tokenizer
+from coreformer.training.tokenizer_training import train_tokenizer
 
 close = pytest.approx
 

@@ -26,7 +26,7 @@ from coreformer.pipelines import (
     best_spans,
     save_with_pipeline,
 )
-from coreformer.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
 CITIES = ["Paris", "London", "Rome", "Berlin", "Madrid", "Vienna", "Prague", "Oslo"]
 THINGS = ["tower", "bridge", "museum", "castle", "garden", "library", "market", "station"]

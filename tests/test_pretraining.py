@@ -1,6 +1,6 @@
-"""Pretraining (coreformer.pretraining, training/pretrain.py): every family trains and reloads, 2 processes match 1
-process with --grad-accum 2, a run killed during a save resumes bit-identically, checkpoints are atomic, bad inputs
-are refused with nothing overwritten, presets and launcher configs resolve.
+"""Pretraining (coreformer.training.pretraining, training/pretrain.py): every family trains and reloads, 2 processes
+match 1 process with --grad-accum 2, a run killed during a save resumes bit-identically, checkpoints are atomic, bad
+inputs are refused with nothing overwritten, presets and launcher configs resolve.
 
 Runs are tiny (hidden 32, 2 layers, vocab 384 trained on 12 documents, blocks of 32, 30 steps) and use one thread,
 in this process and in every child, so that in-process and subprocess runs compute bit-identical numbers.
@@ -23,20 +23,20 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import coreformer as cf
-from coreformer.pretraining import (
+from coreformer.training.batches import GlobalBatches
+from coreformer.training.checkpoints import find_latest_checkpoint
+from coreformer.training.objectives.masked_lm import MaskedLMCollator
+from coreformer.training.pretraining import (
     FAMILIES,
     PRESETS,
-    GlobalBatches,
     PretrainingArguments,
     PretrainingError,
     build_collator,
     build_model_config,
     check_world_size,
-    find_latest_checkpoint,
     resolve_arguments,
     run_pretraining,
 )
-from coreformer.pretraining_data import MaskedLMCollator
 
 datasets.disable_progress_bars()
 
@@ -266,11 +266,12 @@ def test_global_batch_holds_the_same_examples_and_masks_whoever_builds_it():
     assert not torch.equal(other_seed[0][1]["input_ids"], forward[0]["input_ids"])
 
 
-def test_two_processes_match_one_process_with_grad_accum_2(tmp_path):
-    # MLM with dropout: the masks and dropout both follow the global batch number, not the process.
-    settings = tiny_settings("encoder", model=dict(hidden_dropout=0.1), max_steps=12, eval_every=6, warmup_steps=2)
-    config = tmp_path / "encoder-tiny-test.json"
-    config.write_text(json.dumps({"family": "encoder", "model": settings["model"]}))
+def two_processes_and_one(settings: dict, tmp_path: Path) -> tuple[dict, dict]:
+    """(metrics of a 2-process run launched with accelerate, metrics of the same run in this process with
+    --grad-accum 2). Both use the tokenizer the 2-process run's main process trained and sent to the other (WordPiece
+    training is not reproducible)."""
+    config = tmp_path / "tiny-test.json"
+    config.write_text(json.dumps({"family": settings["family"], "model": settings["model"]}))
     two = tmp_path / "two-processes"
     command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(PRETRAIN), "--config", str(config)]
@@ -278,18 +279,27 @@ def test_two_processes_match_one_process_with_grad_accum_2(tmp_path):
     env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
-    two_metrics = json.loads((two / "metrics.json").read_text())
-    # The same tokenizer (WordPiece training is not reproducible): the one the main process trained and sent to the
-    # other process.
     one = run_pretraining(args_from(settings, tmp_path / "one-process", grad_accum=2, tokenizer=str(two)))
+    return json.loads((two / "metrics.json").read_text()), one
 
+
+def assert_same_steps(two_metrics: dict, one: dict, steps: int) -> None:
+    """The same examples per step, per-step training losses within 1e-4, the same held-out losses."""
     assert (two_metrics["world_size"], one["world_size"]) == (2, 1)
-    assert two_metrics["examples_per_step"] == one["examples_per_step"] == 16
+    assert two_metrics["examples_per_step"] == one["examples_per_step"]
     assert [r["tokens"] for r in two_metrics["history"]["train"]] == [r["tokens"] for r in one["history"]["train"]]
     difference = max(abs(a - b) for a, b in zip(train_losses(two_metrics), train_losses(one)))
-    assert len(train_losses(two_metrics)) == 12 and difference <= 1e-4, difference
-    for mine, theirs in zip(one["history"]["eval"], two_metrics["history"]["eval"]):
+    assert len(train_losses(two_metrics)) == steps and difference <= 1e-4, difference
+    for mine, theirs in zip(one["history"]["eval"], two_metrics["history"]["eval"], strict=True):
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
+
+
+def test_two_processes_match_one_process_with_grad_accum_2(tmp_path):
+    # MLM with dropout: the masks and dropout both follow the global batch number, not the process.
+    settings = tiny_settings("encoder", model=dict(hidden_dropout=0.1), max_steps=12, eval_every=6, warmup_steps=2)
+    two_metrics, one = two_processes_and_one(settings, tmp_path)
+    assert one["examples_per_step"] == 16
+    assert_same_steps(two_metrics, one, steps=12)
 
 
 def test_launch_with_more_processes_than_accelerate_sees_is_refused():
@@ -446,6 +456,14 @@ def test_resume_from_a_checkpoint_of_another_family_is_refused(trained, tmp_path
     assert snapshot(decoder_dir) == before and not (tmp_path / "new").exists()
 
 
+def test_resume_with_another_objective_is_refused(trained, tmp_path):
+    encoder_dir, _ = trained["encoder"]
+    before = snapshot(encoder_dir)
+    with pytest.raises(PretrainingError, match="belongs to a run of the masked-lm objective; this run trains electra"):
+        run_pretraining(tiny_args("encoder", encoder_dir, resume_from_checkpoint="latest", objective="electra"))
+    assert snapshot(encoder_dir) == before
+
+
 def load_cli():
     """training/pretrain.py as a module (it is a script, not part of the package)."""
     spec = importlib.util.spec_from_file_location("pretrain_cli", PRETRAIN)
@@ -493,6 +511,15 @@ def test_every_preset_resolves_and_pads_the_vocabulary_to_64(trained, family):
         args = resolve_arguments(config_file=CONFIGS / "decoder-tiny-llama.json")
         config = build_model_config(args, tokenizer)
         assert (config.norm_type, config.gated_mlp, config.num_key_value_heads) == ("rmsnorm", True, 2)
+
+
+def test_a_block_longer_than_the_position_table_is_refused_and_rotary_has_no_limit(trained):
+    tokenizer = AutoTokenizer.from_pretrained(trained["encoder"][0])
+    learned = PretrainingArguments(family="encoder", block_size=100, model=dict(max_position_embeddings=64))
+    with pytest.raises(PretrainingError, match="--block-size 100 needs max_position_embeddings >= 100 with learned"):
+        build_model_config(learned, tokenizer)
+    rotary = dict(max_position_embeddings=64, position_embedding_type="rotary")
+    assert build_model_config(PretrainingArguments(family="encoder", block_size=100, model=rotary), tokenizer)
 
 
 def test_flags_override_the_config_file_which_overrides_defaults(tmp_path):
@@ -551,7 +578,7 @@ def test_a_finished_run_is_not_resumed_over_and_copies_are_independent(trained, 
 KILLED_FINAL_SAVE = textwrap.dedent(
     """
     import pathlib, runpy, sys, time
-    import coreformer.pretraining
+    import coreformer.training.pretraining
 
     marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
 
@@ -559,7 +586,7 @@ KILLED_FINAL_SAVE = textwrap.dedent(
         marker.write_text("saving the final folder")
         time.sleep(300)  # the test kills us here
 
-    coreformer.pretraining.plot_losses = plot_losses
+    coreformer.training.pretraining.plot_losses = plot_losses
     sys.argv = [script] + sys.argv[3:]
     runpy.run_path(script, run_name="__main__")
     """
@@ -608,3 +635,12 @@ def test_a_tokenizer_folder_without_a_tokenizer_or_a_missing_path_is_one_clear_e
     with pytest.raises(PretrainingError, match=r"does not exist: pass a folder holding a tokenizer"):
         run_pretraining(tiny_args("decoder", tmp_path / "out", tokenizer=str(tmp_path / "nowhere")))
     assert not (tmp_path / "out").exists()
+
+
+def test_objective_defaults_to_the_familys_and_one_that_trains_another_family_is_refused(tmp_path):
+    defaults = {family: tiny_args(family, tmp_path).objective for family in FAMILIES}
+    assert defaults == {"encoder": "masked-lm", "decoder": "causal-lm", "seq2seq": "denoising"}
+    with pytest.raises(PretrainingError, match="The causal-lm objective trains decoder models; --family is encoder"):
+        tiny_args("encoder", tmp_path, objective="causal-lm")
+    with pytest.raises(PretrainingError, match="`objective` must be one of masked-lm, causal-lm, denoising"):
+        tiny_args("encoder", tmp_path, objective="electro")

@@ -10,19 +10,11 @@ from conftest import tiny_config
 from transformers.masking_utils import find_packed_sequence_indices
 
 import coreformer as cf
-from coreformer.pretraining_data import (
-    DenoisingCollator,
-    MaskedLMCollator,
-    PackedCausalLMCollator,
-    infill_spans,
-    iter_texts,
-    load_embedded_corpus,
-    load_text_dataset,
-    pack_into_blocks,
-    permute_sentences,
-    tokenize_dataset,
-)
-from coreformer.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer.training.data import iter_texts, load_embedded_corpus, load_text_dataset, tokenize_dataset
+from coreformer.training.objectives.causal_lm import PackedCausalLMCollator, pack_into_blocks
+from coreformer.training.objectives.denoising import DenoisingCollator, infill_spans, permute_sentences
+from coreformer.training.objectives.masked_lm import MaskedLMCollator
+from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
 datasets.disable_progress_bars()
 

@@ -21,7 +21,7 @@ from hub_server import HOST, LoopbackHub
 import coreformer as cf
 from coreformer.model_card import ModelCardInfo, validate_model_card, write_model_card
 from coreformer.publishing import PublishError, card_for_repo, check_folder
-from coreformer.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISH = ROOT / "training" / "publish.py"

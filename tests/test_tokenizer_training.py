@@ -6,8 +6,8 @@ import pytest
 from transformers import AutoTokenizer
 
 import coreformer as cf
-from coreformer.pretraining_data import iter_texts, load_embedded_corpus
-from coreformer.tokenizer_training import FAMILIES, SPECIAL_TOKENS, token_config_kwargs, train_tokenizer
+from coreformer.training.data import iter_texts, load_embedded_corpus
+from coreformer.training.tokenizer_training import FAMILIES, SPECIAL_TOKENS, token_config_kwargs, train_tokenizer
 
 SNIPPET = 'def area(r: float) -> float:\n    """Circle area."""\n\treturn 3.14159 * r ** 2  # é, 中\n'
 EXPECTED_IDS = {

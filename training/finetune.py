@@ -5,27 +5,28 @@
     python training/finetune.py --task question-answering --model M --train-file train.jsonl --validation-file dev.jsonl
     python training/finetune.py --task causal-lm --model outputs/decoder-tiny --peft lora --output-dir out/clm-lora
     python training/finetune.py --task seq2seq --model outputs/seq2seq-tiny --max-steps 500 --output-dir out/sum
+    python training/finetune.py --task multiple-choice --model outputs/electra-tiny --output-dir out/mc
 
 Tasks: sequence-classification (run_glue), token-classification (run_ner), question-answering (run_qa), causal-lm
-(run_clm), seq2seq (run_summarization). Without --dataset / --train-file each task trains on its embedded offline
-default, built from the Python standard library (see README, "Fine-tuning"). Settings come from the dataclass
-defaults, then --config FILE (YAML/JSON of the same keys), then the flags given here; the example scripts' flag names
-(--model_name_or_path, --dataset_name, --max_seq_length, --per_device_train_batch_size, --learning_rate,
---overwrite_output_dir, ...) are accepted too. Everything lives in coreformer.finetuning; this file only parses the
-command line.
+(run_clm), seq2seq (run_summarization), multiple-choice (run_swag). Without --dataset / --train-file each task trains
+on its embedded offline default, built from the Python standard library (see README, "Fine-tuning"). Settings come
+from the dataclass defaults, then --config FILE (YAML/JSON of the same keys), then the flags given here; the example
+scripts' flag names (--model_name_or_path, --dataset_name, --max_seq_length, --per_device_train_batch_size,
+--learning_rate, --overwrite_output_dir, ...) are accepted too. Everything lives in coreformer.training.finetuning;
+this file only parses the command line.
 """
 
 import argparse
 import sys
 
-from coreformer.finetuning import (
+from coreformer.training.arguments import add_flags
+from coreformer.training.finetuning import (
     FinetuningArguments,
     FinetuningError,
     argument_fields,
     resolve_arguments,
     run_finetuning,
 )
-from coreformer.run_arguments import add_flags
 
 
 def build_parser() -> argparse.ArgumentParser:

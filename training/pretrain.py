@@ -1,4 +1,5 @@
-"""Pretrain a coreformer encoder (MLM), decoder (causal LM) or seq2seq model (BART denoising) with Accelerate.
+"""Pretrain a coreformer encoder (MLM), decoder (causal LM) or seq2seq model (BART denoising) with Accelerate;
+--objective picks another objective for the family.
 
     python training/pretrain.py --family decoder --preset tiny --output-dir outputs/decoder-tiny
     accelerate launch training/pretrain.py --family encoder --preset small --output-dir outputs/encoder-small
@@ -8,14 +9,15 @@
 Settings come from the dataclass defaults, then the preset (training/configs/{family}-{preset}.yaml; default tiny) or
 --config FILE (YAML/JSON: the same keys plus `model:`, the family config's fields), then the flags given here. Rerun
 with --resume-from-checkpoint latest to continue a run from its newest checkpoint (bit-identical on CPU).
-Everything lives in coreformer.pretraining; this file only parses the command line.
+Everything lives in coreformer.training.pretraining; this file only parses the command line.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from coreformer.pretraining import (
+from coreformer.training.arguments import add_flags
+from coreformer.training.pretraining import (
     PRESETS,
     PretrainingArguments,
     PretrainingError,
@@ -23,7 +25,6 @@ from coreformer.pretraining import (
     resolve_arguments,
     run_pretraining,
 )
-from coreformer.run_arguments import add_flags
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 

@@ -1,5 +1,9 @@
-"""Run plumbing shared by pretraining.py and finetuning.py and their scripts, training/pretrain.py and finetune.py.
+"""What both runs share (pretraining.py, finetuning.py and their scripts training/pretrain.py and finetune.py): the
+settings base, argument resolution, the error classes, flags, config files and output folders.
 
+    RunError / PretrainingError / FinetuningError   one clear message about a bad input, nothing written yet
+    RunSettings                            the settings base: resolve(config file values + flags), cli_fields(),
+                                           and the range checks every __post_init__ uses
     arg(default, help, **metadata)         a dataclass field whose metadata carries its CLI help (and `choices`,
                                            `aliases`, `cli=False`, `show_default=False`)
     load_config_file(path, error=...)      a YAML / JSON run config as a dict ("_"-prefixed keys are comments)
@@ -9,8 +13,8 @@
     check_output_dir(output_dir, ...)      refuse a non-empty output folder unless it is a run and --overwrite is set
     write_json(path, value)                indented JSON with a final newline
 
-Each run module keeps its own error type (PretrainingError, FinetuningError) and passes it in as `error`, so a bad
-input reads the same whichever module found it. Nothing here imports the modeling code or torch.
+Each run raises its own subclass of RunError, so a script catches exactly its run's refusals; a message reads the
+same whichever module found it. Nothing here imports the modeling code or torch.
 """
 
 import argparse
@@ -24,6 +28,52 @@ from pathlib import Path
 from typing import Any
 
 _UNION_TYPE = type(int | None)
+
+
+class RunError(ValueError):
+    """One clear message about a bad input; raised before anything in the output directory is touched."""
+
+
+class PretrainingError(RunError):
+    """A bad input to a pretraining run."""
+
+
+class FinetuningError(RunError):
+    """A bad input to a fine-tuning run."""
+
+
+class RunSettings:
+    """The base of both runs' settings dataclasses. `error` is the run's RunError subclass."""
+
+    error: typing.ClassVar[type[RunError]] = RunError
+
+    @classmethod
+    def cli_fields(cls) -> list[dataclasses.Field]:
+        """The fields the CLI exposes as flags, in declaration order."""
+        return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
+
+    @classmethod
+    def resolve(cls, values: dict[str, Any], *, source: str | None = None) -> "RunSettings":
+        """Settings from a mapping of names to raw values (a config file updated by the flags given): unknown names
+        are refused with the known ones, each value is coerced to its field's type."""
+        hints = typing.get_type_hints(cls)
+        unknown = sorted(set(values) - set(hints))
+        if unknown:
+            where = f" in {source}" if source else ""
+            raise cls.error(f"Unknown setting(s) {', '.join(unknown)}{where}; known: {', '.join(sorted(hints))}.")
+        return cls(**{name: coerce(name, value, hints[name], error=cls.error) for name, value in values.items()})
+
+    def check_choices(self, **allowed: Sequence[str]) -> None:
+        for name, choices in allowed.items():
+            if getattr(self, name) not in choices:
+                raise self.error(f"`{name}` must be one of {', '.join(choices)}; got {getattr(self, name)!r}.")
+
+    def check_at_least(self, minimum: int, names: Iterable[str], *, unset_ok: bool = False, note: str = "") -> None:
+        """Each named setting is >= minimum (None passes when `unset_ok`); `note` follows the bound in the message."""
+        for name in names:
+            value = getattr(self, name)
+            if not (unset_ok and value is None) and value < minimum:
+                raise self.error(f"`{name}` must be >= {minimum}{note}, got {value}.")
 
 
 def arg(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - `help` reads as argparse's

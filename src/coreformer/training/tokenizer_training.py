@@ -10,13 +10,15 @@ match the family configs' defaults: encoder pad 0; decoder pad 0, bos 1, eos 2 (
 `generate` without a prompt starts from it); seq2seq bos 0, pad 1, eos 2 and `decoder_start_token_id` = eos, as BART
 has it. BART keeps `<mask>` as its last id; here it is id 4 so that the ids never depend on the vocabulary size.
 
-The decoder tokenizer adds no special tokens on encode: `pack_into_blocks` (pretraining_data.py) separates documents
+The decoder tokenizer adds no special tokens on encode: `pack_into_blocks` (objectives/causal_lm.py) separates documents
 with `</s>` when it concatenates them, so a `<s>`/`</s>` added per document would only waste block space.
 
     train_tokenizer(family, texts, vocab_size, output_dir=None) -> PreTrainedTokenizerFast
+    tokenizer_name(family) -> "WordPiece" | "byte-level BPE"
     token_config_kwargs(tokenizer, family) -> {"vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", ...}
 
-Nothing here imports the modeling files: a tokenizer is built before any model exists.
+The families' tokens, tokenizer kinds and templates come from `families.FAMILIES`. Nothing here imports the
+modeling files: a tokenizer is built before any model exists.
 """
 
 from collections.abc import Iterable, Iterator
@@ -24,68 +26,44 @@ from collections.abc import Iterable, Iterator
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-FAMILIES = ("encoder", "decoder", "seq2seq")
+from .families import FAMILIES as _FAMILY_FACTS
+from .families import TrainingFacts
+
+FAMILIES = tuple(_FAMILY_FACTS)
 
 # Role -> token, in id order: the trainers put `special_tokens` first, so the position here is the id.
-SPECIAL_TOKENS: dict[str, dict[str, str]] = {
-    "encoder": {
-        "pad_token": "[PAD]",
-        "unk_token": "[UNK]",
-        "cls_token": "[CLS]",
-        "sep_token": "[SEP]",
-        "mask_token": "[MASK]",
-    },
-    "decoder": {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
-    "seq2seq": {
-        "bos_token": "<s>",
-        "pad_token": "<pad>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "mask_token": "<mask>",
-    },
-}
-
-# Inputs each family's model accepts; only the encoder has token types (BERT segments).
-_MODEL_INPUT_NAMES = {
-    "encoder": ["input_ids", "token_type_ids", "attention_mask"],
-    "decoder": ["input_ids", "attention_mask"],
-    "seq2seq": ["input_ids", "attention_mask"],
-}
+SPECIAL_TOKENS: dict[str, dict[str, str]] = {name: facts.special_tokens for name, facts in _FAMILY_FACTS.items()}
 
 
-def _check_family(family: str) -> None:
-    if family not in FAMILIES:
+def _facts(family: str) -> TrainingFacts:
+    if family not in _FAMILY_FACTS:
         raise ValueError(f"Unknown family {family!r}: expected one of {', '.join(FAMILIES)}.")
+    return _FAMILY_FACTS[family]
 
 
-def _min_vocab_size(family: str) -> int:
-    """Special tokens, plus the 256 byte symbols every byte-level vocabulary starts with."""
-    return len(SPECIAL_TOKENS[family]) + (0 if family == "encoder" else len(pre_tokenizers.ByteLevel.alphabet()))
+def _wordpiece(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+    """BERT-cased: keep case and accents (code is case-sensitive), split on whitespace and punctuation."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token=facts.special_tokens["unk_token"], max_input_chars_per_word=100))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=_specials(facts), continuing_subword_prefix="##", show_progress=False
+    )
+    return tokenizer, trainer
 
 
-def _build_backend(family: str, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
-    """An untrained `tokenizers.Tokenizer` for `family` and the trainer that fills its vocabulary."""
-    specials = [_added_token(family, token) for token in SPECIAL_TOKENS[family].values()]
-    if family == "encoder":
-        # BERT-cased: keep case and accents (code is case-sensitive), split on whitespace and punctuation.
-        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-        tokenizer.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False
-        )
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tokenizer.decoder = decoders.WordPiece(prefix="##")
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=specials, continuing_subword_prefix="##", show_progress=False
-        )
-        return tokenizer, trainer
-    # Byte-level BPE (GPT-2 / BART): every byte is in the alphabet, so any text encodes without <unk> and decodes
-    # back exactly. No prefix space: a document's first word is encoded as it is written.
+def _byte_level_bpe(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+    """Byte-level BPE (GPT-2 / BART): every byte is in the alphabet, so any text encodes without <unk> and decodes
+    back exactly. No prefix space: a document's first word is encoded as it is written."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=specials,
+        special_tokens=_specials(facts),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,  # a pair seen once is noise, not a merge
         show_progress=False,
@@ -93,24 +71,34 @@ def _build_backend(family: str, vocab_size: int) -> tuple[Tokenizer, trainers.Tr
     return tokenizer, trainer
 
 
-def _post_processor(family: str, tokenizer: Tokenizer) -> processors.PostProcessor:
+# tokenizer kind -> (untrained backend + its trainer, symbols every vocabulary holds besides the special tokens, name)
+_BACKENDS = {
+    "wordpiece": (_wordpiece, 0, "WordPiece"),
+    "byte-level-bpe": (_byte_level_bpe, len(pre_tokenizers.ByteLevel.alphabet()), "byte-level BPE"),
+}
+
+
+def tokenizer_name(family: str) -> str:
+    """What the family's trained tokenizer is called ("WordPiece", "byte-level BPE")."""
+    return _BACKENDS[_facts(family).tokenizer_kind][2]
+
+
+def _min_vocab_size(facts: TrainingFacts) -> int:
+    """Special tokens, plus the 256 byte symbols every byte-level vocabulary starts with."""
+    return len(facts.special_tokens) + _BACKENDS[facts.tokenizer_kind][1]
+
+
+def _post_processor(facts: TrainingFacts, tokenizer: Tokenizer) -> processors.PostProcessor | None:
     """Adds the family's special tokens on encode (and keeps byte-level offsets right for the BPE families)."""
-    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS[family].values()}
-    if family == "encoder":
-        return processors.TemplateProcessing(
-            single="[CLS] $A [SEP]",
-            pair="[CLS] $A [SEP] $B:1 [SEP]:1",  # token_type_ids 1 on the second segment, as BERT
-            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
-        )
-    byte_level = processors.ByteLevel(trim_offsets=False)
-    if family == "decoder":
-        return byte_level
-    seq2seq = processors.TemplateProcessing(
-        single="<s> $A </s>",
-        pair="<s> $A </s> </s> $B </s>",  # BART / RoBERTa pair layout; BART has no token types
-        special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])],
+    byte_level = [processors.ByteLevel(trim_offsets=False)] if facts.tokenizer_kind == "byte-level-bpe" else []
+    if facts.template is None:
+        return byte_level[0] if byte_level else None
+    single, pair = facts.template
+    used = {piece.split(":")[0] for piece in f"{single} {pair}".split() if not piece.startswith("$")}
+    template = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[(token, tokenizer.token_to_id(token)) for token in sorted(used)]
     )
-    return processors.Sequence([byte_level, seq2seq])
+    return processors.Sequence([*byte_level, template]) if byte_level else template
 
 
 def train_tokenizer(
@@ -135,25 +123,27 @@ def train_tokenizer(
     Returns:
         The tokenizer; its special-token ids follow `SPECIAL_TOKENS` (see `token_config_kwargs`).
     """
-    _check_family(family)
-    floor = _min_vocab_size(family)
+    facts = _facts(family)
+    floor = _min_vocab_size(facts)
     if vocab_size <= floor:
         raise ValueError(
             f"`vocab_size` must exceed {floor} for the {family} tokenizer (its special tokens"
-            f"{' and 256 byte symbols' if family != 'encoder' else ''}), got {vocab_size}."
+            f"{' and 256 byte symbols' if _BACKENDS[facts.tokenizer_kind][1] else ''}), got {vocab_size}."
         )
-    backend, trainer = _build_backend(family, vocab_size)
+    backend, trainer = _BACKENDS[facts.tokenizer_kind][0](facts, vocab_size)
     backend.train_from_iterator(_non_empty(texts), trainer=trainer)
-    for position, token in enumerate(SPECIAL_TOKENS[family].values()):
+    for position, token in enumerate(facts.special_tokens.values()):
         if backend.token_to_id(token) != position:  # guards the id table in the module docstring
             raise RuntimeError(f"{token} got id {backend.token_to_id(token)}, expected {position}.")
-    backend.post_processor = _post_processor(family, backend)
+    post_processor = _post_processor(facts, backend)
+    if post_processor is not None:
+        backend.post_processor = post_processor
 
-    special_tokens = {role: _added_token(family, token) for role, token in SPECIAL_TOKENS[family].items()}
+    special_tokens = {role: _added_token(facts, role) for role in facts.special_tokens}
     extra = {} if model_max_length is None else {"model_max_length": model_max_length}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        model_input_names=_MODEL_INPUT_NAMES[family],
+        model_input_names=list(facts.model_input_names),
         clean_up_tokenization_spaces=False,  # keep decode lossless for the byte-level families
         **special_tokens,
         **extra,
@@ -163,10 +153,14 @@ def train_tokenizer(
     return tokenizer
 
 
-def _added_token(family: str, token: str) -> AddedToken:
+def _specials(facts: TrainingFacts) -> list[AddedToken]:
+    return [_added_token(facts, role) for role in facts.special_tokens]
+
+
+def _added_token(facts: TrainingFacts, role: str) -> AddedToken:
     # BART's <mask> swallows the space before it, so "a <mask> b" encodes like "a<mask> b" ("Ġb" stays one piece).
-    lstrip = family == "seq2seq" and token == "<mask>"
-    return AddedToken(token, lstrip=lstrip, rstrip=False, normalized=False, special=True)
+    lstrip = role == "mask_token" and facts.tokenizer_kind == "byte-level-bpe"
+    return AddedToken(facts.special_tokens[role], lstrip=lstrip, rstrip=False, normalized=False, special=True)
 
 
 def _non_empty(texts: Iterable[str]) -> Iterator[str]:
@@ -185,13 +179,10 @@ def token_config_kwargs(tokenizer: PreTrainedTokenizerFast, family: str) -> dict
         `vocab_size`, `pad_token_id`, `bos_token_id`, `eos_token_id`, plus `decoder_start_token_id` (= eos, as BART)
         for seq2seq. The encoder has no bos/eos (BERT); its [CLS]/[SEP]/[MASK] ids live on the tokenizer.
     """
-    _check_family(family)
-    kwargs: dict[str, int | None] = {
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id if family != "encoder" else None,
-        "eos_token_id": tokenizer.eos_token_id if family != "encoder" else None,
-    }
-    if family == "seq2seq":
-        kwargs["decoder_start_token_id"] = tokenizer.eos_token_id
+    facts = _facts(family)
+    kwargs: dict[str, int | None] = {"vocab_size": len(tokenizer)}
+    for role in ("pad_token", "bos_token", "eos_token"):
+        kwargs[f"{role}_id"] = getattr(tokenizer, f"{role}_id") if role in facts.config_token_roles else None
+    if facts.decoder_start_token is not None:
+        kwargs["decoder_start_token_id"] = getattr(tokenizer, f"{facts.decoder_start_token}_id")
     return kwargs

@@ -1,0 +1,91 @@
+"""Checkpoints of a pretraining run: atomic saves, the newest complete one, and leftovers of interrupted saves.
+
+    save_checkpoint(accelerator, output_dir, step, trainer_state, tokenizer, keep_last)   write, rename, prune
+    list_checkpoints(output_dir) / find_latest_checkpoint(output_dir)    complete `checkpoints/step-N`, oldest first
+    read_trainer_state(checkpoint)                                       what the run recorded (step, data position)
+    remove_stale_temporaries(output_dir)                                 folders a crash left mid-save
+
+Checkpoints are written into `checkpoints/.tmp-step-N` and renamed to `step-N` once complete (a rename is atomic on
+POSIX), so a crash during a save leaves the previous checkpoint as the latest; trainer_state.json is written last,
+so its presence marks a checkpoint complete.
+"""
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from ..folders import remove_stale_saves, replace_folder
+from .arguments import PretrainingError, write_json
+
+CHECKPOINTS_DIR = "checkpoints"
+TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
+_CHECKPOINT_NAME = re.compile(r"step-(\d+)")
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    match = _CHECKPOINT_NAME.fullmatch(path.name)
+    if match is None or not path.is_dir() or not (path / TRAINER_STATE).is_file():
+        return None
+    return int(match.group(1))
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first; `.tmp-*` folders of interrupted saves are ignored."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [(step, path) for path in root.iterdir() if (step := _checkpoint_step(path)) is not None]
+    return [path for _, path in sorted(found)]
+
+
+def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
+    checkpoints = list_checkpoints(output_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+    path = Path(checkpoint) / TRAINER_STATE
+    if not path.is_file():
+        raise PretrainingError(f"{str(checkpoint)!r} is not a complete checkpoint folder (no {TRAINER_STATE}).")
+    return json.loads(path.read_text())
+
+
+def remove_stale_temporaries(output_dir: Path) -> None:
+    """Leftovers of saves that a crash interrupted: checkpoints being written (never complete, never read), and a
+    checkpoint caught between replace_folder's fallback renames (put back)."""
+    for folder in (output_dir / CHECKPOINTS_DIR, output_dir):
+        if folder.is_dir():
+            for path in folder.iterdir():
+                if path.name.startswith((".tmp-", ".old-", ".final-tmp")):  # .old-, .final-tmp: before 0.1
+                    shutil.rmtree(path, ignore_errors=True)
+    remove_stale_saves(output_dir / CHECKPOINTS_DIR)
+
+
+def save_checkpoint(
+    accelerator, output_dir: Path, step: int, trainer_state: dict, tokenizer: PreTrainedTokenizerBase, keep_last: int
+) -> Path:
+    """accelerator.save_state into checkpoints/.tmp-step-N, then rename to step-N; prune to the last `keep_last`.
+
+    Every process writes into the temporary folder (its RNG state; shards under FSDP / DeepSpeed), so its name is
+    the same on every rank. trainer_state.json goes in last, the rename makes the folder visible at once.
+    """
+    root = output_dir / CHECKPOINTS_DIR
+    staging, final = root / f".tmp-step-{step}", root / f"step-{step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(staging / "tokenizer")
+        write_json(staging / TRAINER_STATE, trainer_state)
+        replace_folder(staging, final)  # final exists when re-saving a step after resuming from an older checkpoint
+        for old in list_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final

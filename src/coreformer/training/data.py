@@ -1,0 +1,281 @@
+"""Data for both runs: text loading (embedded corpus | local files | Hub), tokenization, and collator pieces.
+
+    DATA_BUILDERS                                                    file extension -> `datasets` builder (one map)
+    local_builder(source)                                            (builder, files) of a local source, or (None, None)
+    load_embedded_corpus(seed, validation_fraction, max_documents)  the Python standard library's own source files
+    load_text_dataset(source, text_column, ...)                      embedded corpus | local file(s) | Hub dataset
+    iter_texts(dataset)                                              the texts, for `train_tokenizer`
+    tokenize_dataset(dataset, tokenizer, ...)                        text -> input_ids (long documents -> windows)
+    pad_sequences, as_ids, SeededCollator                            what every objective's collator is built from
+
+The objectives' collators live beside their objectives (objectives/*.py). Every collator is a dataclass called on a
+list of examples (dicts with "input_ids") that returns a dict of tensors. Its randomness comes from its own
+`torch.Generator` seeded with `seed` (reseeded per DataLoader worker, see `SeededCollator`), so a run is
+reproducible without touching the global RNG. Nothing here imports the modeling files.
+"""
+
+import glob
+import math
+import os
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .corpora import read_source, stdlib_root, stdlib_source_files
+
+# File extension -> `datasets` builder. A .txt file gives one example per line (pass `sample_by="document"` through
+# `load_text_dataset(**load_kwargs)` for one per file).
+DATA_BUILDERS = {
+    ".txt": "text",
+    ".text": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
+
+
+def load_embedded_corpus(
+    seed: int = 0, validation_fraction: float = 0.05, max_documents: int | None = None
+) -> datasets.DatasetDict:
+    """The Python standard library's source files as a pretraining corpus: real code and prose, on every machine.
+
+    One document per file (docstrings included); files that are empty or not UTF-8 are skipped. The corpus is
+    whatever the running interpreter ships (CPython 3.11: ~610 files, ~10.7M characters), so it is identical across
+    runs on one installation, not across Python versions.
+
+    Args:
+        seed: Shuffles the files before the split (and before `max_documents` picks its sample).
+        validation_fraction: Share of documents held out; the split is by document, so no file is in both.
+        max_documents: Read only this many documents (a seeded sample), to keep quick runs quick.
+
+    Returns:
+        "train" and "validation" splits with columns "text" and "path" (relative to the stdlib root).
+    """
+    if max_documents is not None and max_documents < 2:
+        raise ValueError(f"`max_documents` must be >= 2 (one train and one validation document), got {max_documents}.")
+    root = stdlib_root()
+    files = stdlib_source_files()
+    random.Random(seed).shuffle(files)
+    texts, paths = [], []
+    for path in files:
+        if max_documents is not None and len(texts) == max_documents:
+            break
+        text = read_source(path)
+        if text is not None and text.strip():
+            texts.append(text)
+            paths.append(path.relative_to(root).as_posix())
+    if not texts:
+        raise ValueError(f"No readable .py files under the standard library at {root}.")
+    return split_documents(datasets.Dataset.from_dict({"text": texts, "path": paths}), validation_fraction, seed=None)
+
+
+def load_text_dataset(
+    source: str | None,
+    text_column: str = "text",
+    *,
+    seed: int = 0,
+    validation_fraction: float = 0.05,
+    max_documents: int | None = None,
+    config_name: str | None = None,
+    **load_kwargs: Any,
+) -> datasets.DatasetDict:
+    """Training text from wherever it is, as "train" / "validation" splits with a "text" column.
+
+    Args:
+        source: `None` for `load_embedded_corpus`; a local file or glob (`data/*.jsonl`) whose extension picks the
+            builder (.txt/.text -> text, .json/.jsonl -> json, .csv -> csv, .parquet -> parquet); otherwise a Hub
+            dataset name, downloaded by `datasets` only because the caller named it.
+        text_column: Column holding the text; renamed to "text", other columns are dropped.
+        seed: Seeds the validation split when the source has none (and the embedded corpus' shuffle).
+        validation_fraction: Held-out share when the source has no "validation" split.
+        max_documents: Keep at most this many documents (the first ones, before splitting).
+        config_name: The Hub dataset's configuration (e.g. "wikitext-2-raw-v1").
+        **load_kwargs: Passed to `datasets.load_dataset` (e.g. `sample_by="document"` for .txt files).
+
+    Raises:
+        ValueError: A local file that does not exist, an extension with no builder, a dataset with no non-blank
+            text, or a `text_column` that is not there (the message lists the columns that are).
+    """
+    if source is None:
+        return load_embedded_corpus(seed, validation_fraction, max_documents)
+    builder, data_files = local_builder(source)
+    if builder is not None:
+        loaded = datasets.load_dataset(builder, data_files=data_files, **load_kwargs)
+    else:
+        loaded = datasets.load_dataset(source, config_name, **load_kwargs)
+    if not isinstance(loaded, datasets.DatasetDict):  # `split=` in load_kwargs returns a single Dataset
+        loaded = datasets.DatasetDict({"train": loaded})
+    if "train" not in loaded:
+        raise ValueError(f"{source!r} has no 'train' split; it has {sorted(loaded)}.")
+
+    splits = {}
+    for name in ("train", "validation"):
+        if name not in loaded:
+            continue
+        split = loaded[name]
+        if text_column not in split.column_names:
+            raise ValueError(
+                f"{source!r} has no column {text_column!r}; its columns are {split.column_names}. "
+                "Pass `text_column=` with one of them."
+            )
+        split = split.select_columns([text_column])
+        if text_column != "text":
+            split = split.rename_column(text_column, "text")
+        if name == "train" and max_documents is not None:
+            split = split.select(range(min(max_documents, len(split))))
+        # Blank lines of a .txt file (and empty cells) are not documents: they would pack as bare separators.
+        splits[name] = split.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+    if len(splits["train"]) == 0:
+        raise ValueError(f"{source!r} holds no non-blank text in column {text_column!r}.")
+    if "validation" in splits and len(splits["validation"]) > 0:
+        return datasets.DatasetDict(splits)
+    return split_documents(splits["train"], validation_fraction, seed=seed)
+
+
+def iter_texts(dataset: datasets.Dataset, column: str = "text", batch_size: int = 1000) -> Iterator[str]:
+    """Yield the texts of `dataset` in batches (the iterator `train_tokenizer` consumes)."""
+    for start in range(0, len(dataset), batch_size):
+        yield from dataset[start : start + batch_size][column]
+
+
+def local_builder(source: str) -> tuple[str | None, list[str] | None]:
+    """(builder, files) for a local source, (None, None) for a Hub name; raises the local-file ValueErrors."""
+    path = Path(source).expanduser()
+    is_glob = any(char in source for char in "*?[")
+    files = sorted(glob.glob(str(path))) if is_glob else None
+    suffix = path.suffix.lower()
+    # A Hub name is "name" or "owner/name"; anything that exists, looks like a path, or ends in a data extension is
+    # local, so a typo in a file name is reported here instead of becoming a Hub request.
+    looks_local = (
+        is_glob
+        or path.exists()
+        or source.startswith((".", "/", "~"))
+        or source.count("/") > 1
+        or "\\" in source  # a Windows path; Hub names never hold a backslash
+        or suffix in DATA_BUILDERS
+    )
+    if not looks_local:
+        return None, None
+    if files is None:
+        if not path.exists():
+            raise ValueError(f"Local data file {source!r} does not exist.")
+        if path.is_dir():
+            raise ValueError(f"{source!r} is a directory; pass a file or a glob such as '{source}/*.jsonl'.")
+        files = [str(path)]
+    if not files:
+        raise ValueError(f"No local data file matches {source!r}.")
+    if suffix not in DATA_BUILDERS:
+        raise ValueError(
+            f"Cannot load {source!r}: unknown extension {suffix or '(none)'!r}; expected one of "
+            f"{', '.join(DATA_BUILDERS)}."
+        )
+    if all(os.path.getsize(file) == 0 for file in files):  # `datasets` fails on empty files with no useful message
+        raise ValueError(f"{source!r} is empty: no text to train on.")
+    return DATA_BUILDERS[suffix], files
+
+
+def split_documents(dataset: datasets.Dataset, validation_fraction: float, seed: int | None) -> datasets.DatasetDict:
+    """Hold out whole documents; `seed=None` keeps the given order (already shuffled) and takes the head."""
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"`validation_fraction` must be in [0, 1), got {validation_fraction}.")
+    count = len(dataset)
+    held_out = min(max(round(count * validation_fraction), 1 if validation_fraction > 0 else 0), count - 1)
+    order = list(range(count))
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    return datasets.DatasetDict(
+        {"train": dataset.select(order[held_out:]), "validation": dataset.select(order[:held_out])}
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tokenization and packing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def tokenize_dataset(
+    dataset: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    text_column: str = "text",
+    max_length: int | None = None,
+    add_special_tokens: bool = True,
+    batch_size: int = 1000,
+    num_proc: int | None = None,
+) -> datasets.Dataset:
+    """Replace the text with an "input_ids" column.
+
+    Args:
+        max_length: Cut each document into consecutive windows of at most `max_length` ids, the tokenizer's special
+            tokens added to every window (`[CLS] .. [SEP]`, `<s> .. </s>`), so a long file becomes several examples
+            instead of losing its tail. `None` keeps whole documents (for `pack_into_blocks`).
+        add_special_tokens: `False` for the decoder before packing; its separators come from `pack_into_blocks`.
+
+    Literal special-token text in a document ("</s>" in an HTML helper's source) is split like ordinary text, so
+    only the pipeline places control tokens.
+    """
+    windowed = max_length is not None
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        encoded = tokenizer(
+            batch[text_column],
+            add_special_tokens=add_special_tokens,
+            truncation=windowed,
+            max_length=max_length,
+            return_overflowing_tokens=windowed,
+            split_special_tokens=True,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        return {"input_ids": encoded["input_ids"]}
+
+    return dataset.map(
+        encode, batched=True, batch_size=batch_size, num_proc=num_proc, remove_columns=dataset.column_names
+    )
+
+
+def pad_sequences(sequences: Sequence[torch.Tensor], value: int, multiple: int | None = None) -> torch.Tensor:
+    """Right-pad 1-D tensors to one length (rounded up to `multiple`); (B, T)."""
+    length = max((len(s) for s in sequences), default=0)
+    if multiple:
+        length = math.ceil(length / multiple) * multiple
+    out = torch.full((len(sequences), length), value, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        out[row, : len(sequence)] = sequence
+    return out
+
+
+def as_ids(example: dict[str, Any], key: str = "input_ids") -> torch.Tensor:
+    return torch.as_tensor(example[key], dtype=torch.long).reshape(-1)
+
+
+@dataclass(kw_only=True)
+class SeededCollator:
+    """Randomness from a private `torch.Generator`, never the global RNG.
+
+    In the main process (`num_workers=0`, the Trainer default) one stream seeded with `seed` runs through every
+    epoch. A DataLoader worker holds a copy of the collator made when the epoch's iterator starts, so it reseeds from
+    `seed` and the worker's own seed, which differs per worker and per epoch (and follows `torch.manual_seed`);
+    otherwise every worker, every epoch, would repeat the same masks.
+    """
+
+    seed: int = 0
+    _generator: torch.Generator | None = field(default=None, init=False, repr=False)
+    _worker_seed: int | None = field(default=None, init=False, repr=False)
+
+    @property
+    def generator(self) -> torch.Generator:
+        info = torch.utils.data.get_worker_info()
+        worker_seed = None if info is None else info.seed
+        if self._generator is None or self._worker_seed != worker_seed:
+            seed = self.seed if worker_seed is None else hash((self.seed, worker_seed)) % 2**63
+            self._generator = torch.Generator().manual_seed(seed)
+            self._worker_seed = worker_seed
+        return self._generator

@@ -1,0 +1,756 @@
+"""Fine-tuning on transformers' `Trainer`: every registered task (tasks/) over any coreformer folder, each with an
+offline default dataset.
+
+    FinetuningArguments                every run setting (a CLI flag per field, plus run_glue / run_qa style aliases)
+    resolve_arguments(...)             dataclass defaults < --config file (YAML / JSON) < flags given
+    TASKS                              task name -> Task (tasks/__init__.py: one file per task)
+    embedded_dataset(task)             the offline default of a task, built from the Python standard library's source
+    load_task_data(args)               train / validation splits: embedded default | Hub dataset | local files
+    run_finetuning(args) -> dict       prepare (data, labels, model + LoRA), train (Trainer), finish (save the folder)
+    evaluate_folder(folder, args)      reload a saved folder with its Auto class and evaluate it on the same split
+
+Metrics come from the shipped offline `evaluate` modules through `coreformer.evaluation`'s builders.
+
+An output folder, as a run leaves it (written into a hidden sibling folder, renamed into place at the end, so a
+crash never leaves a half-written `output_dir`):
+
+    output_dir/
+      config.json, model.safetensors, modeling code, tokenizer files [, generation_config.json]
+      README.md                          model card (coreformer.model_card, kind "fine-tuned")
+      eval_results.json, train_results.json, all_results.json, trainer_state.json, run_config.json
+      eval_predictions.jsonl             one line per validation example (tasks that predict rows)
+      adapter/                           --peft lora only: the LoRA adapter (the folder itself holds the merged model)
+
+QA and seq2seq folders carry coreformer's custom pipeline (`save_with_pipeline`), so
+`pipeline(model=output_dir, trust_remote_code=True)` works where transformers 5 has no QA / text2text pipeline.
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import transformers
+from transformers import AutoConfig, PreTrainedTokenizerBase
+
+from ..folders import MissingTokenizerError, folder_tokenizer, staged_folder
+from ..model_card import ModelCardInfo, inherited_license, is_hub_id, write_model_card
+from ..pipelines import input_length_limit, save_with_pipeline
+from .arguments import FinetuningError, RunSettings, arg, check_output_dir, load_config_file, write_json
+from .data import local_builder
+from .families import family_of, longest_input
+from .tasks import TASKS, Evaluation, Task
+from .tasks.base import COLUMN_FLAGS
+
+PEFT_CHOICES = ("none", "lora")
+REPORT_TO = ("none", "tensorboard")
+RUN_CONFIG = "run_config.json"
+PREDICTIONS = "eval_predictions.jsonl"
+ADAPTER_DIR = "adapter"
+# What a run leaves in its output folder: a folder holding any of these is a previous run (--overwrite replaces it).
+_RUN_MARKERS = ("config.json", RUN_CONFIG, "all_results.json", ADAPTER_DIR)
+
+__all__ = ["TASKS", "FinetuningArguments", "FinetuningError", "embedded_dataset", "evaluate_folder", "run_finetuning"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FinetuningArguments(RunSettings):
+    """Every setting of a fine-tuning run. The CLI exposes each field as `--field-name` (and `--field_name`), plus
+    the `aliases` in its metadata: the names transformers' example scripts use (`--model_name_or_path`, ...)."""
+
+    error: typing.ClassVar[type[FinetuningError]] = FinetuningError
+
+    task: str = arg("sequence-classification", f"what to fine-tune for: {', '.join(TASKS)}")
+    model: str = arg(
+        "",
+        "a coreformer folder: pretrained (training/pretrain.py), fine-tuned, or converted (coreformer convert)",
+        aliases=("--model_name_or_path", "--model-name-or-path"),
+    )
+    tokenizer: str | None = arg(
+        None, "tokenizer folder or name; default: the one in --model", aliases=("--tokenizer_name",)
+    )
+    # data
+    dataset: str | None = arg(
+        None,
+        "a datasets Hub name (downloaded only then) or a local .csv/.json/.jsonl/.parquet file; omit both this and "
+        "--train-file for the task's embedded offline default (built from the Python standard library)",
+        aliases=("--dataset_name",),
+    )
+    dataset_config: str | None = arg(None, "configuration of a Hub dataset", aliases=("--dataset_config_name",))
+    train_file: str | None = arg(None, "local training file (.csv/.json/.jsonl/.parquet)")
+    validation_file: str | None = arg(None, "local validation file; default: --validation-fraction of the training")
+    validation_fraction: float = arg(0.1, "held-out share of the training data when there is no validation split")
+    max_train_examples: int | None = arg(None, "use the first N training examples", aliases=("--max_train_samples",))
+    max_eval_examples: int | None = arg(None, "use the first N validation examples", aliases=("--max_eval_samples",))
+    # columns
+    text_column: str = arg(
+        "text", "text to classify / language-model / summarise (input side)", aliases=("--text_column_name",)
+    )
+    text_pair_column: str | None = arg(None, "sequence-classification: optional second text (sentence pairs)")
+    label_column: str | None = arg(
+        None,
+        "labels: sequence-classification 'label' (ClassLabel, strings or ints), token-classification 'ner_tags' "
+        "(one tag per word; BIO names), multiple-choice 'label' (the index of the right choice)",
+        aliases=("--label_column_name",),
+    )
+    tokens_column: str = arg("tokens", "token-classification: the words of each example")
+    question_column: str = arg("question", "question-answering: the question", aliases=("--question_column_name",))
+    context_column: str = arg("context", "question-answering: the context", aliases=("--context_column_name",))
+    answers_column: str = arg(
+        "answers",
+        "question-answering: SQuAD-style answers {'text': [...], 'answer_start': [...]}",
+        aliases=("--answer_column_name",),
+    )
+    id_column: str = arg("id", "question-answering: question ids (row numbers when the column is absent)")
+    summary_column: str = arg("summary", "seq2seq: the target text")
+    choices_column: str = arg("choices", "multiple-choice: the candidate answers (a list, the same length everywhere)")
+    source_prefix: str = arg("", "seq2seq: text put before every input (T5-style 'summarize: ')")
+    # lengths
+    max_length: int = arg(
+        128,
+        "input tokens per example (capped by the model): sequence length, QA window, causal-lm block, seq2seq source",
+        aliases=("--max_seq_length", "--max_source_length", "--block_size"),
+    )
+    max_target_length: int = arg(64, "seq2seq: target tokens (also the default generation length)")
+    doc_stride: int = arg(32, "question-answering: overlap between the windows of a long context")
+    max_answer_length: int = arg(30, "question-answering: longest answer, in tokens")
+    generation_max_length: int | None = arg(None, "seq2seq: max new tokens at evaluation; default --max-target-length")
+    num_beams: int = arg(1, "seq2seq: beams at evaluation")
+    # optimisation
+    num_train_epochs: float = arg(3.0, "epochs (ignored when --max-steps is set)")
+    max_steps: int | None = arg(None, "optimizer steps; overrides --num-train-epochs")
+    batch_size: int = arg(16, "training examples per device and step", aliases=("--per_device_train_batch_size",))
+    eval_batch_size: int = arg(32, "evaluation examples per device", aliases=("--per_device_eval_batch_size",))
+    grad_accum: int = arg(1, "micro-batches per optimizer step", aliases=("--gradient_accumulation_steps",))
+    lr: float = arg(5e-5, "peak learning rate (AdamW)", aliases=("--learning_rate", "--learning-rate"))
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    warmup_steps: int = arg(0, "linear warmup steps")
+    lr_scheduler_type: str = arg("linear", "transformers scheduler name (linear, cosine, constant, ...)")
+    bf16: bool = arg(False, "bfloat16 mixed precision")
+    seed: int = arg(42, "seed of the head's initialisation, the data order and dropout")
+    logging_steps: int = arg(10, "log the training loss every N steps")
+    eval_steps: int = arg(0, "also evaluate every N steps (0: only at the end)")
+    # model
+    ignore_mismatched_sizes: bool = arg(
+        False, "re-initialise a classification head whose label count differs from the data's"
+    )
+    peft: str = arg("none", "parameter-efficient fine-tuning: none or lora", choices=PEFT_CHOICES)
+    lora_r: int = arg(8, "LoRA rank")
+    lora_alpha: int = arg(16, "LoRA alpha (scale alpha / r)")
+    lora_dropout: float = arg(0.05, "dropout on the LoRA branch")
+    lora_target_modules: str = arg("q_proj,v_proj", "comma-separated module names that get adapters")
+    # run
+    output_dir: str = arg("outputs/finetune", "run folder: the fine-tuned model, its card, metrics, predictions")
+    overwrite: bool = arg(
+        False, "replace an output directory that holds another run", aliases=("--overwrite_output_dir",)
+    )
+    report_to: str = arg("none", "tracker: none or tensorboard (logs under output_dir/runs)", choices=REPORT_TO)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise FinetuningError(f"Unknown task {self.task!r}: --task must be one of {', '.join(TASKS)}.")
+        self.check_choices(peft=PEFT_CHOICES, report_to=REPORT_TO)
+        if not self.model:
+            raise FinetuningError("Pass --model: a coreformer folder (pretrained, fine-tuned or converted).")
+        positive = ("max_length", "max_target_length", "max_answer_length", "num_beams", "batch_size")
+        self.check_at_least(1, positive + ("eval_batch_size", "grad_accum", "logging_steps", "lora_r", "lora_alpha"))
+        optional = ("max_steps", "max_train_examples", "max_eval_examples", "generation_max_length")
+        self.check_at_least(1, optional, unset_ok=True, note=" (or unset)")
+        self.check_at_least(0, ("doc_stride", "warmup_steps", "eval_steps"))
+        if self.max_steps is None and self.num_train_epochs <= 0:
+            raise FinetuningError(f"`num_train_epochs` must be > 0, got {self.num_train_epochs}.")
+        if self.lr <= 0:
+            raise FinetuningError(f"`lr` must be > 0, got {self.lr}.")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise FinetuningError(f"`validation_fraction` must be in (0, 1), got {self.validation_fraction}.")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise FinetuningError(f"`lora_dropout` must be in [0, 1), got {self.lora_dropout}.")
+        if not self.target_modules:
+            raise FinetuningError("`lora_target_modules` names no module; the default is q_proj,v_proj.")
+        if self.dataset is not None and self.train_file is not None:
+            raise FinetuningError("Pass either --dataset (Hub name or file) or --train-file, not both.")
+        if self.validation_file is not None and self.train_file is None:
+            raise FinetuningError("--validation-file needs --train-file.")
+        if self.label_column is None:
+            self.label_column = self.spec.default_label_column or "label"
+
+    @property
+    def target_modules(self) -> list[str]:
+        return [name.strip() for name in self.lora_target_modules.split(",") if name.strip()]
+
+    @property
+    def spec(self) -> Task:
+        return TASKS[self.task]
+
+
+def argument_fields() -> list[dataclasses.Field]:
+    return FinetuningArguments.cli_fields()
+
+
+def resolve_arguments(
+    *, config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> FinetuningArguments:
+    """Dataclass defaults, then a YAML / JSON `--config` file of FinetuningArguments keys, then `overrides`."""
+    values = load_config_file(config_file, error=FinetuningError) if config_file is not None else {}
+    return FinetuningArguments.resolve({**values, **(overrides or {})})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def embedded_dataset(task: str) -> datasets.DatasetDict:
+    """The task's offline default (its `embedded_description`), train / validation, with the task's default column
+    names (`Task.columns`). Built from the running interpreter's standard library, the same on every run of one
+    installation (not across Python versions). A few hundred examples, built in about half a second.
+    """
+    if task not in TASKS:
+        raise FinetuningError(f"Unknown task {task!r}: --task must be one of {', '.join(TASKS)}.")
+    return TASKS[task].embedded_data()
+
+
+def _local_files(path: str, *, must_be_local: bool) -> tuple[str | None, list[str] | None]:
+    """(builder, files) of a local data file, (None, None) for a Hub name (data.local_builder)."""
+    try:
+        builder, files = local_builder(path)
+    except ValueError as error:
+        raise FinetuningError(str(error)) from None
+    if builder is None and must_be_local:
+        raise FinetuningError(f"Data file {path!r} does not exist.")
+    return builder, files
+
+
+def load_task_data(args: FinetuningArguments) -> tuple[datasets.DatasetDict, str]:
+    """(train / validation splits with the columns the task needs, a description of the data for the card).
+
+    No source given: the embedded default, its columns renamed to what the arguments name. Otherwise a Hub dataset
+    or local files; a missing validation split is `validation_fraction` of the training split (seeded).
+    """
+    if args.dataset is None and args.train_file is None:
+        splits = embedded_dataset(args.task)
+        renames = {column: getattr(args, argument) for argument, column in args.spec.columns.items() if column}
+        splits = splits.rename_columns({old: new for old, new in renames.items() if old != new})
+        description = f"coreformer's embedded {args.task} default: {args.spec.embedded_description}"
+    else:
+        try:
+            local = {"train": args.train_file or args.dataset}
+            if args.validation_file is not None:
+                local["validation"] = args.validation_file
+            must_be_local = args.train_file is not None
+            found = {split: _local_files(path, must_be_local=must_be_local) for split, path in local.items()}
+            if all(builder is not None for builder, _ in found.values()):
+                builders = {builder for builder, _ in found.values()}
+                if len(builders) > 1:
+                    raise FinetuningError("--train-file and --validation-file must be the same kind of file.")
+                files = {split: paths for split, (_, paths) in found.items()}
+                loaded = datasets.load_dataset(builders.pop(), data_files=files)
+                description = ", ".join(f"{split} `{Path(path).name}`" for split, path in local.items())
+            else:
+                loaded = datasets.load_dataset(args.dataset, args.dataset_config)
+                description = f"`{args.dataset}`" + (f" ({args.dataset_config})" if args.dataset_config else "")
+        except FinetuningError:
+            raise
+        except Exception as error:  # DatasetNotFoundError, ConnectionError offline, parse errors of a file, ...
+            raise FinetuningError(
+                f"Cannot load the data ({args.dataset or args.train_file!r}): {type(error).__name__}: {error}. Pass a "
+                f"datasets Hub name, a local .csv/.json/.jsonl/.parquet file, or neither for the embedded default."
+            ) from error
+        if "train" not in loaded:
+            raise FinetuningError(f"The data has no 'train' split; it has {sorted(loaded)}.")
+        if "validation" not in loaded:
+            held_out = loaded["train"].train_test_split(test_size=args.validation_fraction, seed=args.seed)
+            loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
+        splits = datasets.DatasetDict({"train": loaded["train"], "validation": loaded["validation"]})
+    check_columns(splits, args)
+    if args.max_train_examples is not None:
+        splits["train"] = splits["train"].select(range(min(args.max_train_examples, len(splits["train"]))))
+    if args.max_eval_examples is not None:
+        splits["validation"] = splits["validation"].select(
+            range(min(args.max_eval_examples, len(splits["validation"])))
+        )
+    for name, split in splits.items():
+        if len(split) == 0:
+            raise FinetuningError(f"The {name} split is empty.")
+    return splits, description
+
+
+def check_columns(splits: datasets.DatasetDict, args: FinetuningArguments) -> None:
+    """Every column the task reads is in both splits, or one error naming it, the columns there are, and the flag."""
+    for argument in args.spec.columns:
+        column = getattr(args, argument)
+        if column is None or argument not in COLUMN_FLAGS:  # an optional column left unset, or never required
+            continue
+        for name, split in splits.items():
+            if column not in split.column_names:
+                flag, what = COLUMN_FLAGS[argument]
+                raise FinetuningError(
+                    f"The {name} data has no column {column!r} ({what} for {args.task}); its columns are "
+                    f"{split.column_names}. Pass {flag} with the column that holds {what}."
+                )
+
+
+def read_label_names(splits: datasets.DatasetDict, column: str, *, per_token: bool) -> tuple[list[str], Callable]:
+    """(label names, raw value -> name). ClassLabel names as they are; otherwise the sorted distinct values of both
+    splits (strings, or integers shown as strings). `per_token`: the column holds one label per word."""
+    feature = splits["train"].features[column]
+    if per_token:
+        feature = getattr(feature, "feature", None)
+    if isinstance(feature, datasets.ClassLabel):
+        return list(feature.names), lambda value: feature.names[value]
+    values = set()
+    for split in splits.values():
+        for value in split[column]:
+            values.update(value if per_token else [value])
+    if None in values:
+        raise FinetuningError(f"Column {column!r} has empty labels; every example needs one.")
+    if any(isinstance(value, float) and not value.is_integer() for value in values):
+        raise FinetuningError(
+            f"Column {column!r} holds non-integer numbers: regression is not supported; labels must be classes."
+        )
+    if all(isinstance(value, int | float) for value in values):
+        names = [str(int(value)) for value in sorted(values)]
+        return names, lambda value: str(int(value))
+    return sorted(str(value) for value in values), str
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model, tokenizer, labels
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_model_config(path: str, task: str):
+    """The config of a coreformer folder, checked to be a family that has the task's head."""
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as error:
+        raise FinetuningError(
+            f"Cannot load --model {path!r}: {type(error).__name__}: {error}. Pass a coreformer folder (from "
+            f"training/pretrain.py, a fine-tuning run, or `coreformer convert`)."
+        ) from error
+    family = family_of(config)
+    if family is None:
+        raise FinetuningError(
+            f"--model {path!r} is a {config.model_type!r} checkpoint, not a coreformer one; convert it first with "
+            f"`coreformer convert {path} OUT`."
+        )
+    spec = TASKS[task]
+    if family not in spec.families:
+        raise FinetuningError(
+            f"--task {task} needs a {' or '.join(spec.families)} model; {path!r} is a coreformer {family}."
+        )
+    return config, family
+
+
+def load_finetuning_tokenizer(args: FinetuningArguments, model_path: str) -> PreTrainedTokenizerBase:
+    source = args.tokenizer or model_path
+    try:
+        tokenizer = folder_tokenizer(source)
+    except MissingTokenizerError as error:
+        raise FinetuningError(f"{error} (--tokenizer FOLDER names another tokenizer.)") from None
+    except Exception as error:
+        raise FinetuningError(
+            f"Cannot load a tokenizer from {source!r}: {type(error).__name__}: {error}. Pass --tokenizer FOLDER."
+        ) from error
+    if tokenizer.pad_token is None and args.spec.pads_batches:
+        if tokenizer.eos_token is None:
+            raise FinetuningError(f"The tokenizer of {source!r} has no pad or eos token to pad batches with.")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def resolve_labels(args: FinetuningArguments, config, names: list[str]) -> list[str]:
+    """The label order the fine-tuned head uses; refuses a checkpoint head of another size.
+
+    A checkpoint that already has this task's head with the same label names keeps its order (so a second
+    fine-tuning does not shuffle the ids); otherwise the data's order.
+    """
+    has_head = any(name.endswith(args.spec.head_suffix) for name in config.architectures or [])
+    if not has_head:
+        return names
+    existing = [config.id2label[index] for index in sorted(config.id2label)]
+    if len(existing) != len(names):
+        if args.ignore_mismatched_sizes:
+            return names
+        raise FinetuningError(
+            f"--model {args.model!r} has a {config.architectures[0]} head for {len(existing)} labels ({existing}), but "
+            f"the data has {len(names)} labels ({names}). Pass --ignore-mismatched-sizes to re-initialise the head "
+            f"for {len(names)} labels, or fine-tune from the checkpoint without this head."
+        )
+    return existing if sorted(existing) == sorted(names) else names
+
+
+def _attach_lora(model, args: FinetuningArguments):
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    config = LoraConfig(
+        task_type=getattr(TaskType, args.spec.peft_task_type),
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=args.target_modules,
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as error:  # target modules that do not exist
+        raise FinetuningError(f"--lora-target-modules {args.lora_target_modules!r}: {error}") from error
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Trainer wiring
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """A task's data in model form, with the collator and metrics that go with it."""
+
+    train: datasets.Dataset | None
+    evaluation: Evaluation
+    collator: Any
+    compute_metrics: Callable
+    preprocess_logits_for_metrics: Callable | None
+    label_names: list[str] | None
+
+    @property
+    def eval(self) -> datasets.Dataset:
+        return self.evaluation.features
+
+
+def _max_length(args: FinetuningArguments, model, tokenizer: PreTrainedTokenizerBase) -> int:
+    """--max-length capped by the tokenizer and by the model's learned / sinusoidal positions."""
+    limits = (args.max_length, input_length_limit(model, tokenizer), longest_input(model.config))
+    return min(limit for limit in limits if limit is not None)
+
+
+def prepare_task(
+    args: FinetuningArguments,
+    splits: datasets.DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    model,
+    label_names: list[str] | None,
+    label_of: Callable | None,
+    *,
+    with_train: bool = True,
+) -> _Prepared:
+    """Features of both splits, the collator, and compute_metrics of `args.task`."""
+    task, max_length = args.spec, _max_length(args, model, tokenizer)
+    label2id = {name: index for index, name in enumerate(label_names or [])}
+
+    def to_id(value) -> int:
+        name = label_of(value)
+        if name not in label2id:
+            raise FinetuningError(f"Label {name!r} is not one of the model's labels {label_names}.")
+        return label2id[name]
+
+    if task.pads_right:
+        tokenizer.padding_side = "right"
+    features = {
+        name: task.features(splits[name], tokenizer, args, max_length, to_id if label_names is not None else None)
+        for name in (("train", "validation") if with_train else ("validation",))
+    }
+    for name, split in features.items():
+        if len(split) == 0:
+            raise FinetuningError(
+                f"The {'training' if name == 'train' else name} split gives no {args.task} example of --max-length "
+                f"{max_length} tokens; use more text or a smaller --max-length."
+            )
+    evaluation = Evaluation(examples=splits["validation"], features=features["validation"])
+    compute_metrics, preprocess = task.metrics(args, evaluation, tokenizer, label_names)
+    return _Prepared(
+        features.get("train"), evaluation, task.collator(tokenizer), compute_metrics, preprocess, label_names
+    )
+
+
+def _training_arguments(args: FinetuningArguments, output_dir: Path):
+    settings = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps,
+        lr_scheduler_type=args.lr_scheduler_type,
+        num_train_epochs=args.num_train_epochs,
+        max_steps=args.max_steps if args.max_steps is not None else -1,
+        bf16=args.bf16,
+        seed=args.seed,
+        logging_steps=args.logging_steps,
+        eval_strategy="steps" if args.eval_steps else "no",
+        eval_steps=args.eval_steps or None,
+        save_strategy="no",  # the final folder is written by this module, atomically
+        report_to=args.report_to,
+        label_names=list(args.spec.label_names),
+        dataloader_num_workers=0,
+        dataloader_pin_memory=_has_accelerator(),
+        disable_tqdm=False,
+    )
+    if args.spec.generates:
+        return transformers.Seq2SeqTrainingArguments(
+            **settings,
+            predict_with_generate=True,
+            generation_max_length=args.generation_max_length or args.max_target_length,
+            generation_num_beams=args.num_beams,
+        )
+    return transformers.TrainingArguments(**settings)
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def build_trainer(args: FinetuningArguments, model, tokenizer, prepared: _Prepared, output_dir: Path):
+    """Trainer (Seq2SeqTrainer for seq2seq) over the prepared data; nothing is written until the caller saves."""
+    trainer_class = transformers.Seq2SeqTrainer if args.spec.generates else transformers.Trainer
+    return trainer_class(
+        model=model,
+        args=_training_arguments(args, output_dir),
+        train_dataset=prepared.train,
+        eval_dataset=prepared.eval,
+        processing_class=tokenizer,
+        data_collator=prepared.collator,
+        compute_metrics=prepared.compute_metrics,
+        preprocess_logits_for_metrics=prepared.preprocess_logits_for_metrics,
+    )
+
+
+def _predict(trainer, args: FinetuningArguments, prepared: _Prepared, tokenizer) -> tuple[dict[str, float], list]:
+    output = trainer.predict(prepared.eval, metric_key_prefix="eval")
+    metrics = args.spec.final_metrics({key: float(value) for key, value in output.metrics.items()})
+    metrics["eval_samples"] = len(prepared.evaluation.examples)
+    rows = args.spec.prediction_rows(output, args, prepared.evaluation, tokenizer, prepared.label_names)
+    return metrics, rows
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model card
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _card_info(args: FinetuningArguments, family: str, num_parameters: int, metrics: dict, data: str, adapter: bool):
+    """What a fine-tuned folder's (or its adapter's) card says: the task, the data, the settings, the eval numbers."""
+    hub_dataset = args.dataset if args.dataset and is_hub_id(args.dataset) else None
+    # A fine-tuned model is a derivative of its base: it carries the base's license, "other" when none is recorded.
+    base_license = inherited_license(args.model) if Path(args.model).is_dir() else None
+    limitations = "A small model fine-tuned briefly; the evaluation numbers above are its only measurement."
+    if base_license is None:
+        limitations += (
+            f" The base model's license is not recorded here (`license: other`): the terms of {args.model} apply."
+        )
+    eval_results = {
+        key.removeprefix("eval_"): value
+        for key, value in metrics.items()
+        if key.startswith("eval_") and not key.endswith(("_runtime", "_per_second", "_time", "_samples"))
+    }
+    hyperparameters = [
+        ("task", args.task),
+        ("base model", args.model),
+        ("steps", int(metrics.get("train_steps", 0))),
+        ("epochs", round(float(metrics.get("epoch", 0.0)), 3)),
+        ("batch size x accumulation", f"{args.batch_size} x {args.grad_accum}"),
+        ("learning rate", f"{args.lr:g}, {args.lr_scheduler_type} schedule, {args.warmup_steps} warmup steps"),
+        ("weight decay", args.weight_decay),
+        ("max length", args.max_length),
+        ("bf16", args.bf16),
+        ("seed", args.seed),
+    ]
+    if args.peft == "lora":
+        hyperparameters.append(
+            (
+                "LoRA",
+                f"r {args.lora_r}, alpha {args.lora_alpha}, dropout {args.lora_dropout}, on {args.lora_target_modules}",
+            )
+        )
+    what = "A LoRA adapter" if adapter else "A coreformer " + family + " model"
+    summary = f"{what} fine-tuned for {args.task} with coreformer's `training/finetune.py` (transformers Trainer)"
+    if args.peft == "lora" and not adapter:
+        summary += "; LoRA adapters merged into the weights (the adapter alone is in `adapter/`)"
+    return ModelCardInfo(
+        kind="fine-tuned",
+        title=f"coreformer {family} fine-tuned for {args.task}" + (" (LoRA adapter)" if adapter else ""),
+        family=family,
+        auto_class=args.spec.auto_class,
+        summary=summary + ".",
+        num_parameters=num_parameters,
+        base_model=args.model,
+        datasets=[hub_dataset] if hub_dataset else [],
+        dataset_description=data,
+        pipeline_tag=args.spec.pipeline_tag,
+        task_type=args.spec.card_task_type,
+        task_name=args.spec.card_task_name,
+        eval_results=eval_results,
+        eval_dataset=_eval_dataset_name(args),
+        hyperparameters=hyperparameters,
+        usage=args.spec.usage,
+        intended_use=f"{args.task} on text like the fine-tuning data; a starting point for experiments.",
+        limitations=limitations,
+        tags=[args.task] + (["lora", "peft"] if args.peft == "lora" else []),
+        license=base_license or "other",
+    )
+
+
+def _eval_dataset_name(args: FinetuningArguments) -> str:
+    """What the model-index names the evaluation data: the Hub id, the validation file, or the embedded default."""
+    if args.dataset is not None:
+        return args.dataset if is_hub_id(args.dataset) else Path(args.dataset).name + " (held-out share)"
+    if args.validation_file is not None:
+        return Path(args.validation_file).name
+    if args.train_file is not None:
+        return Path(args.train_file).name + " (held-out share)"
+    return f"coreformer embedded {args.task} data (validation split)"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run: prepare, train, finish
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """What `prepare` hands to training and to the save: everything checked, nothing written."""
+
+    args: FinetuningArguments
+    family: str
+    tokenizer: PreTrainedTokenizerBase
+    model: Any
+    prepared: _Prepared
+    data_description: str
+    num_parameters: int
+
+
+def _labels_for(args: FinetuningArguments, splits: datasets.DatasetDict, config) -> tuple[list[str] | None, Callable]:
+    if args.spec.labels is None:
+        return None, None
+    names, label_of = read_label_names(splits, args.label_column, per_token=args.spec.labels == "word")
+    return resolve_labels(args, config, names), label_of
+
+
+def prepare(args: FinetuningArguments) -> _Run:
+    """Every check (output folder, model, task / family, data, columns, labels) and the model with its new head."""
+    check_output_dir(
+        Path(args.output_dir),
+        args.overwrite,
+        markers=_RUN_MARKERS,
+        error=FinetuningError,
+        otherwise="choose another folder",
+    )
+    config, family = load_model_config(args.model, args.task)
+    tokenizer = load_finetuning_tokenizer(args, args.model)
+    splits, data_description = load_task_data(args)
+    label_names, label_of = _labels_for(args, splits, config)
+
+    transformers.set_seed(args.seed)  # the new head's initialisation
+    head_kwargs = {}
+    if label_names is not None:
+        head_kwargs = dict(
+            num_labels=len(label_names),
+            id2label=dict(enumerate(label_names)),
+            label2id={name: index for index, name in enumerate(label_names)},
+            ignore_mismatched_sizes=args.ignore_mismatched_sizes,
+        )
+    model = getattr(transformers, args.spec.auto_class).from_pretrained(args.model, **head_kwargs)
+    if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id  # a decoder classifier finds the last token by padding
+    prepared = prepare_task(args, splits, tokenizer, model, label_names, label_of)
+    num_parameters = sum(parameter.numel() for parameter in model.parameters())
+    if args.peft == "lora":
+        model = _attach_lora(model, args)
+    return _Run(args, family, tokenizer, model, prepared, data_description, num_parameters)
+
+
+def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, float], list[dict]]:
+    """Trainer over the prepared data, then the evaluation of the trained model: (trainer, train metrics, eval
+    metrics, prediction rows)."""
+    trainer = build_trainer(run.args, run.model, run.tokenizer, run.prepared, staging)
+    train_output = trainer.train()
+    train_metrics = {key: float(value) for key, value in train_output.metrics.items()}
+    train_metrics.update(train_steps=float(trainer.state.global_step), train_samples=float(len(run.prepared.train)))
+    eval_metrics, rows = _predict(trainer, run.args, run.prepared, run.tokenizer)
+    trainer.log(eval_metrics)
+    return trainer, train_metrics, eval_metrics, rows
+
+
+def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float]], rows: list[dict]) -> None:
+    """The model (merged, with its adapter beside it under LoRA), tokenizer, results, predictions and cards."""
+    args, output_dir, everything = run.args, Path(run.args.output_dir), metrics["all"]
+    trained = trainer.model
+    adapter_parameters = sum(p.numel() for p in trained.parameters() if p.requires_grad)  # LoRA + copied heads
+    if args.peft == "lora":
+        trained.save_pretrained(staging / ADAPTER_DIR)
+        run.tokenizer.save_pretrained(staging / ADAPTER_DIR)
+        trained = trained.merge_and_unload()
+    save_with_pipeline(trained, run.tokenizer, staging)
+    for split, values in metrics.items():
+        trainer.save_metrics(split, values, combined=split != "all")
+    trainer.state.save_to_json(str(staging / "trainer_state.json"))
+    write_json(staging / RUN_CONFIG, dataclasses.asdict(args))
+    if rows:
+        with open(staging / PREDICTIONS, "w") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+    info = _card_info(args, run.family, run.num_parameters, everything, run.data_description, False)
+    write_model_card(staging, info, path_hint=str(output_dir))
+    if args.peft == "lora":
+        adapter_info = _card_info(args, run.family, adapter_parameters, everything, run.data_description, True)
+        write_model_card(staging / ADAPTER_DIR, adapter_info, path_hint=str(output_dir / ADAPTER_DIR))
+
+
+def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
+    """Fine-tune `args.model` on `args.task` and write the folder described in the module docstring.
+
+    Every check runs before anything is written (`prepare`); the folder appears complete or not at all.
+
+    Returns:
+        The metrics also written to all_results.json (train_* and eval_* keys, as the example scripts write them).
+    """
+    run = prepare(args)
+    # Trainer writes into a hidden sibling that replaces output_dir in one step at the end (coreformer.folders):
+    # a crash or a kill at any moment leaves the previous run intact.
+    # Under torchrun / accelerate launch every process trains into one staged folder (named after the launcher);
+    # the main process alone writes the results and swaps the folder in.
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    launcher_pid = os.getppid() if multi_process else None
+    with staged_folder(Path(args.output_dir), main_process=main_process, launcher_pid=launcher_pid) as staging:
+        trainer, train_metrics, eval_metrics, rows = train(run, staging)
+        everything = {**train_metrics, **eval_metrics, "epoch": float(trainer.state.epoch or 0.0)}
+        if trainer.is_world_process_zero():
+            finish(run, trainer, staging, {"train": train_metrics, "eval": eval_metrics, "all": everything}, rows)
+        trainer.accelerator.wait_for_everyone()  # the main process swaps only when every process is done
+    return everything
+
+
+def evaluate_folder(folder: str | Path, args: FinetuningArguments) -> tuple[dict[str, float], list[dict]]:
+    """Load a fine-tuned folder with the task's Auto class and its own tokenizer and labels, and evaluate it on the
+    validation split `args` describes, exactly as `run_finetuning` does at the end of training.
+
+    Returns:
+        (eval metrics, prediction rows as in eval_predictions.jsonl). Nothing is written.
+    """
+    folder = str(folder)
+    args = dataclasses.replace(args, model=folder, tokenizer=None, peft="none")
+    config, _ = load_model_config(folder, args.task)
+    tokenizer = load_finetuning_tokenizer(args, folder)
+    splits, _ = load_task_data(args)
+    label_names, label_of = None, None
+    if args.spec.labels is not None:
+        _, label_of = read_label_names(splits, args.label_column, per_token=args.spec.labels == "word")
+        label_names = [config.id2label[index] for index in sorted(config.id2label)]
+    model = getattr(transformers, args.spec.auto_class).from_pretrained(folder)
+    prepared = prepare_task(args, splits, tokenizer, model, label_names, label_of, with_train=False)
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = build_trainer(args, model, tokenizer, prepared, Path(scratch))
+        return _predict(trainer, args, prepared, tokenizer)

@@ -1,0 +1,126 @@
+"""The protocol every pretraining objective follows: what the run asks of it, with the defaults most share.
+
+    Objective.examples(split, tokenizer, args)     text -> the examples its collator takes
+    Objective.collator(tokenizer, args)            a seeded collator: examples -> a batch of tensors
+    Objective.required_tokens                      special tokens the tokenizer must have
+    Objective.label_count(batch)                   the tokens that carry a loss (the step's token-mean divisor)
+    Objective.build_model(config, args)            the module trained (a family head; ELECTRA: two models in one)
+    Objective.loss(model, batch, label_tokens, input_tokens)   a micro-batch's share of the step's token-mean loss
+    Objective.loss_terms(...)                      the loss and its reported parts (held-out evaluation)
+    Objective.save(model, state_dict, tokenizer, folder)   what the final folder holds (a loadable folder)
+    Objective.sample(folder, prompt, seed)         what the saved folder makes of a prompt (--sample-prompt)
+    description / auto_class / pipeline_tag / usage / card_metrics   what the model card says
+
+An objective trains one family's model (`families`: those whose config it can build); it is chosen by
+`--objective`, the family's default when not given. The registry is objectives/__init__.py.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from ..data import tokenize_dataset
+from ..families import head_class
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    families: tuple[str, ...]
+    description: str  # "masked language modelling (BERT: ...)": the card's objective line
+    auto_class: str  # the Auto class that loads the final folder
+    pipeline_tag: str
+    usage: str  # the card's code example after `model = ...` and `tokenizer = ...`
+    required_tokens: tuple[str, ...]
+    card_metrics: tuple[str, ...] = ("loss", "perplexity")  # held-out numbers the card's model-index reports
+
+    # ---- data ----
+    def examples(self, split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, args: Any) -> datasets.Dataset:
+        """Windows of at most `block_size` ids, special tokens added to each (objectives that pack override)."""
+        return tokenize_dataset(split, tokenizer, max_length=args.block_size)
+
+    def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:
+        raise NotImplementedError
+
+    def label_count(self, batch: dict[str, torch.Tensor]) -> int:
+        """Tokens that carry a loss."""
+        return int((batch["labels"] != -100).sum())
+
+    # ---- model ----
+    def build_model(self, config: Any, args: Any) -> torch.nn.Module:
+        return head_class(args.family, self.auto_class)(config)
+
+    def loss(
+        self,
+        model: torch.nn.Module,
+        batch: dict[str, torch.Tensor],
+        label_tokens: torch.Tensor | int,
+        input_tokens: torch.Tensor | int,
+    ) -> torch.Tensor:
+        """This micro-batch's share of the step's token-mean loss: its loss summed over tokens and divided by the
+        step's token counts (all micro-batches, all processes), `label_tokens` (`label_count`) and `input_tokens`
+        (real input tokens). One count suits most objectives: transformers' `num_items_in_batch`."""
+        return model(**batch, num_items_in_batch=label_tokens).loss
+
+    def loss_terms(
+        self,
+        model: torch.nn.Module,
+        batch: dict[str, torch.Tensor],
+        label_tokens: torch.Tensor | int,
+        input_tokens: torch.Tensor | int,
+    ) -> dict[str, torch.Tensor]:
+        """The loss ("loss") and any parts of it worth reporting, each a share of a token mean like `loss`; the
+        held-out evaluation sums each over the batches."""
+        return {"loss": self.loss(model, batch, label_tokens, input_tokens)}
+
+    def save(
+        self,
+        model: torch.nn.Module,
+        state_dict: dict[str, torch.Tensor],
+        tokenizer: PreTrainedTokenizerBase,
+        folder: Path,
+    ) -> None:
+        """config (auto_map), weights, modeling code, generation config, and the tokenizer."""
+        model.save_pretrained(folder, state_dict=state_dict)
+        tokenizer.save_pretrained(folder)
+
+    def saved_parameters(self, model: torch.nn.Module) -> int:
+        """Parameters of the model `save` writes (what the card counts)."""
+        return sum(parameter.numel() for parameter in model.parameters())
+
+    # ---- after the run ----
+    def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:
+        raise NotImplementedError
+
+
+def load_for_sample(folder: str | Path, auto_class: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """The saved folder as a user loads it: the Auto class and AutoTokenizer."""
+    import transformers
+
+    return getattr(transformers, auto_class).from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+@torch.no_grad()
+def sampled_text(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str,
+    *,
+    seed: int,
+    prompt_in_decoder: bool,
+    max_new_tokens: int = 64,
+) -> str:
+    """`generate` with top-k 40 and temperature 0.8 under `seed`, the global RNG left as it was. The positions left
+    for new tokens are those the prompt does not take (`prompt_in_decoder`) or all but the decoder's start token."""
+    inputs = tokenizer(prompt, return_tensors="pt")
+    used = inputs["input_ids"].shape[1] if prompt_in_decoder else 1  # positions taken before the first new token
+    max_new_tokens = max(1, min(max_new_tokens, model.config.max_position_embeddings - used))
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    generated = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True, top_k=40, temperature=0.8)
+    torch.random.set_rng_state(generator_state)
+    return tokenizer.decode(generated[0], skip_special_tokens=True)

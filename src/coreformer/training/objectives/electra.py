@@ -1,0 +1,226 @@
+"""ELECTRA (Clark et al. 2020): a small masked-LM generator fills the masks, the discriminator tells every token
+whether it was replaced; both train together, loss = L_MLM(generator) + 50 * L_RTD(discriminator).
+
+    masked ids ──> generator (width x fraction, token embeddings shared) ──> MLM loss at the masked positions
+                        │ sample one token per mask (no gradient through the sample)
+                        v
+    corrupted ids ──> discriminator (the encoder being pretrained) ──> one logit per token ──> RTD loss, all tokens
+
+    replaced_token_labels(original, corrupted, attention_mask)   1 where the token differs from the original, 0 where
+                                                                 it is the original (a sampled original counts as 0)
+    ElectraPretraining                                           generator + discriminator as one module
+    ELECTRA                                                      the objective (registered in objectives/__init__.py)
+
+Embeddings. The paper shares token and position embeddings when generator and discriminator are the same width and
+gives a smaller generator a projection (as transformers' ELECTRA does with `embedding_size`). Here the discriminator
+owns the token embeddings E (V, H); the generator reads them through a learned projection P (H, H_g): its token
+matrix is E P, used for its input lookup and (tied) for its output logits, so a saved generator is an ordinary
+masked LM whose embeddings are E P. Its position embeddings are its own.
+
+Losses. Both are token means over the optimizer step: the MLM loss over the masked tokens (`label_tokens`), the RTD
+loss over every real token (`input_tokens`), a binary cross-entropy on the discriminator's logit D(x, t) =
+w^T h(x)_t (paper eq. 2; the sigmoid is in the loss).
+
+What is saved: the discriminator's encoder (CoreformerEncoderModel, loads with AutoModel and fine-tunes with any
+encoder head), and `generator/`, the generator as a CoreformerEncoderForMaskedLM folder.
+"""
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from ...losses import token_loss
+from ..families import head_class
+from .base import Objective
+from .masked_lm import MASKED_LM, MaskedLMCollator
+
+GENERATOR_DIR = "generator"
+
+
+def generator_config(config: Any, fraction: float) -> Any:
+    """The discriminator's config at `fraction` of its width: heads scaled (head size kept), MLP scaled alike."""
+    heads = max(1, round(config.num_attention_heads * fraction))
+    head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
+    small = copy.deepcopy(config)
+    small.num_attention_heads = heads
+    small.num_key_value_heads = heads
+    small.hidden_size = heads * head_dim
+    small.intermediate_size = max(1, round(config.intermediate_size * small.hidden_size / config.hidden_size))
+    small.num_labels = 2  # a masked LM has no labels; undo the discriminator's single logit
+    return small
+
+
+def replaced_token_labels(
+    original: torch.Tensor, corrupted: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """(B, T) float: 1 where `corrupted` differs from `original`, 0 where it equals it (also where the generator
+    sampled the original token back: that token is not replaced), -100 on padding (no loss)."""
+    labels = (corrupted != original).float()
+    if attention_mask is not None:
+        labels = labels.masked_fill(attention_mask == 0, -100.0)
+    return labels
+
+
+class ElectraPretraining(nn.Module):
+    """The generator and the discriminator trained jointly. Not saved as one folder: see `Electra.save`."""
+
+    def __init__(self, discriminator: nn.Module, generator: nn.Module, *, rtd_weight: float):
+        super().__init__()
+        self.discriminator, self.generator, self.rtd_weight = discriminator, generator, rtd_weight
+        hidden, small = discriminator.config.hidden_size, generator.config.hidden_size
+        self.embedding_projection = nn.Linear(hidden, small, bias=False)  # P: (H) -> (H_g)
+        nn.init.normal_(self.embedding_projection.weight, std=hidden**-0.5)
+        # The generator's own token matrix (tied to its lm_head) is replaced by E P at every forward: removed here,
+        # so that it is neither trained, nor saved, nor left without a gradient under DDP.
+        del self.generator.model.encoder.embed_tokens.weight
+        del self.generator.lm_head.weight
+
+    def generator_embeddings(self) -> torch.Tensor:
+        """E P: (V, H_g)."""
+        return self.embedding_projection(self.discriminator.model.encoder.embed_tokens.weight)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, **kwargs) -> dict:
+        """Masked batch (B, T) -> generator logits (B, T, V), corrupted ids, the discriminator's logits (B, T)."""
+        shared = self.generator_embeddings()
+        self.generator.model.encoder.embed_tokens.weight = shared
+        self.generator.lm_head.weight = shared
+        generator_logits = self.generator(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).logits  # (B, T, V)
+        masked = labels != -100
+        original = torch.where(masked, labels, input_ids)
+        with torch.no_grad():  # the generator is trained by its MLM loss only (paper section 2)
+            probabilities = torch.softmax(generator_logits[masked].float(), dim=-1)  # (M, V)
+            sampled = torch.multinomial(probabilities, 1).squeeze(-1) if len(probabilities) else original[masked]
+        corrupted = original.masked_scatter(masked, sampled)
+        discriminator_logits = self.discriminator(
+            input_ids=corrupted, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).logits.squeeze(-1)  # (B, T)
+        return {
+            "generator_logits": generator_logits,
+            "original": original,
+            "corrupted": corrupted,
+            "discriminator_logits": discriminator_logits,
+        }
+
+    def set_attn_implementation(self, implementation: str) -> None:
+        self.generator.set_attn_implementation(implementation)
+        self.discriminator.set_attn_implementation(implementation)
+
+    def gradient_checkpointing_enable(self) -> None:
+        self.generator.gradient_checkpointing_enable()
+        self.discriminator.gradient_checkpointing_enable()
+
+
+def electra_loss_terms(
+    outputs: dict[str, torch.Tensor],
+    labels: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    label_tokens: torch.Tensor | int,
+    input_tokens: torch.Tensor | int,
+    rtd_weight: float,
+) -> dict[str, torch.Tensor]:
+    """{"loss": L_MLM + rtd_weight * L_RTD (paper eq. 3), "mlm_loss": L_MLM summed over the masked tokens /
+    label_tokens, "rtd_loss": L_RTD summed over real tokens / input_tokens, "rtd_accuracy": the share of real tokens
+    the discriminator labels right, over input_tokens} (token means over the step)."""
+    generator_logits = outputs["generator_logits"]
+    mlm = token_loss(generator_logits, labels, generator_logits.shape[-1], num_items_in_batch=label_tokens)
+    targets = replaced_token_labels(outputs["original"], outputs["corrupted"], attention_mask)
+    real = targets != -100
+    logits = outputs["discriminator_logits"][real].float()
+    rtd = nn.functional.binary_cross_entropy_with_logits(logits, targets[real], reduction="sum")
+    right = ((logits > 0).float() == targets[real]).sum()
+    if torch.is_tensor(input_tokens):
+        input_tokens = input_tokens.to(rtd.device)
+    rtd, accuracy = rtd / input_tokens, right / input_tokens
+    return {"loss": mlm + rtd_weight * rtd, "mlm_loss": mlm, "rtd_loss": rtd, "rtd_accuracy": accuracy}
+
+
+def electra_loss(outputs: dict[str, torch.Tensor], labels: torch.Tensor, attention_mask, **counts) -> torch.Tensor:
+    """L_MLM + rtd_weight * L_RTD as token means over the step (see `electra_loss_terms`)."""
+    return electra_loss_terms(outputs, labels, attention_mask, **counts)["loss"]
+
+
+@dataclass(frozen=True)
+class Electra(Objective):
+    def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> MaskedLMCollator:
+        """Every selected token becomes [MASK]: the generator, not the collator, chooses the replacements."""
+        return MaskedLMCollator.from_tokenizer(
+            tokenizer,
+            mlm_probability=args.mlm_probability,
+            mask_replace_prob=1.0,
+            random_replace_prob=0.0,
+            seed=args.seed,
+        )
+
+    def build_model(self, config: Any, args: Any) -> ElectraPretraining:
+        discriminator_config = copy.deepcopy(config)
+        discriminator_config.num_labels = 1  # one logit per token: replaced or not
+        discriminator = head_class(args.family, "AutoModelForTokenClassification")(discriminator_config)
+        generator = head_class(args.family, "AutoModelForMaskedLM")(generator_config(config, args.generator_fraction))
+        return ElectraPretraining(discriminator, generator, rtd_weight=args.rtd_weight)
+
+    def loss_terms(self, model, batch: dict[str, torch.Tensor], label_tokens, input_tokens) -> dict:
+        outputs = model(**batch)
+        return electra_loss_terms(
+            outputs,
+            batch["labels"],
+            batch.get("attention_mask"),
+            label_tokens=label_tokens,
+            input_tokens=input_tokens,
+            rtd_weight=getattr(model, "module", model).rtd_weight,  # DDP wraps the module
+        )
+
+    def loss(self, model, batch: dict[str, torch.Tensor], label_tokens, input_tokens) -> torch.Tensor:
+        return self.loss_terms(model, batch, label_tokens, input_tokens)["loss"]
+
+    def save(
+        self,
+        model: ElectraPretraining,
+        state_dict: dict[str, torch.Tensor],
+        tokenizer: PreTrainedTokenizerBase,
+        folder: Path,
+    ) -> None:
+        """The discriminator's encoder as the folder itself; the generator, with E P as its embeddings, in
+        `generator/`; the tokenizer in both."""
+
+        def part(prefix: str) -> dict[str, torch.Tensor]:
+            return {key.removeprefix(prefix): value for key, value in state_dict.items() if key.startswith(prefix)}
+
+        model.discriminator.model.save_pretrained(folder, state_dict=part("discriminator.model."))
+        projection = state_dict["embedding_projection.weight"]  # (H_g, H)
+        shared = state_dict["discriminator.model.encoder.embed_tokens.weight"] @ projection.T  # (V, H_g)
+        generator = type(model.generator)(model.generator.config)
+        generator.load_state_dict(
+            {**part("generator."), "model.encoder.embed_tokens.weight": shared, "lm_head.weight": shared}
+        )
+        generator.save_pretrained(folder / GENERATOR_DIR)
+        for destination in (folder, folder / GENERATOR_DIR):
+            tokenizer.save_pretrained(destination)
+
+    def saved_parameters(self, model: ElectraPretraining) -> int:
+        """The discriminator's encoder: the final folder's model (the generator is a side product)."""
+        return sum(parameter.numel() for parameter in model.discriminator.model.parameters())
+
+    def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:
+        """The generator's five likeliest tokens at [MASK] (the discriminator alone has no vocabulary head)."""
+        return MASKED_LM.sample(Path(folder) / GENERATOR_DIR, prompt, seed=seed)
+
+
+ELECTRA = Electra(
+    name="electra",
+    families=MASKED_LM.families,  # its generator is the family's masked LM
+    description="replaced-token detection (ELECTRA: a masked-LM generator at a fraction of the width fills 15% "
+    "masked tokens, the discriminator labels every token original or replaced; loss MLM + 50 x RTD)",
+    auto_class="AutoModel",
+    pipeline_tag="feature-extraction",
+    usage='inputs = tokenizer("def read(path):", return_tensors="pt")\nhidden = model(**inputs).last_hidden_state',
+    required_tokens=MASKED_LM.required_tokens,
+    card_metrics=("loss", "mlm_loss", "rtd_loss", "rtd_accuracy"),
+)

@@ -1,0 +1,107 @@
+"""What a pretraining run reports: FLOPs per token (for MFU), the loss plot, and the final folder's model card.
+
+    flops_per_token(config, num_parameters, block_size)    training FLOPs per token (PaLM appendix B)
+    plot_losses(history, path, title)                        loss.png: train and held-out loss against the step
+    model_card_info(args, metrics) / render_model_card       README.md (model_cards/pretrained.md via model_card)
+
+The card's family facts come from families.py, its objective text from the run's objective (objectives/).
+"""
+
+from pathlib import Path
+from typing import Any
+
+from ..model_card import ModelCardInfo, is_hub_id
+from ..model_card import render_model_card as render_card
+from .families import FAMILIES
+from .objectives import OBJECTIVES
+
+# Dense bf16/fp16 tensor-core peaks (FLOP/s) for the MFU estimate, by a substring of the CUDA device name.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+
+
+def flops_per_token(config, num_parameters: int, block_size: int) -> float:
+    """Training FLOPs per token, forward + backward: 6 N for the weight matmuls (the tied embedding counts once, as
+    the LM head) plus 12 L d T for attention scores and values (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's
+    estimate_mfu). Exact for the decoder; for the seq2seq model each token passes one stack, so it overestimates."""
+    layers = sum(config.layer_counts().values())
+    return 6 * num_parameters + 12 * layers * config.hidden_size * block_size
+
+
+def plot_losses(history: dict[str, list[dict]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    if history["train"]:
+        axis.plot([r["step"] for r in history["train"]], [r["loss"] for r in history["train"]], lw=0.8, label="train")
+    if history["eval"]:
+        axis.plot(
+            [r["step"] for r in history["eval"]], [r["loss"] for r in history["eval"]], "o-", label="held-out eval"
+        )
+    axis.set(xlabel="optimizer step", ylabel="loss (nats/token)", title=title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
+    """What the final folder's card says (model_cards/pretrained.md): the run's settings and its held-out numbers,
+    which also go into the card's model-index (the objective's `card_metrics` on the held-out split)."""
+    family, objective = FAMILIES[args.family], OBJECTIVES[args.objective]
+    hub_dataset = args.dataset if args.dataset and is_hub_id(args.dataset) else None
+    if args.dataset is None:
+        dataset_description = "the Python standard library's own source files (coreformer's embedded corpus)"
+    else:
+        dataset_description = f"`{args.dataset}`" + (f" ({args.dataset_config})" if args.dataset_config else "")
+    tokens_per_second = f"{metrics['tokens_per_second']:,.0f}" if metrics["tokens_per_second"] else "n/a"
+    final = metrics["history"]["eval"][-1]
+    numbers = ", ".join(f"{name.replace('_', ' ')} {final[name]:.4f}" for name in objective.card_metrics)
+    summary = (
+        f"A {family.description} with {metrics['num_parameters']:,} parameters, pretrained from scratch with "
+        f"coreformer's `training/pretrain.py` on {dataset_description} ({objective.name} objective). After "
+        f"{metrics['steps']} steps ({metrics['tokens_seen']:,} training tokens, {tokens_per_second} tokens/s on "
+        f"{metrics['device']}) the held-out numbers are: {numbers} (losses in nats per token, over "
+        f"{metrics['final_eval_tokens']:,} held-out label tokens). The architecture is coreformer's "
+        f"({family.config_class.__name__})."
+    )
+    hyperparameters = [
+        ("preset / config", args.preset),
+        ("objective", objective.description),
+        ("steps", metrics["steps"]),
+        ("processes x micro-batch x accumulation", f"{metrics['world_size']} x {args.batch_size} x {args.grad_accum}"),
+        ("block size", args.block_size),
+        ("optimizer", f"AdamW (betas {args.adam_beta1}, {args.adam_beta2}; weight decay {args.weight_decay})"),
+        ("learning rate", f"{args.lr:g}, {args.warmup_steps} warmup steps, cosine decay to 0"),
+        ("gradient clipping", args.max_grad_norm),
+        ("mixed precision", args.mixed_precision),
+        ("vocabulary", f"{metrics['vocab_size']} ({metrics['tokenizer']})"),
+        ("seed", args.seed),
+    ]
+    return ModelCardInfo(
+        kind="pretrained",
+        title=f"coreformer {args.family} ({args.preset})",
+        family=args.family,
+        auto_class=objective.auto_class,
+        summary=summary,
+        num_parameters=metrics["num_parameters"],
+        datasets=[hub_dataset] if hub_dataset else [],
+        dataset_description=dataset_description,
+        pipeline_tag=objective.pipeline_tag,
+        task_type=objective.pipeline_tag,
+        task_name=objective.description.split(" (")[0],
+        eval_results={name: metrics["history"]["eval"][-1][name] for name in objective.card_metrics},
+        eval_dataset=hub_dataset or f"{args.dataset or 'coreformer embedded corpus'} (held-out split)",
+        hyperparameters=hyperparameters,
+        usage=objective.usage,
+        tags=["pretraining"],
+    )
+
+
+def render_model_card(args: Any, metrics: dict[str, Any], path_hint: str) -> str:
+    """README.md of the final folder: metadata (license, library, tags, datasets, model-index) + how to load + the
+    numbers, from coreformer.model_card's "pretrained" template."""
+    return str(render_card(model_card_info(args, metrics), path_hint))

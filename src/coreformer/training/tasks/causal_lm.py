@@ -1,0 +1,71 @@
+"""Causal language modelling (transformers' run_clm): texts joined by eos, cut into `--max-length` blocks;
+perplexity (token-weighted).
+
+Embedded default: the source of standard-library functions of at most 1,500 characters.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from ...evaluation import language_modeling_metrics
+from ..corpora import seeded_sample, split_rows, stdlib_definitions
+from ..objectives.causal_lm import PackedCausalLMCollator, pack_into_blocks
+from .base import Evaluation, FinetuningError, Task
+
+
+def _embedded_causal_lm() -> datasets.DatasetDict:
+    functions = [d for d in stdlib_definitions() if d.kind == "function" and len(d.source) <= 1500]
+    return split_rows([{"text": d.source} for d in seeded_sample(functions, 300)])
+
+
+def _causal_lm_features(split, tokenizer, args, max_length: int) -> datasets.Dataset:
+    """run_clm's grouping: the texts tokenized without special tokens, joined by eos, cut into full blocks."""
+    if tokenizer.eos_token_id is None:
+        raise FinetuningError("causal-lm joins documents with the eos token; the tokenizer has none.")
+    tokenized = split.map(
+        lambda batch: {"input_ids": tokenizer(batch[args.text_column], add_special_tokens=False)["input_ids"]},
+        batched=True,
+        remove_columns=split.column_names,
+    )
+    return pack_into_blocks(tokenized, max_length, eos_token_id=tokenizer.eos_token_id, batch_size=100_000)
+
+
+@dataclass(frozen=True)
+class CausalLanguageModeling(Task):
+    def embedded_data(self) -> datasets.DatasetDict:
+        return _embedded_causal_lm()
+
+    def features(self, split, tokenizer, args, max_length: int, to_id: Callable | None) -> datasets.Dataset:
+        return _causal_lm_features(split, tokenizer, args, max_length)
+
+    def collator(self, tokenizer: PreTrainedTokenizerBase) -> Any:
+        return PackedCausalLMCollator(eos_token_id=tokenizer.eos_token_id)
+
+    def metrics(self, args, evaluation: Evaluation, tokenizer, label_names) -> tuple[Callable, Callable]:
+        return language_modeling_metrics(causal=True)
+
+    def final_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        if "eval_loss" in metrics:
+            metrics.setdefault("eval_perplexity", float(np.exp(min(metrics["eval_loss"], 700))))
+        return metrics
+
+
+CAUSAL_LM = CausalLanguageModeling(
+    name="causal-lm",
+    auto_class="AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
+    pipeline_tag="text-generation",
+    card_task_type="text-generation",
+    card_task_name="Causal Language Modeling",
+    label_names=("labels",),
+    columns={"text_column": "text"},
+    pads_batches=False,  # packed blocks are all full
+    embedded_description="the source of standard-library functions (at most 1,500 characters each)",
+    usage='inputs = tokenizer("def ", return_tensors="pt")\n'
+    "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40)[0]))",
+)

@@ -1,0 +1,237 @@
+"""ELECTRA pretraining (coreformer.training.objectives.electra): the replaced-token labels and the joint loss by hand,
+a generator a quarter as wide sharing the discriminator's token embeddings, 2 processes == 1 process with
+--grad-accum 2, a run killed during a save resumes bit-identically, bf16, and the saved discriminator loads with
+AutoModelForSequenceClassification and fine-tunes with the fine-tuning run.
+
+Runs are the tiny ones of test_pretraining.py (hidden 32, 2 layers, 12 documents, blocks of 32), on one thread.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import kill_at_marker
+from test_pretraining import (
+    KILLED_CHILD,
+    PRETRAIN,
+    args_from,
+    assert_same_steps,
+    child_env,
+    cli_flags,
+    tiny_settings,
+    train_losses,
+    two_processes_and_one,
+    weights,
+)
+from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+import coreformer as cf
+from coreformer.training.checkpoints import find_latest_checkpoint
+from coreformer.training.finetuning import FinetuningArguments, run_finetuning
+from coreformer.training.objectives.electra import (
+    ELECTRA,
+    ElectraPretraining,
+    electra_loss,
+    generator_config,
+    replaced_token_labels,
+)
+from coreformer.training.pretraining import PretrainingArguments, run_pretraining
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def electra_settings(**overrides) -> dict:
+    return tiny_settings("encoder", objective="electra", **overrides)
+
+
+def tiny_electra(vocab: int = 40) -> tuple[ElectraPretraining, PretrainingArguments]:
+    config = cf.CoreformerEncoderConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=64,
+    )  # fmt: skip
+    args = PretrainingArguments(family="encoder", objective="electra", output_dir="unused")
+    torch.manual_seed(0)
+    return ELECTRA.build_model(config, args), args
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The objective by hand
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_replaced_token_labels_mark_changed_tokens_and_a_sampled_original_is_not_replaced():
+    original = torch.tensor([[5, 6, 7, 8, 0], [9, 9, 9, 9, 9]])
+    corrupted = torch.tensor([[5, 11, 7, 8, 0], [9, 9, 12, 9, 13]])  # row 0 position 2: masked, sampled back as 7
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    labels = replaced_token_labels(original, corrupted, mask)
+    assert labels.tolist() == [[0, 1, 0, 0, -100], [0, 0, 1, 0, 1]]
+
+
+def test_discriminator_targets_follow_the_generators_samples_including_the_original_token():
+    model, _ = tiny_electra()
+    # Every generator logit but token 7's is pushed down: each masked position is filled with 7.
+    with torch.no_grad():
+        model.generator.lm_head.bias.fill_(-1e4)
+        model.generator.lm_head.bias[7] = 1e4
+    input_ids = torch.tensor([[2, 4, 9, 4, 3], [2, 10, 4, 11, 3]])  # 4 = [MASK]
+    labels = torch.tensor([[-100, 7, -100, 12, -100], [-100, -100, 7, -100, -100]])  # originals at the masks
+    outputs = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels)
+    assert outputs["corrupted"].tolist() == [[2, 7, 9, 7, 3], [2, 10, 7, 11, 3]]
+    assert outputs["original"].tolist() == [[2, 7, 9, 12, 3], [2, 10, 7, 11, 3]]
+    targets = replaced_token_labels(outputs["original"], outputs["corrupted"], torch.ones_like(input_ids))
+    assert targets.tolist() == [[0, 0, 0, 1, 0], [0, 0, 0, 0, 0]]  # only 12 -> 7 is a replacement
+    assert outputs["discriminator_logits"].shape == (2, 5)
+
+
+def test_loss_is_the_generators_mlm_mean_plus_50_times_the_discriminators_token_mean():
+    model, _ = tiny_electra()
+    input_ids = torch.tensor([[2, 4, 9, 4, 3, 0], [2, 10, 4, 11, 12, 3]])
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    labels = torch.tensor([[-100, 7, -100, 12, -100, -100], [-100, -100, 7, -100, -100, -100]])
+    torch.manual_seed(3)
+    outputs = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    loss = electra_loss(outputs, labels, attention_mask, label_tokens=3, input_tokens=11, rtd_weight=50.0)
+
+    logits = outputs["generator_logits"]
+    mlm = torch.nn.functional.cross_entropy(logits[labels != -100], labels[labels != -100])  # mean of 3
+    real = attention_mask.bool()
+    replaced = (outputs["corrupted"] != outputs["original"]).float()
+    rtd = torch.nn.functional.binary_cross_entropy_with_logits(outputs["discriminator_logits"][real], replaced[real])
+    torch.testing.assert_close(loss, mlm + 50 * rtd)
+    # Counts of a larger step scale each part by its own share: half the tokens -> half of each mean
+    halved = electra_loss(outputs, labels, attention_mask, label_tokens=6, input_tokens=22, rtd_weight=50.0)
+    torch.testing.assert_close(halved, loss / 2)
+
+
+def test_generator_is_a_quarter_as_wide_and_reads_the_discriminators_token_embeddings():
+    model, _ = tiny_electra()
+    assert model.generator.config.hidden_size == 8 and model.generator.config.num_attention_heads == 1
+    assert model.generator.config.num_hidden_layers == 2
+    names = {name for name, _ in model.named_parameters()}
+    assert not any(name.startswith("generator.") and "embed_tokens" in name for name in names)
+    assert "discriminator.model.encoder.embed_tokens.weight" in names
+    ids = torch.tensor([[2, 5, 4, 3]])
+    outputs = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([[-100, -100, 6, -100]]))
+    loss = outputs["generator_logits"][0, 2, 6]
+    loss.backward()  # the generator's logits reach the shared embeddings through the projection
+    assert model.discriminator.model.encoder.embed_tokens.weight.grad.abs().sum() > 0
+    assert model.embedding_projection.weight.grad.abs().sum() > 0
+    config = cf.CoreformerEncoderConfig(hidden_size=384, num_attention_heads=12, intermediate_size=1536)
+    third = generator_config(config, 1 / 3)
+    assert (third.hidden_size, third.num_attention_heads, third.intermediate_size) == (128, 4, 512)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def electra_run(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("electra")
+    settings = electra_settings(save_every=10, sample_prompt="import ")
+    return output_dir, settings, run_pretraining(args_from(settings, output_dir))
+
+
+def test_electra_run_lowers_its_held_out_loss_and_saves_an_encoder_and_its_generator(electra_run):
+    output_dir, _, metrics = electra_run
+    evals = [record["loss"] for record in metrics["history"]["eval"]]
+    assert evals[-1] < evals[0] - 1.0, evals
+    assert metrics["objective"].startswith("replaced-token detection")
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["architectures"] == ["CoreformerEncoderModel"] and config["hidden_size"] == 32
+    encoder = AutoModel.from_pretrained(output_dir)
+    assert type(encoder) is cf.CoreformerEncoderModel
+    assert metrics["num_parameters"] == sum(p.numel() for p in encoder.parameters()) < metrics["trained_parameters"]
+    checkpoint = weights(output_dir)
+    assert all(not name.startswith(("generator", "discriminator")) for name in checkpoint)
+    generator = AutoModelForMaskedLM.from_pretrained(output_dir / "generator")
+    assert type(generator) is cf.CoreformerEncoderForMaskedLM and generator.config.hidden_size == 8
+    shared = checkpoint["encoder.embed_tokens.weight"]  # (V, 32), the discriminator's
+    generator_embeddings = generator.get_input_embeddings().weight  # (V, 8) = E P
+    assert generator_embeddings.shape == (shared.shape[0], 8)
+    assert torch.equal(generator.lm_head.weight, generator_embeddings)  # tied, as a masked LM's are
+    card = (output_dir / "README.md").read_text()
+    assert "replaced-token detection" in card and "AutoModel" in card
+    final = metrics["history"]["eval"][-1]
+    assert final["loss"] == pytest.approx(final["mlm_loss"] + 50 * final["rtd_loss"], rel=1e-6)
+    assert 0.5 < final["rtd_accuracy"] <= 1.0  # most tokens are original: even "none replaced" is right on those
+    assert f"rtd accuracy {final['rtd_accuracy']:.4f}" in card and "perplexity" not in card.split("---")[1]
+    assert metrics["sample"].startswith("import [MASK] -> ")
+
+
+def test_saved_discriminator_fine_tunes_for_sequence_classification(electra_run, tmp_path):
+    output_dir, _, _ = electra_run
+    args = FinetuningArguments(
+        task="sequence-classification", model=str(output_dir), output_dir=str(tmp_path / "cls"), max_steps=4,
+        batch_size=8, max_train_examples=32, max_eval_examples=12, max_length=32, lr=3e-3, seed=0,
+    )  # fmt: skip
+    metrics = run_finetuning(args)
+    assert math.isfinite(metrics["eval_accuracy"]) and metrics["train_steps"] == 4
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls")
+    assert type(model) is cf.CoreformerEncoderForSequenceClassification and model.config.num_labels == 4
+    pretrained = weights(output_dir)["encoder.layers.0.self_attn.q_proj.weight"]
+    fresh = AutoModelForSequenceClassification.from_pretrained(output_dir, num_labels=4)
+    assert torch.equal(fresh.model.encoder.layers[0].self_attn.q_proj.weight, pretrained)  # the encoder is loaded
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """Accelerate keeps one state per process, with its precision: start and leave it unset."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_electra_in_bf16_trains_with_finite_losses(tmp_path, fresh_accelerator_state):
+    settings = electra_settings(max_steps=6, eval_every=3, mixed_precision="bf16")
+    metrics = run_pretraining(args_from(settings, tmp_path / "bf16"))
+    assert metrics["mixed_precision"] == "bf16"
+    assert all(math.isfinite(loss) for loss in train_losses(metrics)) and len(train_losses(metrics)) == 6
+
+
+def test_electra_two_processes_match_one_process_with_grad_accum_2(tmp_path):
+    # Dropout and the generator's samples both follow the global batch number, not the process.
+    settings = electra_settings(model=dict(hidden_dropout=0.1), max_steps=8, eval_every=4, warmup_steps=2)
+    two_metrics, one = two_processes_and_one(settings, tmp_path)
+    assert_same_steps(two_metrics, one, steps=8)
+
+
+def test_electra_killed_during_a_save_resumes_bit_identically(electra_run, tmp_path):
+    # One tokenizer for both runs: WordPiece training is not reproducible, so two trainings could differ.
+    tokenizer = str(electra_run[0])
+    settings = electra_settings(model=dict(hidden_dropout=0.1), save_every=10, keep_last=3, tokenizer=tokenizer)
+    config = tmp_path / "electra-tiny-test.json"
+    config.write_text(json.dumps({"family": "encoder", "model": settings["model"]}))
+    killed, marker = tmp_path / "killed", tmp_path / "marker"
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
+        + cli_flags({**settings, "output_dir": str(killed)}),
+        env=child_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    uninterrupted = run_pretraining(args_from(settings, tmp_path / "uninterrupted"))
+    kill_at_marker(child, marker)
+    assert find_latest_checkpoint(killed) == killed / "checkpoints" / "step-10"
+
+    resumed = run_pretraining(args_from(settings, killed, resume_from_checkpoint="latest"))
+    assert train_losses(resumed) == train_losses(uninterrupted)  # exact
+    assert resumed["history"]["eval"] == uninterrupted["history"]["eval"]
+    for folder in ("", "generator"):
+        final, reference = weights(killed / folder), weights(tmp_path / "uninterrupted" / folder)
+        assert final.keys() == reference.keys()
+        assert all(torch.equal(final[name], reference[name]) for name in reference)
