@@ -2,7 +2,7 @@
 FSDP auto-wrap), and the configs' `base_model_tp_plan` / `base_model_pp_plan` (transformers' tp_plan="auto",
 pipeline-parallel trainers), for every head of every family and every layer type; accelerate's device maps (blocks kept
 whole, a disk-offloaded load computing the same logits); then a real 2-process tensor-parallel load on CPU (gloo)
-against the single-process model."""
+against the single-process model, logits and a backward pass (loss, sharded gradients)."""
 
 import os
 import re
@@ -240,5 +240,58 @@ def test_tensor_parallel_load_on_two_processes_matches_the_single_process_model(
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     print("\n".join(lines))  # class, layer types, largest difference (shown with -s)
+    assert len(lines) == len(cases)
+    assert all(float(line.rsplit(" ", 1)[1]) <= 1e-5 for line in lines), lines
+
+
+TP_TRAIN_CHILD = textwrap.dedent(
+    """
+    import os, sys, torch
+    import coreformer as cf
+    for case in torch.load(sys.argv[1]):
+        model = getattr(cf, case["class"]).from_pretrained(case["folder"], tp_plan="auto").train()
+        loss = model(input_ids=case["ids"], attention_mask=case["mask"], labels=case["ids"]).loss
+        loss.backward()
+        differences = [abs(loss.item() - case["loss"])]
+        for name, expected in case["grads"].items():
+            grad = model.get_parameter(name).grad
+            assert type(grad).__name__ == "DTensor", (case["class"], name, type(grad))
+            differences.append((grad.full_tensor() - expected).abs().max().item())
+        if os.environ["RANK"] == "0":
+            print(case["class"], f"{max(differences):.2e}")
+    """
+)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_backward_gives_the_single_process_loss_and_gradients(tmp_path):
+    # the gradient of the vocabulary-sharded embedding sums the lookups' and, tied, the LM head's on every slice
+    cases = []
+    for family, head in LANGUAGE_MODELS.items():
+        model = tiny_model(head, family, gated_mlp=True, hidden_act="silu").train()
+        folder = tmp_path / family
+        model.save_pretrained(folder)
+        ids, mask = padded_batch()
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        stack = FAMILIES[family].stacks[-1]
+        names = [
+            _module_name(model, model.get_input_embeddings()) + ".weight",
+            f"{model.base_model_prefix}.{stack}.layers.0.self_attn.q_proj.weight",
+            f"{model.base_model_prefix}.{stack}.layers.0.mlp.down_proj.weight",
+        ]
+        grads = {name: model.get_parameter(name).grad.clone() for name in names}
+        cases.append(
+            dict(folder=str(folder), ids=ids, mask=mask, loss=loss.item(), grads=grads, **{"class": head.__name__})
+        )
+    torch.save(cases, tmp_path / "cases.pt")
+    script = tmp_path / "child.py"
+    script.write_text(TP_TRAIN_CHILD)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    result = subprocess.run([*command, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    print("\n".join(lines))  # class, largest difference of loss and gradients (shown with -s)
     assert len(lines) == len(cases)
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-5 for line in lines), lines
