@@ -2,7 +2,7 @@
 FSDP auto-wrap), and the configs' `base_model_tp_plan` / `base_model_pp_plan` (transformers' tp_plan="auto",
 pipeline-parallel trainers), for every head of every family and every layer type; accelerate's device maps (blocks kept
 whole, a disk-offloaded load computing the same logits); then a real 2-process tensor-parallel load on CPU (gloo)
-against the single-process model."""
+against the single-process model, logits and a backward pass (loss, sharded gradients)."""
 
 import os
 import re
@@ -26,6 +26,7 @@ HEAD_IDS = [head.__name__ for _, head in HEADS]
 LAYER_OPTIONS = {
     "full": {},
     "gated_sliding_linear": dict(gated_mlp=True, layer_types=["sliding", "linear"], sliding_window=3),
+    "untied_head": dict(tie_word_embeddings=False),
 }
 COLUMNWISE = {"q_proj", "k_proj", "v_proj", "up_proj", "gate_proj"}  # output features split across ranks
 ROWWISE = {"o_proj", "down_proj"}  # input features split, partial results summed
@@ -53,27 +54,60 @@ def test_no_split_modules_name_the_block_class(family, head):
     assert blocks and all(re.fullmatch(r"(model\.)?(encoder|decoder)\.layers\.\d+", name) for name in blocks)
 
 
+def _module_name(model: nn.Module, target: nn.Module) -> str:
+    return next(name for name, module in model.named_modules() if module is target)
+
+
+def _expected_tp_styles(model: nn.Module) -> dict[str, str]:
+    """What a tensor-parallel plan must shard, read off the built model rather than the plan: every block's
+    projections (q/k/v, up, gate by columns; o, down by rows), every embedding module holding the token vocabulary
+    (the seq2seq `shared` and both stacks' `embed_tokens` hold one tied weight) on the vocabulary, and the LM head
+    by columns with its output gathered (the refsuite's `test_tied_head_has_a_tp_plan_entry`: tied, its weight IS
+    the sharded embedding). Nothing else: position and token-type tables, the MLM transform, classifiers."""
+    expected = {}
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Linear) and ".layers." in name and leaf in COLUMNWISE | ROWWISE:
+            expected[name] = "colwise" if leaf in COLUMNWISE else "rowwise"
+    vocabulary = model.get_input_embeddings().weight
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and module.weight is vocabulary:
+            expected[name] = "embedding_rowwise"
+    if (head := model.get_output_embeddings()) is not None:
+        expected[_module_name(model, head)] = "colwise_gather_output"
+    return expected
+
+
 @pytest.mark.parametrize("options", list(LAYER_OPTIONS.values()), ids=list(LAYER_OPTIONS))
 @pytest.mark.parametrize(("family", "head"), HEADS, ids=HEAD_IDS)
-def test_tp_plan_names_every_projection_of_every_block_and_nothing_else(family, head, options):
+def test_tp_plan_shards_projections_token_embeddings_and_lm_head_and_nothing_else(family, head, options):
     model = _build(family, head, options)
-    plan = model.tp_plan  # the config's base_model_tp_plan, prefixed with the base model's name inside heads
+    plan = model.tp_plan  # the config's base_model_tp_plan, prefixed inside heads, plus the classes' `_tp_plan`
     assert plan, "no tensor-parallel plan"
     covered = {}
     for pattern, style in plan.items():
         names = _modules_matching(model, pattern)
         assert names, f"{pattern} names no module of {head.__name__}"
-        leaf = pattern.rsplit(".", 1)[1]
-        assert style == ("colwise" if leaf in COLUMNWISE else "rowwise") and leaf in COLUMNWISE | ROWWISE
-        for name in names:
-            assert isinstance(model.get_submodule(name), nn.Linear), name
-            covered[name] = style
-    projections = {
-        name
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in COLUMNWISE | ROWWISE and ".layers." in name
-    }
-    assert set(covered) == projections
+        covered |= dict.fromkeys(names, style)
+    expected = _expected_tp_styles(model)
+    assert covered == expected
+    # the input embeddings (transformers' test_tp_plan_shards_input_embeddings) and nothing indexed by position
+    assert covered[_module_name(model, model.get_input_embeddings())] == "embedding_rowwise"
+    assert not any("embed_positions" in name or "token_type" in name for name in covered)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tp_plan_leaves_position_and_token_type_tables_and_the_mlm_transform_whole(family):
+    # the encoder's defaults: learned positions, token types, BERT's MLM transform and decoder bias
+    options = dict(type_vocab_size=2, lm_head_transform=True, lm_head_bias=True, position_embedding_type="learned")
+    model = tiny_model(LANGUAGE_MODELS[family], family, **options)
+    covered = {name for pattern in model.tp_plan for name in _modules_matching(model, pattern)}
+    whole = {name for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
+    whole -= {name for name, style in _expected_tp_styles(model).items() if style == "embedding_rowwise"}
+    whole |= {name for name, _ in model.named_modules() if name.startswith("lm_head_transform")}
+    assert any("embed_positions" in name for name in whole) and any("token_type" in name for name in whole)
+    assert "lm_head_transform.dense" in whole and "lm_head" in covered
+    assert not whole & covered
 
 
 @pytest.mark.parametrize(("family", "head"), HEADS, ids=HEAD_IDS)
@@ -89,6 +123,10 @@ def test_pp_plan_names_each_stack_embedding_blocks_and_norm(family, head):
             if name.endswith(".layers"):
                 assert isinstance(module, nn.ModuleList) and all(isinstance(block, Block) for block in module)
         assert all((f"{stack}.norm" in plan) == bool(model.config.final_norm) for stack in stacks)
+        # a head predicting tokens closes the pipeline with its vocabulary projection, as Llama's does
+        assert (model.pp_plan.get("lm_head") == (["hidden_states"], ["logits"])) == (
+            model.get_output_embeddings() is not None
+        )
 
 
 LANGUAGE_MODELS = {name: getattr(cf, family.language_model.class_name) for name, family in FAMILIES.items()}
@@ -140,35 +178,59 @@ TP_CHILD = textwrap.dedent(
     cases = torch.load(sys.argv[1])
     for case in cases:
         model = getattr(cf, case["class"]).from_pretrained(case["folder"], tp_plan="auto").eval()
-        sharded = model.base_model.get_submodule(case["probe"]).weight
-        assert type(sharded).__name__ == "DTensor", type(sharded)
+        for name in case["sharded"]:
+            weight = model.get_submodule(name).weight
+            assert type(weight).__name__ == "DTensor", (case["class"], name, type(weight))
+            assert weight.to_local().numel() < weight.numel(), (case["class"], name, "not split")
+        for name in case["whole"]:
+            assert type(model.get_submodule(name).weight).__name__ != "DTensor", (case["class"], name)
+        if case["tied"]:
+            assert model.get_output_embeddings().weight is model.get_input_embeddings().weight, case["class"]
         with torch.no_grad():
             logits = model(input_ids=case["ids"], attention_mask=case["mask"]).logits
-        difference = (logits - case["logits"])[case["mask"].bool()].abs().max().item()
+        error = (logits - case["logits"]).abs()  # (B, T, vocab) over real tokens, or (B, labels)
+        difference = (error[case["mask"].bool()] if error.dim() == 3 else error).max().item()
         if os.environ["RANK"] == "0":
             print(case["class"], case["layer_types"], f"{difference:.2e}")
     """
 )
 
+TP_CASES = [
+    # BERT's layout: learned positions, token types, MLM transform and decoder bias; sparse layer types
+    ("encoder", cf.CoreformerEncoderForMaskedLM, dict(layer_types=["strided", "lowrank"], stride=3, lowrank_k=4)),
+    ("encoder", cf.CoreformerEncoderForSequenceClassification, {}),  # sharded embeddings under a classifier
+    ("decoder", cf.CoreformerDecoderForCausalLM, dict(layer_types=["sliding", "linear"], sliding_window=3)),
+    ("decoder", cf.CoreformerDecoderForCausalLM, dict(tie_word_embeddings=False)),
+    ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, dict(final_logits_bias=True)),
+]
+
 
 @pytest.mark.slow
 def test_tensor_parallel_load_on_two_processes_matches_the_single_process_model(tmp_path):
+    # the vocabulary (99) is odd: the embeddings' and LM heads' shards are uneven (50 + 49 rows)
     cases = []
-    for family, head, options in [
-        ("encoder", cf.CoreformerEncoderForMaskedLM, dict(layer_types=["strided", "lowrank"], stride=3, lowrank_k=4)),
-        ("decoder", cf.CoreformerDecoderForCausalLM, dict(layer_types=["sliding", "linear"], sliding_window=3)),
-        ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, {}),
-    ]:
+    for index, (family, head, options) in enumerate(TP_CASES):
         model = _build(family, head, dict(gated_mlp=True, hidden_act="silu", **options))
-        folder = tmp_path / family
+        folder = tmp_path / str(index)
         model.save_pretrained(folder)
         ids, mask = padded_batch()
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask).logits
-        probe = f"{FAMILIES[family].stacks[-1]}.layers.0.self_attn.q_proj"
+        styles = _expected_tp_styles(model)
+        probe = f"{model.base_model_prefix}.{FAMILIES[family].stacks[-1]}.layers.0.self_attn.q_proj"
+        sharded = [probe, *(name for name, style in styles.items() if style.startswith("embedding"))]
+        if (lm_head := model.get_output_embeddings()) is not None:
+            sharded.append(_module_name(model, lm_head))
+        whole = [
+            name
+            for name, module in model.named_modules()
+            if (isinstance(module, nn.Embedding) and name not in styles) or name == "lm_head_transform.dense"
+        ]
+        tied = lm_head is not None and lm_head.weight is model.get_input_embeddings().weight
         layer_types = model.config.layer_types
-        cases.append(dict(folder=str(folder), ids=ids, mask=mask, logits=logits, probe=probe, layer_types=layer_types))
-        cases[-1]["class"] = head.__name__
+        cases.append(dict(folder=str(folder), ids=ids, mask=mask, logits=logits, layer_types=layer_types))
+        cases[-1] |= dict(sharded=sharded, whole=whole, tied=tied, **{"class": head.__name__})
+    assert any(case["whole"] for case in cases) and any(case["tied"] for case in cases)
     torch.save(cases, tmp_path / "cases.pt")
     script = tmp_path / "child.py"
     script.write_text(TP_CHILD)
@@ -177,5 +239,59 @@ def test_tensor_parallel_load_on_two_processes_matches_the_single_process_model(
     result = subprocess.run([*command, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
+    print("\n".join(lines))  # class, layer types, largest difference (shown with -s)
+    assert len(lines) == len(cases)
+    assert all(float(line.rsplit(" ", 1)[1]) <= 1e-5 for line in lines), lines
+
+
+TP_TRAIN_CHILD = textwrap.dedent(
+    """
+    import os, sys, torch
+    import coreformer as cf
+    for case in torch.load(sys.argv[1]):
+        model = getattr(cf, case["class"]).from_pretrained(case["folder"], tp_plan="auto").train()
+        loss = model(input_ids=case["ids"], attention_mask=case["mask"], labels=case["ids"]).loss
+        loss.backward()
+        differences = [abs(loss.item() - case["loss"])]
+        for name, expected in case["grads"].items():
+            grad = model.get_parameter(name).grad
+            assert type(grad).__name__ == "DTensor", (case["class"], name, type(grad))
+            differences.append((grad.full_tensor() - expected).abs().max().item())
+        if os.environ["RANK"] == "0":
+            print(case["class"], f"{max(differences):.2e}")
+    """
+)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_backward_gives_the_single_process_loss_and_gradients(tmp_path):
+    # the gradient of the vocabulary-sharded embedding sums the lookups' and, tied, the LM head's on every slice
+    cases = []
+    for family, head in LANGUAGE_MODELS.items():
+        model = tiny_model(head, family, gated_mlp=True, hidden_act="silu").train()
+        folder = tmp_path / family
+        model.save_pretrained(folder)
+        ids, mask = padded_batch()
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        stack = FAMILIES[family].stacks[-1]
+        names = [
+            _module_name(model, model.get_input_embeddings()) + ".weight",
+            f"{model.base_model_prefix}.{stack}.layers.0.self_attn.q_proj.weight",
+            f"{model.base_model_prefix}.{stack}.layers.0.mlp.down_proj.weight",
+        ]
+        grads = {name: model.get_parameter(name).grad.clone() for name in names}
+        cases.append(
+            dict(folder=str(folder), ids=ids, mask=mask, loss=loss.item(), grads=grads, **{"class": head.__name__})
+        )
+    torch.save(cases, tmp_path / "cases.pt")
+    script = tmp_path / "child.py"
+    script.write_text(TP_TRAIN_CHILD)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    result = subprocess.run([*command, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    print("\n".join(lines))  # class, largest difference of loss and gradients (shown with -s)
     assert len(lines) == len(cases)
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-5 for line in lines), lines

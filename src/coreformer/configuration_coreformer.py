@@ -192,11 +192,14 @@ class CoreformerConfig(PreTrainedConfig):
     def base_model_tp_plan(self) -> dict[str, str] | None:
         """Tensor parallelism (`from_pretrained(..., tp_plan="auto")`), as Llama's plan: every attention's heads and
         every MLP's width split across ranks (q/k/v, up and gate by columns; o and down by rows, then summed), in
-        every stack of the base model (families.py names them). Layer types need nothing more: each head attends on
-        its own in every type, and the sequence-side pieces (Linformer's E/F, Performer's features) are shared by
-        all heads, so they stay whole on every rank. As for Llama, the number of ranks must divide
-        `num_key_value_heads`. Not usable yet: `Attention._split_heads` counts heads from the projection's declared
-        width, which sharding leaves whole (tests/test_parallelism.py holds the 2-process check as a strict xfail)."""
+        every stack of the base model (families.py names them), and each stack's token embedding split on the
+        vocabulary (`embedding_rowwise`, what transformers gives Llama's `embed_tokens`): the ranks' partial lookups
+        are summed, so each holds `vocab / ranks` rows, and a tied LM head (its own `colwise_gather_output` entry on
+        the head class) reads the same vocabulary slice. Position and token-type tables are indexed by position and
+        segment, not by token, and stay whole on every rank, as does the MLM transform. Layer types need nothing
+        more: each head attends on its own in every type, and the sequence-side pieces (Linformer's E/F,
+        Performer's features) are shared by all heads, so they stay whole on every rank. As for Llama, the number of
+        ranks must divide `num_key_value_heads`."""
         family = MODEL_TYPES.get(self.model_type)
         if family is None:
             return None
@@ -204,6 +207,7 @@ class CoreformerConfig(PreTrainedConfig):
         mlp = {"up_proj": "colwise", "down_proj": "rowwise"} | ({"gate_proj": "colwise"} if self.gated_mlp else {})
         plan = {}
         for stack in family.stacks:
+            plan[f"{stack}.embed_tokens"] = "embedding_rowwise"
             attentions = ("self_attn", "cross_attn") if stack == family.cross_attention_stack else ("self_attn",)
             for attention in attentions:
                 plan |= {f"{stack}.layers.*.{attention}.{name}": style for name, style in block.items()}

@@ -76,6 +76,9 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
     """Next-token prediction with a vocabulary projection tied to the input embedding."""
 
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+    # the head reads the embedding's vocabulary slice when tied; each rank computes its slice of the logits
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
 
     def __init__(self, config: CoreformerDecoderConfig):
         super().__init__(config)

@@ -65,6 +65,8 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
         "encoder.embed_tokens.weight": "shared.weight",
         "decoder.embed_tokens.weight": "shared.weight",
     }
+    # the stacks' embeddings ARE `shared`'s weight, which the config's plan shards on the vocabulary in each stack
+    _tp_plan = {"shared": "embedding_rowwise"}
 
     def __init__(self, config: CoreformerSeq2SeqConfig):
         super().__init__(config)
@@ -153,6 +155,9 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
     """Sequence-to-sequence generation (summarisation, translation, denoising) with a tied vocabulary projection."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    # the head reads the embedding's vocabulary slice when tied; each rank computes its slice of the logits
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
 
     def __init__(self, config: CoreformerSeq2SeqConfig):
         super().__init__(config)
