@@ -224,3 +224,32 @@ def test_static_cache_generation_compiles_fullgraph_once_and_matches_eager(famil
         tokens = model.generate(ids, attention_mask=mask, pad_token_id=PAD, **generate)
     assert torch.equal(tokens, eager_tokens)
     assert len(compiled) == graphs, f"{len(compiled)} graphs for 10 decode steps"
+
+
+def test_sliding_decoder_generates_the_same_with_a_dynamic_and_a_static_cache_from_padding_queries():
+    # transformers' test_generate_with_static_cache on its sliding variant (rotary, RMSNorm, SwiGLU, MQA, batch 2 of
+    # 7 tokens, random masks with holes and right padding). A right-padded row's next token comes from the logits of
+    # its last position, a padding query: the sliding kernel (a prefill into an empty dynamic cache) must give it
+    # what the dense mask (a static cache) does -- its band's real keys, not itself as well.
+    model = tiny_model(
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        **VARIANTS["rotary_rmsnorm_swiglu_gqa"] | dict(num_key_value_heads=1),
+        layer_types=["full", "sliding"],
+        sliding_window=64,
+    )
+    ids = torch.randint(3, VOCAB, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1]])
+    generate = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, return_dict_in_generate=True)
+    with torch.no_grad():
+        kernel_logits = model(ids, attention_mask=mask).logits  # sdpa, empty dynamic cache: the sliding kernel
+        dynamic = model.generate(ids, attention_mask=mask, output_scores=True, **generate)
+        static = model.generate(ids, attention_mask=mask, output_scores=True, cache_implementation="static", **generate)
+        model.set_attn_implementation("eager")
+        dense_logits = model(ids, attention_mask=mask).logits
+    # Every position with a real key at or before it, padding included (left padding sees no key at all: unused).
+    seen = mask.cumsum(-1) > 0
+    torch.testing.assert_close(kernel_logits[seen], dense_logits[seen], atol=1e-5, rtol=0)
+    assert torch.equal(dynamic.sequences, static.sequences)
+    for dynamic_scores, static_scores in zip(dynamic.scores, static.scores):
+        torch.testing.assert_close(dynamic_scores, static_scores, atol=1e-5, rtol=1e-5)

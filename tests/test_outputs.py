@@ -204,3 +204,74 @@ def test_generate_returns_attentions_under_sdpa_equal_to_eagers(cache_implementa
         assert len(step) == 2
         for ours, eager in zip(step, expected):
             torch.testing.assert_close(ours, eager, atol=1e-5, rtol=0)
+
+
+FAMILY_CLASSES = {
+    "encoder": [cf.CoreformerEncoderModel, cf.CoreformerEncoderForMaskedLM],
+    "decoder": [cf.CoreformerDecoderModel, cf.CoreformerDecoderForCausalLM],
+    "seq2seq": [cf.CoreformerSeq2SeqModel, cf.CoreformerSeq2SeqForConditionalGeneration],
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CLASSES))
+def test_outputs_are_recorded_by_pretrained_models_whose_forward_captures_and_never_in_a_chain(family, monkeypatch):
+    # transformers' contract (test_capture_outputs_decorator): `_can_record_outputs` sits on the PreTrainedModels
+    # whose forward carries `@capture_outputs` (registered by PreTrainedModel itself), and no output is captured
+    # by two nested decorators, which would hand each caller part of the outputs.
+    from transformers import PreTrainedModel
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY, CompileableContextVar
+
+    active: dict[str, int] = {}
+    original_set, original_reset = CompileableContextVar.set, CompileableContextVar.reset
+
+    def counting_set(self, value):
+        for key in value:
+            active[key] = active.get(key, 0) + 1
+            assert active[key] == 1, f"`{key}` captured by nested capture_outputs calls"
+        return original_set(self, value)
+
+    def counting_reset(self, token):
+        for key in self.context_var.get() or {}:
+            active[key] -= 1
+        return original_reset(self, token)
+
+    monkeypatch.setattr(CompileableContextVar, "set", counting_set)
+    monkeypatch.setattr(CompileableContextVar, "reset", counting_reset)
+    ids, mask = padded_batch(length=8, left=family == "decoder")
+    for model_class in FAMILY_CLASSES[family]:
+        model = tiny_model(model_class, family)
+        recorders = [
+            module for module in model.modules() if isinstance(module, PreTrainedModel) and module._can_record_outputs
+        ]
+        expected = 2 if family == "seq2seq" else 1  # one per stack, as BartEncoder / BartDecoder
+        assert len(recorders) == expected, model_class.__name__
+        for module in recorders:
+            assert _CAN_RECORD_REGISTRY.get(module) == module._can_record_outputs
+            assert getattr(type(module).forward, "__wrapped__", None) is not None  # decorated by capture_outputs
+        inputs = dict(attention_mask=mask, output_attentions=True, output_hidden_states=True)
+        if family == "seq2seq":
+            inputs["decoder_input_ids"] = ids[:, :5]
+        with torch.no_grad():
+            output = model(ids, **inputs)
+        layers = tiny_config(family).num_hidden_layers
+        if family == "seq2seq":
+            assert len(output.encoder_hidden_states) == len(output.decoder_hidden_states) == layers + 1
+            assert len(output.encoder_attentions) == len(output.decoder_attentions) == len(output.cross_attentions)
+        else:
+            assert len(output.hidden_states) == layers + 1 and len(output.attentions) == layers
+
+
+def test_seq2seq_selects_hidden_states_by_index_in_each_stack_by_its_own_depth():
+    # A decoder deeper than the encoder: a negative index counts from the end of each stack's own states.
+    model = tiny_model(cf.CoreformerSeq2SeqModel, "seq2seq", encoder_layers=2, decoder_layers=3)
+    ids, mask = padded_batch(length=8)
+    # (no cache: the cache built for this seq2seq config is sized from the encoder depth, a separate defect)
+    inputs = dict(attention_mask=mask, decoder_input_ids=ids[:, :5], use_cache=False)
+    with torch.no_grad():
+        every = model(ids, **inputs, output_hidden_states=True)
+        selected = model(ids, **inputs, output_hidden_states=[0, -1])
+    for name, depth in (("encoder_hidden_states", 2), ("decoder_hidden_states", 3)):
+        states, reference = getattr(selected, name), getattr(every, name)
+        assert len(states) == len(reference) == depth + 1, name
+        assert torch.equal(states[0], reference[0]) and torch.equal(states[-1], reference[-1]), name
+        assert all(state is None for state in states[1:-1]), name

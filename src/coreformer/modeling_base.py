@@ -10,7 +10,7 @@ once per forward, runs its blocks and applies the final norm. The families diffe
 Layers may differ in attention type (`layer_types`, one entry each in `layer_types.py`): per forward the stack builds
 one mask per type present and decides once which layers run their sparse kernel, and hands both to the blocks.
 Hidden states and attentions are recorded by transformers' `capture_outputs` hooks (`_can_record_outputs`), not
-collected by hand.
+collected by hand; the stack is a `PreTrainedModel` for that (transformers' contract, as BART's encoder and decoder).
 
 Head pieces (`LMHeadTransform`, `ClassificationHead`, the pooling functions) and the token-classification head, which
 is the same for every family with a single stack, live here too.
@@ -34,7 +34,7 @@ from transformers.modeling_outputs import (
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
-from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY, OutputRecorder, capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .attention import Attention, Unpadding
 from .configuration_coreformer import CoreformerConfig
@@ -122,8 +122,12 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
 
 
-class CoreformerStack(nn.Module):
+class CoreformerStack(CoreformerPreTrainedModel):
     """Embeddings, a stack of `Block`s and the final norm; bidirectional or causal, with or without cross-attention.
+
+    A `PreTrainedModel` of its own, as BART's encoder and decoder are: transformers' output-recording contract puts
+    `_can_record_outputs` on the PreTrainedModel whose forward carries `@capture_outputs`. The family base models hold
+    their stacks under the checkpoint names (`model.decoder.layers.0...`) and do not capture again.
 
     Args:
         config: the family config.
@@ -151,10 +155,8 @@ class CoreformerStack(nn.Module):
         is_causal: bool,
         cross_attention: bool = False,
     ):
-        super().__init__()
         config.require_head_dim()  # before anything sized by it
-        _CAN_RECORD_REGISTRY[self] = self._can_record_outputs  # what capture_outputs reads (keyed by class)
-        self.config = config
+        super().__init__(config)
         self.is_causal = is_causal
         self.cross_attention = cross_attention
         self.embed_tokens = embed_tokens
@@ -181,6 +183,12 @@ class CoreformerStack(nn.Module):
             for i, layer_type in enumerate(self.layer_types)
         )
         self.norm = build_norm(config) if config.final_norm else None
+        self.post_init()
+
+    def init_parallel_plans(self) -> None:
+        # The config's base-model plans name this stack's modules from the family base model (`decoder.layers.*`),
+        # which collects them itself; a stack taking them too would add them again under its own prefix.
+        self._tp_plan, self._ep_plan, self._pp_plan, self._fsdp_plan = {}, {}, {}, {}
 
     def _check_input_shapes(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
         if input_ids is not None:
@@ -571,6 +579,8 @@ class CoreformerCrossAttendingStack(CoreformerStack):
 
     _can_record_outputs = {
         **CoreformerStack._can_record_outputs,
+        # negative `output_hidden_states` indices count from this stack's depth, not the encoder's
+        "hidden_states": OutputRecorder(Block, index=0, num_hidden_layers_key="decoder_layers"),
         "cross_attentions": OutputRecorder(Attention, index=1, layer_name="cross_attn"),
     }
 

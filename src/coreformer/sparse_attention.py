@@ -132,8 +132,8 @@ class BandChunks(NamedTuple):
     queries: (J, H, c, D) with J = B · T' / c; key_stream, value_stream: (B · T', H, D).
     band: (c, span) boolean, True where the key lies inside the query's band; own: (c, span), True at the query
     itself; visible: (J, span) boolean, True where the key is a real token of the chunk's row. A query sees the keys
-    of its band that are visible, and always itself (`allowed`), so that no row is empty (padding queries get a
-    defined, unused output). Window j spans stream rows [j·c - before, j·c - before + span).
+    of its band that are visible, as under the dense mask, and itself only where none is (`allowed`), so that no row
+    is empty. Window j spans stream rows [j·c - before, j·c - before + span).
     """
 
     queries: torch.Tensor
@@ -219,7 +219,12 @@ class BandChunks(NamedTuple):
         visible = self.visible[start:stop]
         if bool(visible.all()):
             return self.band[None, None]
-        return (self.band & visible[:, None, None, :]) | self.own
+        allowed = self.band & visible[:, None, None, :]  # (J', 1, c, span)
+        # A query with no visible key in its band (a left-padding query, the stream's tail padding) sees itself, so
+        # that no row is empty; any other query, padding or not, sees exactly what the dense causal/padding mask
+        # gives it. (generate() reads the logits of a right-padded row's last position, a padding query: the same
+        # numbers with or without this kernel, i.e. with a dynamic or a static cache.)
+        return allowed | (self.own & ~allowed.any(-1, keepdim=True))
 
     def groups(self) -> list[tuple[int, int]]:
         """Chunk ranges [start, stop) for the fused kernels: the first and last chunks alone (their windows reach
