@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import PAD, VARIANTS, VOCAB, decode_incrementally, padded_batch, tiny_model
+from conftest import PAD, VARIANTS, VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache, StaticCache
 
 import coreformer as cf
@@ -253,3 +253,18 @@ def test_sliding_decoder_generates_the_same_with_a_dynamic_and_a_static_cache_fr
     assert torch.equal(dynamic.sequences, static.sequences)
     for dynamic_scores, static_scores in zip(dynamic.scores, static.scores):
         torch.testing.assert_close(dynamic_scores, static_scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("encoder_layers, decoder_layers", [(2, 3), (3, 2)])
+def test_seq2seq_with_stacks_of_different_depths_generates_alike_with_every_cache(encoder_layers, decoder_layers):
+    # The cache is sized from get_text_config(decoder=True); transformers renames only the decoder_* fields that
+    # to_dict() writes, and an all-"full" decoder_layer_types is not written: the cache used to take the encoder's
+    # depth (IndexError in the cache once the decoder was deeper).
+    config = tiny_config("seq2seq", encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+    assert len(config.get_text_config(decoder=True).layer_types) == decoder_layers
+    model = cf.CoreformerSeq2SeqForConditionalGeneration(config).eval()
+    source = torch.randint(3, VOCAB, (2, 7))
+    greedy = dict(max_new_tokens=5, do_sample=False)
+    uncached = model.generate(source, use_cache=False, **greedy)
+    assert torch.equal(model.generate(source, **greedy), uncached)
+    assert torch.equal(model.generate(source, cache_implementation="static", **greedy), uncached)

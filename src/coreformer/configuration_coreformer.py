@@ -239,14 +239,20 @@ class CoreformerConfig(PreTrainedConfig):
 
     is_causal_stack = False
 
+    @property
+    def cached_layer_types(self) -> list[str] | None:
+        """The layer types of the stack that keeps a cache: the decoder's (`decoder_layer_types` in seq2seq)."""
+        return self.layer_types
+
     def get_text_config(self, decoder=None, encoder=None) -> PreTrainedConfig:
         """transformers sizes its caches from `get_text_config(decoder=True).layer_types`, in its own vocabulary
         ("full_attention", "sliding_attention", ...). Hand it a translated copy; users keep our names."""
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
-        if not decoder or not text_config.layer_types or text_config.layer_types[0] in CACHE_LAYER_TYPES.values():
+        layer_types = self.cached_layer_types
+        if not decoder or not layer_types or layer_types[0] in CACHE_LAYER_TYPES.values():
             return text_config
         translated = copy.copy(text_config)
-        translated.layer_types = [CACHE_LAYER_TYPES[layer_type] for layer_type in text_config.layer_types]
+        translated.layer_types = [CACHE_LAYER_TYPES[layer_type] for layer_type in layer_types]
         if text_config.sliding_window is not None:
             # transformers' window counts the query itself and keeps `sliding_window - 1` past tokens in the cache.
             translated.sliding_window = text_config.sliding_window + 1
@@ -452,9 +458,14 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
         return {"encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers}
 
     def stack_layer_types(self) -> dict[str, tuple[int, bool]]:
-        # get_text_config(decoder=True) renames decoder_* fields onto the plain names: decoder_layer_types becomes
-        # the layer_types transformers' caches read.
         return {"layer_types": (self.encoder_layers, False), "decoder_layer_types": (self.decoder_layers, True)}
+
+    @property
+    def cached_layer_types(self) -> list[str] | None:
+        # Read directly: transformers' get_text_config(decoder=True) renames only the decoder_* fields that
+        # to_dict() writes, and an all-"full" decoder_layer_types is left out of it, so the copy it returns would
+        # keep the encoder's layer_types and size the cache for the encoder's depth.
+        return self.decoder_layer_types
 
     def validate_fields(self) -> None:
         super().validate_fields()
