@@ -6,6 +6,7 @@ Runs are tiny (hidden 32, 2 layers, vocab 384 trained on 12 documents, blocks of
 in this process and in every child, so that in-process and subprocess runs compute bit-identical numbers.
 """
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import kill_at_marker
+from conftest import interrupt_at_marker, kill_at_marker
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -372,6 +373,67 @@ def test_sigkill_during_a_save_then_resume_latest_is_bit_identical(tmp_path):
     assert final.keys() == reference.keys()
     assert all(torch.equal(final[name], reference[name]) for name in reference)
     assert [path.name for path in sorted(checkpoints.iterdir())] == ["step-10", "step-20", "step-30"]
+
+
+INTERRUPTED_CHILD = textwrap.dedent(
+    """
+    import pathlib, runpy, sys, time
+    import coreformer.training.pretraining as pretraining
+
+    marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+    original = pretraining.train_step
+
+    def train_step(run, training):
+        if training.step == 12:  # steps 1-12 done, the checkpoint of step 10 saved
+            marker.write_text("in step 13")
+            time.sleep(300)  # the test presses Ctrl-C here
+        return original(run, training)
+
+    pretraining.train_step = train_step
+    sys.argv = [script] + sys.argv[3:]
+    runpy.run_path(script, run_name="__main__")
+    """
+)
+
+
+def test_ctrl_c_during_pretraining_is_one_line_naming_the_step_and_the_resume_flag(tmp_path):
+    settings = tiny_settings("decoder", save_every=10, max_steps=30)
+    config = tmp_path / "decoder-tiny-test.json"
+    config.write_text(json.dumps({"family": "decoder", "model": settings["model"]}))
+    marker, output_dir = tmp_path / "marker", tmp_path / "stopped"
+    child = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
+        + cli_flags({**settings, "output_dir": str(output_dir)}),
+        env=child_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    returncode, stderr = interrupt_at_marker(child, marker)
+    assert returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    expected = "pretrain.py: stopped at step 12; continue with --resume-from-checkpoint latest (from its checkpoint at "
+    assert stderr.strip().splitlines()[-1] == expected + "step 10)"
+    assert find_latest_checkpoint(output_dir) == output_dir / "checkpoints" / "step-10"
+
+
+def test_pretrain_script_version_and_mistyped_folders_answer_in_one_line(tmp_path):
+    def script(*flags: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(PRETRAIN), *flags]
+        return subprocess.run(command, capture_output=True, text=True, env=child_env(tmp_path), cwd=tmp_path)
+
+    version = script("--version")
+    assert (version.returncode, version.stdout) == (0, f"coreformer {importlib.metadata.version('coreformer')}\n")
+    for flag, value, fix in (
+        ("--tokenizer", "./no-tokenizer", "or pass a Hub repo id"),
+        ("--resume-from-checkpoint", "runs/step-10", "pass a local checkpoint folder"),
+    ):
+        result = script("--family", "decoder", flag, value, "--output-dir", str(tmp_path / "out"))
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.startswith(f"pretrain.py: error: no such folder: {value} ") and fix in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_latest_checkpoint_ignores_temporary_and_incomplete_folders(tmp_path):

@@ -2,6 +2,7 @@
 settings base, argument resolution, the error classes, flags, config files and output folders.
 
     RunError / PretrainingError / FinetuningError   one clear message about a bad input, nothing written yet
+    RunStoppedError, INTERRUPTED                Ctrl-C during a run: the one line to print, and the exit code (130)
     RunSettings                            the settings base: resolve(config file values + flags), cli_fields(),
                                            and the range checks every __post_init__ uses
     arg(default, help, **metadata)         a dataclass field whose metadata carries its CLI help (and `choices`,
@@ -40,6 +41,13 @@ class PretrainingError(RunError):
 
 class FinetuningError(RunError):
     """A bad input to a fine-tuning run."""
+
+
+INTERRUPTED = 130  # the exit status a shell gives a program stopped by Ctrl-C (128 + SIGINT)
+
+
+class RunStoppedError(Exception):
+    """Ctrl-C during a run; the message is the one line a script prints: the step reached and how to go on."""
 
 
 class RunSettings:

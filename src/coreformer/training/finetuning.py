@@ -42,7 +42,15 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 from ..folders import MissingTokenizerError, folder_tokenizer, staged_folder
 from ..model_card import ModelCardInfo, inherited_license, is_hub_id, write_model_card
 from ..pipelines import input_length_limit, save_with_pipeline
-from .arguments import FinetuningError, RunSettings, arg, check_output_dir, load_config_file, write_json
+from .arguments import (
+    FinetuningError,
+    RunSettings,
+    RunStoppedError,
+    arg,
+    check_output_dir,
+    load_config_file,
+    write_json,
+)
 from .data import local_builder
 from .families import family_of, longest_input
 from .tasks import TASKS, Evaluation, Task
@@ -676,7 +684,13 @@ def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, fl
     """Trainer over the prepared data, then the evaluation of the trained model: (trainer, train metrics, eval
     metrics, prediction rows)."""
     trainer = build_trainer(run.args, run.model, run.tokenizer, run.prepared, staging)
-    train_output = trainer.train()
+    try:
+        train_output = trainer.train()
+    except KeyboardInterrupt:
+        raise RunStoppedError(
+            f"stopped at step {trainer.state.global_step}; fine-tuning keeps no mid-run checkpoints, so run the "
+            f"command again to start over ({run.args.output_dir} is as it was before this run)"
+        ) from None
     train_metrics = {key: float(value) for key, value in train_output.metrics.items()}
     train_metrics.update(train_steps=float(trainer.state.global_step), train_samples=float(len(run.prepared.train)))
     eval_metrics, rows = _predict(trainer, run.args, run.prepared, run.tokenizer)

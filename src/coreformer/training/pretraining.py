@@ -50,7 +50,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_sche
 
 from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged_folder
 from . import arguments
-from .arguments import PretrainingError, RunSettings, arg, write_json
+from .arguments import PretrainingError, RunSettings, RunStoppedError, arg, write_json
 from .batches import GlobalBatches, derive_seed, strided_loader
 from .checkpoints import (
     CHECKPOINTS_DIR,
@@ -824,29 +824,31 @@ def train(run: _Run, training: _Training) -> None:
         dynamic_ncols=True,
     )
     training.model.train()
-    while training.step < args.max_steps:
-        step_start = time.perf_counter()
-        loss, lr, step_tokens = train_step(run, training)
-        training.step += 1
-        training.consumed += args.grad_accum * accelerator.num_processes
-        training.tokens_seen += step_tokens
-        training.session_tokens += step_tokens
-        training.train_time += time.perf_counter() - step_start
-        training.history["train"].append({"step": training.step, "loss": loss, "lr": lr, "tokens": step_tokens})
-        tokens_per_second = training.session_tokens / max(training.train_time, 1e-9)
-        accelerator.log(
-            {"train/loss": loss, "train/lr": lr, "train/tokens_per_second": tokens_per_second}, training.step
-        )
-        progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}", refresh=False)
-        progress.update(1)
-        if args.eval_every and training.step % args.eval_every == 0:
-            result = _evaluate(run, training)
-            progress.write(
-                f"step {training.step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f}"
+    try:  # Ctrl-C: the bar ends on its line before the caller's message
+        while training.step < args.max_steps:
+            step_start = time.perf_counter()
+            loss, lr, step_tokens = train_step(run, training)
+            training.step += 1
+            training.consumed += args.grad_accum * accelerator.num_processes
+            training.tokens_seen += step_tokens
+            training.session_tokens += step_tokens
+            training.train_time += time.perf_counter() - step_start
+            training.history["train"].append({"step": training.step, "loss": loss, "lr": lr, "tokens": step_tokens})
+            tokens_per_second = training.session_tokens / max(training.train_time, 1e-9)
+            accelerator.log(
+                {"train/loss": loss, "train/lr": lr, "train/tokens_per_second": tokens_per_second}, training.step
             )
-        if args.save_every and training.step % args.save_every == 0:
-            _save_checkpoint(run, training)
-    progress.close()
+            progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}", refresh=False)
+            progress.update(1)
+            if args.eval_every and training.step % args.eval_every == 0:
+                result = _evaluate(run, training)
+                progress.write(
+                    f"step {training.step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f}"
+                )
+            if args.save_every and training.step % args.save_every == 0:
+                _save_checkpoint(run, training)
+    finally:
+        progress.close()
     if training.history["eval"][-1]["step"] != training.step:
         _evaluate(run, training)
 
@@ -926,6 +928,17 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
     return metrics
 
 
+def stopped_message(output_dir: Path, step: int) -> str:
+    """What Ctrl-C at `step` leaves: the newest checkpoint to resume from, or none (then only a fresh start)."""
+    checkpoint = find_latest_checkpoint(output_dir)
+    if checkpoint is None:
+        return f"stopped at step {step}, before the first checkpoint; start again with --overwrite"
+    saved = read_trainer_state(checkpoint)["step"]
+    return (
+        f"stopped at step {step}; continue with --resume-from-checkpoint latest (from its checkpoint at step {saved})"
+    )
+
+
 def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
     """Train `args.objective` on `args.dataset` and write the run folder described in the module docstring.
 
@@ -936,5 +949,8 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
     run = prepare(args)
     open_run_folder(run)
     training = build(run)
-    train(run, training)
+    try:
+        train(run, training)
+    except KeyboardInterrupt:
+        raise RunStoppedError(stopped_message(run.output_dir, training.step)) from None
     return finish(run, training, session_start)
