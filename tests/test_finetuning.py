@@ -7,6 +7,7 @@ Models are tiny (hidden 32, 2 layers, vocab 600 trained on the embedded datasets
 dozen examples, and one thread is used, so the whole file stays well under a minute on a 2-core CPU.
 """
 
+import importlib.metadata
 import json
 import math
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import kill_at_marker
+from conftest import interrupt_at_marker, kill_at_marker
 from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
@@ -581,6 +582,68 @@ def test_sigkill_while_saving_a_rerun_leaves_the_previous_run(bases, tmp_path):
     assert list(tmp_path.glob(".out.partial-*")), "the killed run's staging folder should be what is left over"
     run_finetuning(tiny_args("sequence-classification", bases["encoder"], folder, max_steps=2, overwrite=True))
     assert not list(tmp_path.glob(".out.*"))  # the next run cleaned it up
+
+
+INTERRUPTED_FINETUNE = """
+import pathlib, runpy, sys, time
+import transformers
+
+marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+original = transformers.Trainer.training_step
+
+def training_step(self, *args, **kwargs):
+    if self.state.global_step == 2:  # two optimizer steps done
+        marker.write_text("in step 3")
+        time.sleep(300)  # the test presses Ctrl-C here
+    return original(self, *args, **kwargs)
+
+transformers.Trainer.training_step = training_step
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def finetune_env() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def test_ctrl_c_during_fine_tuning_is_one_line_saying_the_step_and_that_the_run_starts_over(bases, tmp_path):
+    folder, marker = tmp_path / "out", tmp_path / "marker"
+    command = [
+        sys.executable,
+        "-c",
+        INTERRUPTED_FINETUNE,
+        str(marker),
+        str(FINETUNE),
+        "--task",
+        "sequence-classification",
+    ]
+    command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--max-steps", "6", "--batch-size", "4"]
+    command += ["--max-train-examples", "32", "--max-eval-examples", "8", "--max-length", "48"]
+    child = subprocess.Popen(command, env=finetune_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    returncode, stderr = interrupt_at_marker(child, marker)
+    assert returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("finetune.py: stopped at step 2; fine-tuning keeps no mid-run checkpoints, so run the ")
+    assert not folder.exists() and not list(tmp_path.glob(".out.*"))  # nothing written, nothing left over
+
+
+def test_finetune_script_version_and_a_mistyped_model_folder_answer_in_one_line(tmp_path):
+    version = subprocess.run([sys.executable, str(FINETUNE), "--version"], capture_output=True, text=True)
+    assert (version.returncode, version.stdout.strip()) == (0, f"coreformer {importlib.metadata.version('coreformer')}")
+    cases = {
+        "--model": ["--model", "./no-model"],
+        "--tokenizer": ["--model", str(tmp_path), "--tokenizer", "./no-tokenizer"],
+    }
+    for flag, given in cases.items():
+        command = [sys.executable, str(FINETUNE), "--task", "sequence-classification", *given]
+        command += ["--output-dir", str(tmp_path / "out")]
+        result = subprocess.run(command, capture_output=True, text=True, env=finetune_env(), cwd=tmp_path)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.startswith(f"finetune.py: error: no such folder: {given[-1]} "), flag
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_model_folder_without_a_tokenizer_is_one_clear_error(bases, tmp_path):

@@ -687,6 +687,9 @@ def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, fl
     try:
         train_output = trainer.train()
     except KeyboardInterrupt:
+        for callback in trainer.callback_handler.callbacks:  # end the progress bar's line before the message
+            if isinstance(callback, transformers.ProgressCallback) and callback.training_bar is not None:
+                callback.training_bar.close()
         raise RunStoppedError(
             f"stopped at step {trainer.state.global_step}; fine-tuning keeps no mid-run checkpoints, so run the "
             f"command again to start over ({run.args.output_dir} is as it was before this run)"
