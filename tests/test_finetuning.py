@@ -29,6 +29,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
+    GenerationConfig,
 )
 
 import coreformer as cf
@@ -303,6 +304,13 @@ def test_multiple_choice_with_uneven_candidates_or_a_bad_label_is_one_error(base
 
 
 @pytest.mark.slow
+def test_seq2seq_folder_generates_to_the_runs_target_length_not_to_20(runs):
+    args, _, folder = runs["seq2seq"]
+    saved = GenerationConfig.from_pretrained(folder)
+    assert (saved.max_length, saved.num_beams) == (args.max_target_length, args.num_beams) == (16, 1)
+    assert json.loads((folder / "generation_config.json").read_text())["max_length"] == 16
+
+
 def test_question_answering_and_seq2seq_folders_serve_their_custom_pipelines(runs):
     from transformers import pipeline
 

@@ -710,6 +710,9 @@ def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float
         trained.save_pretrained(staging / ADAPTER_DIR)
         run.tokenizer.save_pretrained(staging / ADAPTER_DIR)
         trained = trained.merge_and_unload()
+    if args.spec.generates:  # the saved generation config generates as the evaluation did, not to transformers' 20
+        trained.generation_config.max_length = args.generation_max_length or args.max_target_length
+        trained.generation_config.num_beams = args.num_beams
     save_with_pipeline(trained, run.tokenizer, staging)
     for split, values in metrics.items():
         trainer.save_metrics(split, values, combined=split != "all")
