@@ -9,6 +9,7 @@ in this process and in every child, so that in-process and subprocess runs compu
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -19,13 +20,14 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+from accelerate.utils.other import clean_state_dict_for_safetensors
 from conftest import interrupt_at_marker, kill_at_marker
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import coreformer as cf
 from coreformer.training.batches import GlobalBatches
-from coreformer.training.checkpoints import find_latest_checkpoint
+from coreformer.training.checkpoints import _quiet_about_ties, find_latest_checkpoint, list_checkpoints
 from coreformer.training.objectives.masked_lm import MaskedLMCollator
 from coreformer.training.pretraining import (
     FAMILIES,
@@ -434,6 +436,24 @@ def test_pretrain_script_version_and_mistyped_folders_answer_in_one_line(tmp_pat
         assert result.stderr.startswith(f"pretrain.py: error: no such folder: {value} ") and fix in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_checkpoints_of_a_tied_model_save_without_the_shared_tensor_warning(tmp_path, caplog):
+    args = tiny_args("decoder", tmp_path / "run", max_steps=4, save_every=2, eval_every=0, warmup_steps=1)
+    with caplog.at_level(logging.WARNING):
+        run_pretraining(args)
+    assert [path.name for path in list_checkpoints(tmp_path / "run")] == ["step-2", "step-4"]
+    assert not [record for record in caplog.records if "shared tensor" in record.getMessage()]
+    model = cf.CoreformerDecoderForCausalLM.from_pretrained(tmp_path / "run")
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # the tie the silenced warning was about
+    # a shared tensor the model does not declare tied still warns
+    caplog.clear()
+    model.extra = torch.nn.Linear(2, 2)
+    shared = {"lm_head.weight": model.lm_head.weight, "extra.weight": model.extra.weight}
+    shared["extra.bias"] = shared["alias.bias"] = model.extra.bias
+    with caplog.at_level(logging.WARNING), _quiet_about_ties(model):
+        clean_state_dict_for_safetensors(dict(shared))
+    assert "Removed shared tensor {'alias.bias'}" in caplog.text
 
 
 def test_latest_checkpoint_ignores_temporary_and_incomplete_folders(tmp_path):

@@ -804,7 +804,9 @@ def _save_checkpoint(run: _Run, training: _Training) -> None:
         "history": training.history,
         "args": dataclasses.asdict(run.args),
     }
-    save_checkpoint(run.accelerator, run.output_dir, training.step, trainer_state, run.tokenizer, run.args.keep_last)
+    save_checkpoint(
+        run.accelerator, training.model, run.output_dir, training.step, trainer_state, run.tokenizer, run.args.keep_last
+    )
 
 
 def train(run: _Run, training: _Training) -> None:
