@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -419,7 +420,10 @@ def test_embedded_datasets_are_the_same_on_every_build():
 def test_lora_saves_an_adapter_and_a_merged_model_with_the_same_outputs(bases, tmp_path):
     folder = tmp_path / "lora"
     args = tiny_args("sequence-classification", bases["encoder"], folder, peft="lora", lora_r=4, lora_alpha=8)
-    metrics = run_finetuning(args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = run_finetuning(args)
+    assert not [warning for warning in caught if issubclass(warning.category, FutureWarning)], caught
     assert math.isfinite(metrics["eval_accuracy"])
     adapter = folder / "adapter"
     assert (adapter / "adapter_model.safetensors").is_file() and (adapter / "adapter_config.json").is_file()

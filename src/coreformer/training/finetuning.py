@@ -30,6 +30,7 @@ import json
 import os
 import tempfile
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -410,7 +411,9 @@ def _attach_lora(model, args: FinetuningArguments):
         target_modules=args.target_modules,
     )
     try:
-        return get_peft_model(model, config)
+        with warnings.catch_warnings():  # PEFT reads transformers' deprecated alias; a FutureWarning on every run
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return get_peft_model(model, config)
     except ValueError as error:  # target modules that do not exist
         raise FinetuningError(f"--lora-target-modules {args.lora_target_modules!r}: {error}") from error
 
