@@ -9,6 +9,7 @@ dozen examples, and one thread is used, so the whole file stays well under a min
 
 import importlib.metadata
 import json
+import logging
 import math
 import os
 import shutil
@@ -456,6 +457,20 @@ def converted_minilm(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+def test_a_pretrained_encoder_loads_with_one_line_saying_what_is_new_instead_of_the_load_report(
+    bases, tmp_path, caplog, capsys
+):
+    with caplog.at_level(logging.WARNING):
+        run_finetuning(tiny_args("sequence-classification", bases["encoder"], tmp_path / "out", max_steps=1))
+    assert "LOAD REPORT" not in caplog.text
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("loaded ")]
+    assert lines == [
+        f"loaded {bases['encoder']} into CoreformerEncoderForSequenceClassification; newly initialised: "
+        "classifier.dense, classifier.out_proj; not used from the checkpoint: lm_head_transform.norm, "
+        "lm_head_transform.dense, lm_head"
+    ]
+
+
 def test_converted_minilm_finetunes_for_sequence_classification(converted_minilm, tmp_path):
     folder = tmp_path / "minilm-cls"
     args = tiny_args("sequence-classification", converted_minilm, folder, max_steps=3, max_length=32, lr=5e-5)

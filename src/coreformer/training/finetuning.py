@@ -27,6 +27,7 @@ QA and seq2seq folders carry coreformer's custom pipeline (`save_with_pipeline`)
 
 import dataclasses
 import json
+import logging
 import os
 import tempfile
 import typing
@@ -650,6 +651,43 @@ def _labels_for(args: FinetuningArguments, splits: datasets.DatasetDict, config)
     return resolve_labels(args, config, names), label_of
 
 
+class _NoLoadReport(logging.Filter):
+    """Drops transformers' LOAD REPORT table (a row per tensor); load_with_head says the same in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
+def _modules(keys: list) -> str:
+    """lm_head.dense.weight, lm_head.dense.bias -> lm_head.dense (mismatched keys come as (key, shapes...))."""
+    names = [key[0] if isinstance(key, tuple) else key for key in keys]
+    return ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in names))
+
+
+def load_with_head(auto_class, path: str, **kwargs):
+    """`auto_class.from_pretrained(path)` with transformers' load report replaced by one line: the modules newly
+    initialised (the task's head), re-initialised for a new size, and left unused (the pretraining head)."""
+    source = logging.getLogger("transformers.modeling_utils")
+    quiet = _NoLoadReport()
+    source.addFilter(quiet)
+    try:
+        model, info = auto_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    finally:
+        source.removeFilter(quiet)
+    parts = [
+        f"{what}: {_modules(info[key])}"
+        for key, what in (
+            ("missing_keys", "newly initialised"),
+            ("mismatched_keys", "re-initialised for the new size"),
+            ("unexpected_keys", "not used from the checkpoint"),
+        )
+        if info[key]
+    ]
+    if parts:
+        print(f"loaded {path} into {type(model).__name__}; {'; '.join(parts)}")
+    return model
+
+
 def prepare(args: FinetuningArguments) -> _Run:
     """Every check (output folder, model, task / family, data, columns, labels) and the model with its new head."""
     check_output_dir(
@@ -673,7 +711,7 @@ def prepare(args: FinetuningArguments) -> _Run:
             label2id={name: index for index, name in enumerate(label_names)},
             ignore_mismatched_sizes=args.ignore_mismatched_sizes,
         )
-    model = getattr(transformers, args.spec.auto_class).from_pretrained(args.model, **head_kwargs)
+    model = load_with_head(getattr(transformers, args.spec.auto_class), args.model, **head_kwargs)
     if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
         model.config.pad_token_id = tokenizer.pad_token_id  # a decoder classifier finds the last token by padding
     prepared = prepare_task(args, splits, tokenizer, model, label_names, label_of)
