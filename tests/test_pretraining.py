@@ -456,6 +456,20 @@ def test_checkpoints_of_a_tied_model_save_without_the_shared_tensor_warning(tmp_
     assert "Removed shared tensor {'alias.bias'}" in caplog.text
 
 
+def test_resuming_a_finished_run_or_with_another_max_steps_says_so_in_one_line(tmp_path, capsys):
+    settings = tiny_settings("decoder", max_steps=4, save_every=2, eval_every=0, warmup_steps=1)
+    run_pretraining(args_from(settings, tmp_path / "run"))
+    capsys.readouterr()
+    run_pretraining(args_from(settings, tmp_path / "run", resume_from_checkpoint="latest"))
+    out = capsys.readouterr().out
+    assert "note: the checkpoint is at step 4 and --max-steps is 4: no step to train" in out
+    assert "no steps this session" in out and "tokens/s" not in out.split("done:")[1]
+    longer = run_pretraining(args_from(settings, tmp_path / "run", resume_from_checkpoint="latest", max_steps=6))
+    out = capsys.readouterr().out
+    assert "note: the schedule changed on resume (--max-steps 4 -> 6, --warmup-steps 1 -> 1): from step 4" in out
+    assert longer["steps"] == 6 and "tokens/s" in out.split("done:")[1]
+
+
 def test_latest_checkpoint_ignores_temporary_and_incomplete_folders(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     for name, complete in (("step-5", True), ("step-12", True), ("step-40", False), (".tmp-step-50", True)):

@@ -708,6 +708,18 @@ def _restore(run: _Run, training: _Training) -> None:
             "position is kept in global batches, so the order of examples continues but the runs are not exact."
         )
     accelerator.print(f"resumed from {run.resume} at step {training.step}")
+    saved_schedule = (state["args"]["max_steps"], state["args"]["warmup_steps"])
+    if training.step >= args.max_steps:
+        accelerator.print(
+            f"note: the checkpoint is at step {training.step} and --max-steps is {args.max_steps}: no step to train, "
+            f"the final folder is written again; pass a larger --max-steps to train on"
+        )
+    elif saved_schedule != (args.max_steps, args.warmup_steps):
+        accelerator.print(
+            f"note: the schedule changed on resume (--max-steps {saved_schedule[0]} -> {args.max_steps}, "
+            f"--warmup-steps {saved_schedule[1]} -> {args.warmup_steps}): from step {training.step} the learning rate "
+            f"follows the new warmup + cosine, not the schedule the run started with"
+        )
 
 
 def build(run: _Run) -> _Training:
@@ -915,9 +927,10 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
                 if not (staging / entry.name).exists():
                     link_into(entry, staging / entry.name)
         first, last = training.history["eval"][0], training.history["eval"][-1]
+        speed = f"{metrics['tokens_per_second']:,.0f} tokens/s" if training.session_tokens else "no steps this session"
         accelerator.print(
             f"done: {training.step} steps, held-out loss {first['loss']:.4f} -> {last['loss']:.4f} (perplexity "
-            f"{last['perplexity']:.2f}), {metrics['tokens_per_second'] or 0:,.0f} tokens/s; wrote {output_dir}"
+            f"{last['perplexity']:.2f}), {speed}; wrote {output_dir}"
         )
         if args.sample_prompt is not None:
             metrics["sample"] = run.objective.sample(output_dir, args.sample_prompt, seed=args.seed)
