@@ -220,6 +220,31 @@ def test_task_finetunes_saves_a_carded_folder_and_reloads_to_the_same_evaluation
         assert len(rows) == args.max_eval_examples
 
 
+@pytest.mark.parametrize("task", [task for task in TASKS if task != "causal-lm"])
+def test_predictions_hold_the_input_and_the_gold_answer_of_their_example(runs, task):
+    args, _, folder = runs[task]
+    examples = load_task_data(args)[0]["validation"].to_list()
+    rows = _read_jsonl(folder / "eval_predictions.jsonl")
+    assert len(rows) == len(examples) == args.max_eval_examples
+    for row, example in zip(rows, examples):
+        if task == "question-answering":
+            assert (row["question"], row["context"]) == (example["question"], example["context"])
+            assert row["gold"] == example["answers"] and isinstance(row["prediction_text"], str)
+        elif task == "token-classification":  # local file with renamed columns, tags as names
+            assert row["input"] == example["words"] and row["gold"] == example["tags"]
+            assert len(row["prediction"]) == len(row["gold"])
+        elif task == "sequence-classification":
+            assert (row["input"], row["gold"]) == (example["body"], example["kind"])
+        elif task == "seq2seq":
+            assert (row["input"], row["gold"]) == (example["text"], example["summary"])
+        else:
+            assert (row["input"], row["choices"], row["gold"]) == (
+                example["text"],
+                example["choices"],
+                example["label"],
+            )
+
+
 @pytest.mark.slow
 def test_classification_labels_come_from_the_data_and_accuracy_is_the_share_of_right_predictions(runs):
     args, metrics, folder = runs["sequence-classification"]

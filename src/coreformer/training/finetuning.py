@@ -545,7 +545,41 @@ def _predict(trainer, args: FinetuningArguments, prepared: _Prepared, tokenizer)
     metrics = args.spec.final_metrics({key: float(value) for key, value in output.metrics.items()})
     metrics["eval_samples"] = len(prepared.evaluation.examples)
     rows = args.spec.prediction_rows(output, args, prepared.evaluation, tokenizer, prepared.label_names)
-    return metrics, rows
+    return metrics, with_examples(rows, args, prepared.evaluation.examples)
+
+
+def _readable(examples: datasets.Dataset, column: str) -> list:
+    """A column's values, class ids as their names (ClassLabel, or a sequence of ClassLabel)."""
+    feature, values = examples.features[column], examples[column]
+    if isinstance(feature, datasets.ClassLabel):
+        return [feature.int2str(value) for value in values]
+    inner = getattr(feature, "feature", None)
+    if isinstance(inner, datasets.ClassLabel):
+        return [[inner.int2str(value) for value in row] for row in values]
+    return list(values)
+
+
+def with_examples(rows: list[dict], args: FinetuningArguments, examples: datasets.Dataset) -> list[dict]:
+    """Prediction rows with the input and the gold answer of their validation example (the task's `shown` columns)
+    before the prediction. Rows with an "id" (question answering: one per question) find their example by id."""
+    if not rows:
+        return rows
+    columns = {key: getattr(args, name) for key, name in args.spec.shown if getattr(args, name)}
+    values = {key: _readable(examples, column) for key, column in columns.items() if column in examples.column_names}
+    if "id" in rows[0]:
+        ids = examples[args.id_column] if args.id_column in examples.column_names else range(len(examples))
+        first = {}
+        for index, qid in enumerate(ids):
+            first.setdefault(str(qid), index)
+        positions = [first[row["id"]] for row in rows]
+    else:
+        positions = range(len(rows))
+        if len(rows) != len(examples):
+            raise ValueError(f"{len(rows)} prediction rows for {len(examples)} validation examples")
+    return [
+        {**({"id": row["id"]} if "id" in row else {}), **{key: value[i] for key, value in values.items()}, **row}
+        for i, row in zip(positions, rows)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
