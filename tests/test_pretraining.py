@@ -470,6 +470,18 @@ def test_resuming_a_finished_run_or_with_another_max_steps_says_so_in_one_line(t
     assert longer["steps"] == 6 and "tokens/s" in out.split("done:")[1]
 
 
+def test_pretrain_help_shows_the_presets_values_not_the_overridden_dataclass_default():
+    spec = importlib.util.spec_from_file_location("training_pretrain", PRETRAIN)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = " ".join(script.build_parser().format_help().split())  # argparse wraps to the terminal's width
+    tiny = resolve_arguments(family="decoder", preset="tiny", configs_dir=CONFIGS)
+    assert tiny.max_steps == 600 and PretrainingArguments.__dataclass_fields__["max_steps"].default == 1000
+    assert "optimizer steps (default: from the preset: tiny 600, small 10000, base 100000; a --config file" in text
+    assert "(default: 1000)" not in text
+    assert "--seed SEED seed of the data order, masking, dropout and initialisation (default: 0)" in text  # no preset
+
+
 def test_latest_checkpoint_ignores_temporary_and_incomplete_folders(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     for name, complete in (("step-5", True), ("step-12", True), ("step-40", False), (".tmp-step-50", True)):

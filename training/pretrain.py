@@ -22,6 +22,7 @@ from coreformer.training.pretraining import (
     PretrainingArguments,
     PretrainingError,
     argument_fields,
+    preset_defaults,
     resolve_arguments,
     run_pretraining,
 )
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--preset", choices=PRESETS, help="model + run settings from training/configs (default: tiny)")
     source.add_argument("--config", metavar="FILE", help="a YAML/JSON file of model + run settings")
-    add_flags(parser, PretrainingArguments, argument_fields())  # only flags given override the preset / config
+    # only flags given override the preset / config; the help shows what each preset sets
+    add_flags(parser, PretrainingArguments, argument_fields(), default_text=preset_defaults(CONFIGS_DIR))
     add_version_argument(parser)
     return parser
 

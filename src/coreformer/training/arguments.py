@@ -157,14 +157,17 @@ def add_flags(
     fields: Iterable[dataclasses.Field],
     *,
     underscore_names: bool = False,
+    default_text: dict[str, str] | None = None,
 ) -> None:
     """Add a flag per field of the dataclass `arguments`: `--field-name`, also `--field_name` when
     `underscore_names`, and the names in metadata["aliases"] (transformers' example scripts' names).
 
     Every flag defaults to argparse.SUPPRESS: the parsed namespace holds only the flags given on the command line,
     which override the preset or config file. Booleans are store_true switches; other flags show their default in
-    the help unless metadata["show_default"] is False.
+    the help unless metadata["show_default"] is False; `default_text` replaces the shown default of the fields it
+    names (where a preset, not the dataclass, decides).
     """
+    default_text = default_text or {}
     hints = typing.get_type_hints(arguments)
     for spec in fields:
         names = ["--" + spec.name.replace("_", "-")]
@@ -182,7 +185,9 @@ def add_flags(
             type=kind,
             choices=choices,
             metavar=None if choices else spec.name.split("_")[-1].upper(),
-            help=f"{help_text} (default: {spec.default})" if spec.metadata.get("show_default", True) else help_text,
+            help=f"{help_text} (default: {default_text.get(spec.name, spec.default)})"
+            if spec.metadata.get("show_default", True)
+            else help_text,
             **options,
         )
 

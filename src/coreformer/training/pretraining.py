@@ -251,6 +251,31 @@ def preset_path(family: str, preset: str, configs_dir: str | Path | None = None)
     return path
 
 
+def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
+    """For --help: each setting some preset sets -> "from the preset: tiny 600, small 20000, ..." (a preset whose
+    families disagree is named per family), then the value a --config file that does not set it gets."""
+    values: dict[str, dict[str, Any]] = {}
+    for preset in PRESETS:
+        for family in FAMILIES:
+            path = Path(configs_dir or default_configs_dir()) / f"{family}-{preset}.yaml"
+            if path.is_file():
+                for name, value in load_config_file(path).items():
+                    values.setdefault(name, {})[f"{family}-{preset}"] = value
+    texts = {}
+    for spec in PretrainingArguments.cli_fields():
+        if spec.name not in values:
+            continue
+        shown = []
+        for preset in PRESETS:
+            found = {name: value for name, value in values[spec.name].items() if name.endswith(f"-{preset}")}
+            if len(set(map(str, found.values()))) == 1:
+                shown.append(f"{preset} {next(iter(found.values()))}")
+            else:
+                shown += [f"{name} {value}" for name, value in found.items()]
+        texts[spec.name] = f"from the preset: {', '.join(shown)}; a --config file without it: {spec.default}"
+    return texts
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """A YAML (.yaml/.yml) or JSON (.json) run config: PretrainingArguments keys plus `model:`. Top-level keys that
     start with "_" are comments (JSON has no other kind) and are dropped."""
