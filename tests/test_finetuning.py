@@ -491,8 +491,8 @@ def test_a_pretrained_encoder_loads_with_one_line_saying_what_is_new_instead_of_
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("loaded ")]
     assert lines == [
         f"loaded {bases['encoder']} into CoreformerEncoderForSequenceClassification; newly initialised: "
-        "classifier.dense, classifier.out_proj; not used from the checkpoint: lm_head_transform.norm, "
-        "lm_head_transform.dense, lm_head"
+        "classifier.dense, classifier.out_proj; not used from the checkpoint: lm_head, lm_head_transform.dense, "
+        "lm_head_transform.norm"
     ]
 
 

@@ -695,7 +695,7 @@ class _NoLoadReport(logging.Filter):
 def _modules(keys: list) -> str:
     """lm_head.dense.weight, lm_head.dense.bias -> lm_head.dense (mismatched keys come as (key, shapes...))."""
     names = [key[0] if isinstance(key, tuple) else key for key in keys]
-    return ", ".join(dict.fromkeys(name.rsplit(".", 1)[0] for name in names))
+    return ", ".join(sorted({name.rsplit(".", 1)[0] for name in names}))  # transformers gives them as a set
 
 
 def load_with_head(auto_class, path: str, **kwargs):
