@@ -117,3 +117,15 @@ def kill_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) 
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=60)
     child.stderr.close()
+
+
+def interrupt_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) -> tuple[int, str]:
+    """Wait until `child` (started with stderr=PIPE, text=True) writes `marker`, send it SIGINT (Ctrl-C), and return
+    (its exit code, its stderr); fail with the child's stderr if it ended first."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
+    child.send_signal(signal.SIGINT)
+    _, stderr = child.communicate(timeout=120)
+    return child.returncode, stderr

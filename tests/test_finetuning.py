@@ -7,18 +7,21 @@ Models are tiny (hidden 32, 2 layers, vocab 600 trained on the embedded datasets
 dozen examples, and one thread is used, so the whole file stays well under a minute on a 2-core CPU.
 """
 
+import importlib.metadata
 import json
+import logging
 import math
 import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import kill_at_marker
+from conftest import interrupt_at_marker, kill_at_marker
 from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
@@ -28,6 +31,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
+    GenerationConfig,
 )
 
 import coreformer as cf
@@ -216,6 +220,31 @@ def test_task_finetunes_saves_a_carded_folder_and_reloads_to_the_same_evaluation
         assert len(rows) == args.max_eval_examples
 
 
+@pytest.mark.parametrize("task", [task for task in TASKS if task != "causal-lm"])
+def test_predictions_hold_the_input_and_the_gold_answer_of_their_example(runs, task):
+    args, _, folder = runs[task]
+    examples = load_task_data(args)[0]["validation"].to_list()
+    rows = _read_jsonl(folder / "eval_predictions.jsonl")
+    assert len(rows) == len(examples) == args.max_eval_examples
+    for row, example in zip(rows, examples):
+        if task == "question-answering":
+            assert (row["question"], row["context"]) == (example["question"], example["context"])
+            assert row["gold"] == example["answers"] and isinstance(row["prediction_text"], str)
+        elif task == "token-classification":  # local file with renamed columns, tags as names
+            assert row["input"] == example["words"] and row["gold"] == example["tags"]
+            assert len(row["prediction"]) == len(row["gold"])
+        elif task == "sequence-classification":
+            assert (row["input"], row["gold"]) == (example["body"], example["kind"])
+        elif task == "seq2seq":
+            assert (row["input"], row["gold"]) == (example["text"], example["summary"])
+        else:
+            assert (row["input"], row["choices"], row["gold"]) == (
+                example["text"],
+                example["choices"],
+                example["label"],
+            )
+
+
 @pytest.mark.slow
 def test_classification_labels_come_from_the_data_and_accuracy_is_the_share_of_right_predictions(runs):
     args, metrics, folder = runs["sequence-classification"]
@@ -302,6 +331,13 @@ def test_multiple_choice_with_uneven_candidates_or_a_bad_label_is_one_error(base
 
 
 @pytest.mark.slow
+def test_seq2seq_folder_generates_to_the_runs_target_length_not_to_20(runs):
+    args, _, folder = runs["seq2seq"]
+    saved = GenerationConfig.from_pretrained(folder)
+    assert (saved.max_length, saved.num_beams) == (args.max_target_length, args.num_beams) == (16, 1)
+    assert json.loads((folder / "generation_config.json").read_text())["max_length"] == 16
+
+
 def test_question_answering_and_seq2seq_folders_serve_their_custom_pipelines(runs):
     from transformers import pipeline
 
@@ -410,7 +446,10 @@ def test_embedded_datasets_are_the_same_on_every_build():
 def test_lora_saves_an_adapter_and_a_merged_model_with_the_same_outputs(bases, tmp_path):
     folder = tmp_path / "lora"
     args = tiny_args("sequence-classification", bases["encoder"], folder, peft="lora", lora_r=4, lora_alpha=8)
-    metrics = run_finetuning(args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = run_finetuning(args)
+    assert not [warning for warning in caught if issubclass(warning.category, FutureWarning)], caught
     assert math.isfinite(metrics["eval_accuracy"])
     adapter = folder / "adapter"
     assert (adapter / "adapter_model.safetensors").is_file() and (adapter / "adapter_config.json").is_file()
@@ -443,6 +482,20 @@ def converted_minilm(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+def test_a_pretrained_encoder_loads_with_one_line_saying_what_is_new_instead_of_the_load_report(
+    bases, tmp_path, caplog, capsys
+):
+    with caplog.at_level(logging.WARNING):
+        run_finetuning(tiny_args("sequence-classification", bases["encoder"], tmp_path / "out", max_steps=1))
+    assert "LOAD REPORT" not in caplog.text
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("loaded ")]
+    assert lines == [
+        f"loaded {bases['encoder']} into CoreformerEncoderForSequenceClassification; newly initialised: "
+        "classifier.dense, classifier.out_proj; not used from the checkpoint: lm_head, lm_head_transform.dense, "
+        "lm_head_transform.norm"
+    ]
+
+
 def test_converted_minilm_finetunes_for_sequence_classification(converted_minilm, tmp_path):
     folder = tmp_path / "minilm-cls"
     args = tiny_args("sequence-classification", converted_minilm, folder, max_steps=3, max_length=32, lr=5e-5)
@@ -581,6 +634,68 @@ def test_sigkill_while_saving_a_rerun_leaves_the_previous_run(bases, tmp_path):
     assert list(tmp_path.glob(".out.partial-*")), "the killed run's staging folder should be what is left over"
     run_finetuning(tiny_args("sequence-classification", bases["encoder"], folder, max_steps=2, overwrite=True))
     assert not list(tmp_path.glob(".out.*"))  # the next run cleaned it up
+
+
+INTERRUPTED_FINETUNE = """
+import pathlib, runpy, sys, time
+import transformers
+
+marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+original = transformers.Trainer.training_step
+
+def training_step(self, *args, **kwargs):
+    if self.state.global_step == 2:  # two optimizer steps done
+        marker.write_text("in step 3")
+        time.sleep(300)  # the test presses Ctrl-C here
+    return original(self, *args, **kwargs)
+
+transformers.Trainer.training_step = training_step
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def finetune_env() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def test_ctrl_c_during_fine_tuning_is_one_line_saying_the_step_and_that_the_run_starts_over(bases, tmp_path):
+    folder, marker = tmp_path / "out", tmp_path / "marker"
+    command = [
+        sys.executable,
+        "-c",
+        INTERRUPTED_FINETUNE,
+        str(marker),
+        str(FINETUNE),
+        "--task",
+        "sequence-classification",
+    ]
+    command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--max-steps", "6", "--batch-size", "4"]
+    command += ["--max-train-examples", "32", "--max-eval-examples", "8", "--max-length", "48"]
+    child = subprocess.Popen(command, env=finetune_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    returncode, stderr = interrupt_at_marker(child, marker)
+    assert returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("finetune.py: stopped at step 2; fine-tuning keeps no mid-run checkpoints, so run the ")
+    assert not folder.exists() and not list(tmp_path.glob(".out.*"))  # nothing written, nothing left over
+
+
+def test_finetune_script_version_and_a_mistyped_model_folder_answer_in_one_line(tmp_path):
+    version = subprocess.run([sys.executable, str(FINETUNE), "--version"], capture_output=True, text=True)
+    assert (version.returncode, version.stdout.strip()) == (0, f"coreformer {importlib.metadata.version('coreformer')}")
+    cases = {
+        "--model": ["--model", "./no-model"],
+        "--tokenizer": ["--model", str(tmp_path), "--tokenizer", "./no-tokenizer"],
+    }
+    for flag, given in cases.items():
+        command = [sys.executable, str(FINETUNE), "--task", "sequence-classification", *given]
+        command += ["--output-dir", str(tmp_path / "out")]
+        result = subprocess.run(command, capture_output=True, text=True, env=finetune_env(), cwd=tmp_path)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.startswith(f"finetune.py: error: no such folder: {given[-1]} "), flag
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_model_folder_without_a_tokenizer_is_one_clear_error(bases, tmp_path):

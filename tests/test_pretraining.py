@@ -6,8 +6,10 @@ Runs are tiny (hidden 32, 2 layers, vocab 384 trained on 12 documents, blocks of
 in this process and in every child, so that in-process and subprocess runs compute bit-identical numbers.
 """
 
+import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -18,13 +20,14 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import kill_at_marker
+from accelerate.utils.other import clean_state_dict_for_safetensors
+from conftest import interrupt_at_marker, kill_at_marker
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import coreformer as cf
 from coreformer.training.batches import GlobalBatches
-from coreformer.training.checkpoints import find_latest_checkpoint
+from coreformer.training.checkpoints import _quiet_about_ties, find_latest_checkpoint, list_checkpoints
 from coreformer.training.objectives.masked_lm import MaskedLMCollator
 from coreformer.training.pretraining import (
     FAMILIES,
@@ -372,6 +375,111 @@ def test_sigkill_during_a_save_then_resume_latest_is_bit_identical(tmp_path):
     assert final.keys() == reference.keys()
     assert all(torch.equal(final[name], reference[name]) for name in reference)
     assert [path.name for path in sorted(checkpoints.iterdir())] == ["step-10", "step-20", "step-30"]
+
+
+INTERRUPTED_CHILD = textwrap.dedent(
+    """
+    import pathlib, runpy, sys, time
+    import coreformer.training.pretraining as pretraining
+
+    marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+    original = pretraining.train_step
+
+    def train_step(run, training):
+        if training.step == 12:  # steps 1-12 done, the checkpoint of step 10 saved
+            marker.write_text("in step 13")
+            time.sleep(300)  # the test presses Ctrl-C here
+        return original(run, training)
+
+    pretraining.train_step = train_step
+    sys.argv = [script] + sys.argv[3:]
+    runpy.run_path(script, run_name="__main__")
+    """
+)
+
+
+def test_ctrl_c_during_pretraining_is_one_line_naming_the_step_and_the_resume_flag(tmp_path):
+    settings = tiny_settings("decoder", save_every=10, max_steps=30)
+    config = tmp_path / "decoder-tiny-test.json"
+    config.write_text(json.dumps({"family": "decoder", "model": settings["model"]}))
+    marker, output_dir = tmp_path / "marker", tmp_path / "stopped"
+    child = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
+        + cli_flags({**settings, "output_dir": str(output_dir)}),
+        env=child_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    returncode, stderr = interrupt_at_marker(child, marker)
+    assert returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    expected = "pretrain.py: stopped at step 12; continue with --resume-from-checkpoint latest (from its checkpoint at "
+    assert stderr.strip().splitlines()[-1] == expected + "step 10)"
+    assert find_latest_checkpoint(output_dir) == output_dir / "checkpoints" / "step-10"
+
+
+def test_pretrain_script_version_and_mistyped_folders_answer_in_one_line(tmp_path):
+    def script(*flags: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(PRETRAIN), *flags]
+        return subprocess.run(command, capture_output=True, text=True, env=child_env(tmp_path), cwd=tmp_path)
+
+    version = script("--version")
+    assert (version.returncode, version.stdout) == (0, f"coreformer {importlib.metadata.version('coreformer')}\n")
+    for flag, value, fix in (
+        ("--tokenizer", "./no-tokenizer", "or pass a Hub repo id"),
+        ("--resume-from-checkpoint", "runs/step-10", "pass a local checkpoint folder"),
+    ):
+        result = script("--family", "decoder", flag, value, "--output-dir", str(tmp_path / "out"))
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.startswith(f"pretrain.py: error: no such folder: {value} ") and fix in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoints_of_a_tied_model_save_without_the_shared_tensor_warning(tmp_path, caplog):
+    args = tiny_args("decoder", tmp_path / "run", max_steps=4, save_every=2, eval_every=0, warmup_steps=1)
+    with caplog.at_level(logging.WARNING):
+        run_pretraining(args)
+    assert [path.name for path in list_checkpoints(tmp_path / "run")] == ["step-2", "step-4"]
+    assert not [record for record in caplog.records if "shared tensor" in record.getMessage()]
+    model = cf.CoreformerDecoderForCausalLM.from_pretrained(tmp_path / "run")
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # the tie the silenced warning was about
+    # a shared tensor the model does not declare tied still warns
+    caplog.clear()
+    model.extra = torch.nn.Linear(2, 2)
+    shared = {"lm_head.weight": model.lm_head.weight, "extra.weight": model.extra.weight}
+    shared["extra.bias"] = shared["alias.bias"] = model.extra.bias
+    with caplog.at_level(logging.WARNING), _quiet_about_ties(model):
+        clean_state_dict_for_safetensors(dict(shared))
+    assert "Removed shared tensor {'alias.bias'}" in caplog.text
+
+
+def test_resuming_a_finished_run_or_with_another_max_steps_says_so_in_one_line(tmp_path, capsys):
+    settings = tiny_settings("decoder", max_steps=4, save_every=2, eval_every=0, warmup_steps=1)
+    run_pretraining(args_from(settings, tmp_path / "run"))
+    capsys.readouterr()
+    run_pretraining(args_from(settings, tmp_path / "run", resume_from_checkpoint="latest"))
+    out = capsys.readouterr().out
+    assert "note: the checkpoint is at step 4 and --max-steps is 4: no step to train" in out
+    assert "no steps this session" in out and "tokens/s" not in out.split("done:")[1]
+    longer = run_pretraining(args_from(settings, tmp_path / "run", resume_from_checkpoint="latest", max_steps=6))
+    out = capsys.readouterr().out
+    assert "note: the schedule changed on resume (--max-steps 4 -> 6, --warmup-steps 1 -> 1): from step 4" in out
+    assert longer["steps"] == 6 and "tokens/s" in out.split("done:")[1]
+
+
+def test_pretrain_help_shows_the_presets_values_not_the_overridden_dataclass_default():
+    spec = importlib.util.spec_from_file_location("training_pretrain", PRETRAIN)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = " ".join(script.build_parser().format_help().split())  # argparse wraps to the terminal's width
+    tiny = resolve_arguments(family="decoder", preset="tiny", configs_dir=CONFIGS)
+    assert tiny.max_steps == 600 and PretrainingArguments.__dataclass_fields__["max_steps"].default == 1000
+    assert "optimizer steps (default: from the preset: tiny 600, small 10000, base 100000; a --config file" in text
+    assert "(default: 1000)" not in text
+    assert "--seed SEED seed of the data order, masking, dropout and initialisation (default: 0)" in text  # no preset
 
 
 def test_latest_checkpoint_ignores_temporary_and_incomplete_folders(tmp_path):

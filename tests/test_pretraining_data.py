@@ -189,6 +189,24 @@ def _documents(count: int = 30, seed: int = 0) -> list[list[int]]:
     return [torch.randint(3, VOCAB, (int(n),), generator=generator).tolist() for n in lengths]
 
 
+def test_data_preparation_progress_bars_say_what_they_do(tmp_path, capsys):
+    source = tmp_path / "corpus.txt"
+    source.write_text("def f():\n\n    return 1\n" * 20)
+    datasets.enable_progress_bars()
+    try:
+        splits = load_text_dataset(str(source), validation_fraction=0.2)
+        tokenizer = train_tokenizer("decoder", splits["train"]["text"], 300)
+        tokenized = tokenize_dataset(splits["train"], tokenizer, add_special_tokens=False)
+        pack_into_blocks(tokenized, 8, eos_token_id=tokenizer.eos_token_id)
+        tokenize_dataset(splits["validation"], tokenizer, max_length=16)
+    finally:
+        datasets.disable_progress_bars()
+    bars = capsys.readouterr().err
+    for label in ("train: skip blank text", "tokenizing:", "packing into blocks of 8", "tokenizing into windows of 16"):
+        assert label in bars
+    assert "Map:" not in bars and "Filter:" not in bars
+
+
 @pytest.mark.parametrize("batch_size", [1000, 7])
 def test_packing_fills_every_block_and_loses_only_the_tail(batch_size):
     documents = _documents()

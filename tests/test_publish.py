@@ -6,6 +6,7 @@ in which coreformer cannot be imported, loads them by repo id with trust_remote_
 logits and greedy tokens. Bad folders fail before anything is sent, with one message each.
 """
 
+import importlib.metadata
 import importlib.util
 import os
 import subprocess
@@ -214,6 +215,13 @@ def _load_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_publish_script_prints_the_version(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        _load_script().main(["--version"])
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out == f"coreformer {importlib.metadata.version('coreformer')}\n"
 
 
 @pytest.fixture(scope="module")

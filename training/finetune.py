@@ -19,7 +19,7 @@ this file only parses the command line.
 import argparse
 import sys
 
-from coreformer.training.arguments import add_flags
+from coreformer.training.arguments import INTERRUPTED, RunStoppedError, add_flags
 from coreformer.training.finetuning import (
     FinetuningArguments,
     FinetuningError,
@@ -27,6 +27,7 @@ from coreformer.training.finetuning import (
     resolve_arguments,
     run_finetuning,
 )
+from coreformer_cli import USAGE_ERROR, NoSuchFolderError, add_version_argument, check_model_location
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE", help="a YAML/JSON file of settings (the flags' names as keys)")
     # --field-name, --field_name and the example scripts' names; only flags given override the config file
     add_flags(parser, FinetuningArguments, argument_fields(), underscore_names=True)
+    add_version_argument(parser)
     return parser
 
 
@@ -43,10 +45,22 @@ def main(argv: list[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     config = given.pop("config", None)
     try:
-        metrics = run_finetuning(resolve_arguments(config_file=config, overrides=given))
-    except FinetuningError as error:
+        args = resolve_arguments(config_file=config, overrides=given)
+        for location in (args.model, args.tokenizer):  # a mistyped folder: one line, before any Hub call
+            if location is not None:
+                check_model_location(location)
+        metrics = run_finetuning(args)
+    except (FinetuningError, NoSuchFolderError) as error:
         print(f"finetune.py: error: {error}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
+    except RunStoppedError as stopped:
+        print(f"finetune.py: {stopped}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:  # while loading or evaluating: the output folder is only replaced complete
+        print(
+            "finetune.py: stopped before or after training; nothing was written, run the command again", file=sys.stderr
+        )
+        return INTERRUPTED
     shown = {key: round(value, 4) for key, value in metrics.items() if key.startswith("eval_")}
     print(f"done: {shown}")
     return 0

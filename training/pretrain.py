@@ -16,14 +16,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from coreformer.training.arguments import add_flags
+from coreformer.training.arguments import INTERRUPTED, RunStoppedError, add_flags
 from coreformer.training.pretraining import (
     PRESETS,
     PretrainingArguments,
     PretrainingError,
     argument_fields,
+    preset_defaults,
     resolve_arguments,
     run_pretraining,
+)
+from coreformer_cli import (
+    USAGE_ERROR,
+    NoSuchFolderError,
+    add_version_argument,
+    check_local_folder,
+    check_model_location,
 )
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
@@ -36,8 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--preset", choices=PRESETS, help="model + run settings from training/configs (default: tiny)")
     source.add_argument("--config", metavar="FILE", help="a YAML/JSON file of model + run settings")
-    add_flags(parser, PretrainingArguments, argument_fields())  # only flags given override the preset / config
+    # only flags given override the preset / config; the help shows what each preset sets
+    add_flags(parser, PretrainingArguments, argument_fields(), default_text=preset_defaults(CONFIGS_DIR))
+    add_version_argument(parser)
     return parser
+
+
+def check_locations(args: PretrainingArguments) -> None:
+    """A mistyped --tokenizer or --resume-from-checkpoint folder: one line, before any Hub call."""
+    if args.tokenizer is not None:
+        check_model_location(args.tokenizer)
+    if args.resume_from_checkpoint not in (None, "latest"):
+        check_local_folder(args.resume_from_checkpoint)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,10 +66,21 @@ def main(argv: list[str] | None = None) -> int:
         args = resolve_arguments(
             family=family, preset=preset, config_file=config, overrides=given, configs_dir=CONFIGS_DIR
         )
+        check_locations(args)
         run_pretraining(args)
-    except PretrainingError as error:
+    except (PretrainingError, NoSuchFolderError) as error:
         print(f"pretrain.py: error: {error}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
+    except RunStoppedError as stopped:
+        print(f"pretrain.py: {stopped}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:  # before the first step or while the final folder is written (atomically)
+        print(
+            "pretrain.py: stopped outside a training step; run the same command with --resume-from-checkpoint latest "
+            "to go on from the newest checkpoint (or start, when there is none)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
     return 0
 
 

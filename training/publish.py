@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from coreformer.publishing import PublishError, publish_folder
+from coreformer_cli import add_version_argument
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the stored login)")
     parser.add_argument("--revision", default=None, help="branch to commit to (created from main if missing)")
     parser.add_argument("--commit-message", default=None, help="the commit's summary line")
+    add_version_argument(parser)
     return parser
 
 

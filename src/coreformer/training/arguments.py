@@ -2,6 +2,7 @@
 settings base, argument resolution, the error classes, flags, config files and output folders.
 
     RunError / PretrainingError / FinetuningError   one clear message about a bad input, nothing written yet
+    RunStoppedError, INTERRUPTED                Ctrl-C during a run: the one line to print, and the exit code (130)
     RunSettings                            the settings base: resolve(config file values + flags), cli_fields(),
                                            and the range checks every __post_init__ uses
     arg(default, help, **metadata)         a dataclass field whose metadata carries its CLI help (and `choices`,
@@ -40,6 +41,13 @@ class PretrainingError(RunError):
 
 class FinetuningError(RunError):
     """A bad input to a fine-tuning run."""
+
+
+INTERRUPTED = 130  # the exit status a shell gives a program stopped by Ctrl-C (128 + SIGINT)
+
+
+class RunStoppedError(Exception):
+    """Ctrl-C during a run; the message is the one line a script prints: the step reached and how to go on."""
 
 
 class RunSettings:
@@ -149,14 +157,17 @@ def add_flags(
     fields: Iterable[dataclasses.Field],
     *,
     underscore_names: bool = False,
+    default_text: dict[str, str] | None = None,
 ) -> None:
     """Add a flag per field of the dataclass `arguments`: `--field-name`, also `--field_name` when
     `underscore_names`, and the names in metadata["aliases"] (transformers' example scripts' names).
 
     Every flag defaults to argparse.SUPPRESS: the parsed namespace holds only the flags given on the command line,
     which override the preset or config file. Booleans are store_true switches; other flags show their default in
-    the help unless metadata["show_default"] is False.
+    the help unless metadata["show_default"] is False; `default_text` replaces the shown default of the fields it
+    names (where a preset, not the dataclass, decides).
     """
+    default_text = default_text or {}
     hints = typing.get_type_hints(arguments)
     for spec in fields:
         names = ["--" + spec.name.replace("_", "-")]
@@ -174,7 +185,9 @@ def add_flags(
             type=kind,
             choices=choices,
             metavar=None if choices else spec.name.split("_")[-1].upper(),
-            help=f"{help_text} (default: {spec.default})" if spec.metadata.get("show_default", True) else help_text,
+            help=f"{help_text} (default: {default_text.get(spec.name, spec.default)})"
+            if spec.metadata.get("show_default", True)
+            else help_text,
             **options,
         )
 

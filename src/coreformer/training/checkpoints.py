@@ -1,6 +1,7 @@
 """Checkpoints of a pretraining run: atomic saves, the newest complete one, and leftovers of interrupted saves.
 
-    save_checkpoint(accelerator, output_dir, step, trainer_state, tokenizer, keep_last)   write, rename, prune
+    save_checkpoint(accelerator, model, output_dir, step, trainer_state, tokenizer, keep_last)   write, rename, prune
+    tied_parameter_names(model)                                          every name a tied weight goes by
     list_checkpoints(output_dir) / find_latest_checkpoint(output_dir)    complete `checkpoints/step-N`, oldest first
     read_trainer_state(checkpoint)                                       what the run recorded (step, data position)
     remove_stale_temporaries(output_dir)                                 folders a crash left mid-save
@@ -10,9 +11,13 @@ POSIX), so a crash during a save leaves the previous checkpoint as the latest; t
 so its presence marks a checkpoint complete.
 """
 
+import ast
+import contextlib
 import json
+import logging
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +70,52 @@ def remove_stale_temporaries(output_dir: Path) -> None:
     remove_stale_saves(output_dir / CHECKPOINTS_DIR)
 
 
+def tied_parameter_names(model) -> set[str]:
+    """The names of `model`'s tied weights, both ends of each tie, prefixed as in its state dict (a DDP wrapper's
+    `module.` included): transformers' `all_tied_weights_keys` ({target: source}) of every submodel."""
+    names = set()
+    for prefix, module in model.named_modules():
+        for target, source in (getattr(module, "all_tied_weights_keys", None) or {}).items():
+            names.update(f"{prefix}.{name}" if prefix else name for name in (target, source))
+    return names
+
+
+_SHARED_TENSORS = re.compile(r"Removed shared tensor (\{.*?\}) while saving")
+
+
+class _KnownTiesFilter(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {...} while saving ... check by verifying" when every tensor it
+    removed is one end of a tie the model declares: the model re-ties it when the checkpoint is loaded (the exact
+    resume test checks the weights), so the warning says nothing. Any other shared tensor still warns."""
+
+    def __init__(self, tied: set[str]) -> None:
+        super().__init__()
+        self.tied = tied
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        found = _SHARED_TENSORS.search(record.getMessage())  # after accelerate's "[RANK 0] "
+        return found is None or not ast.literal_eval(found.group(1)) <= self.tied
+
+
+@contextlib.contextmanager
+def _quiet_about_ties(model) -> Iterator[None]:
+    source = logging.getLogger("accelerate.utils.other")  # clean_state_dict_for_safetensors, under save_state
+    known = _KnownTiesFilter(tied_parameter_names(model))
+    source.addFilter(known)
+    try:
+        yield
+    finally:
+        source.removeFilter(known)
+
+
 def save_checkpoint(
-    accelerator, output_dir: Path, step: int, trainer_state: dict, tokenizer: PreTrainedTokenizerBase, keep_last: int
+    accelerator,
+    model,
+    output_dir: Path,
+    step: int,
+    trainer_state: dict,
+    tokenizer: PreTrainedTokenizerBase,
+    keep_last: int,
 ) -> Path:
     """accelerator.save_state into checkpoints/.tmp-step-N, then rename to step-N; prune to the last `keep_last`.
 
@@ -79,7 +128,8 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
+    with _quiet_about_ties(model):
+        accelerator.save_state(str(staging))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tokenizer.save_pretrained(staging / "tokenizer")

@@ -131,7 +131,9 @@ def load_text_dataset(
         if name == "train" and max_documents is not None:
             split = split.select(range(min(max_documents, len(split))))
         # Blank lines of a .txt file (and empty cells) are not documents: they would pack as bare separators.
-        splits[name] = split.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+        splits[name] = split.filter(
+            lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True, desc=f"{name}: skip blank text"
+        )
     if len(splits["train"]) == 0:
         raise ValueError(f"{source!r} holds no non-blank text in column {text_column!r}.")
     if "validation" in splits and len(splits["validation"]) > 0:
@@ -237,7 +239,12 @@ def tokenize_dataset(
         return {"input_ids": encoded["input_ids"]}
 
     return dataset.map(
-        encode, batched=True, batch_size=batch_size, num_proc=num_proc, remove_columns=dataset.column_names
+        encode,
+        batched=True,
+        batch_size=batch_size,
+        num_proc=num_proc,
+        remove_columns=dataset.column_names,
+        desc=f"tokenizing into windows of {max_length}" if windowed else "tokenizing",
     )
 
 

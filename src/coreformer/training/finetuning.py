@@ -27,9 +27,11 @@ QA and seq2seq folders carry coreformer's custom pipeline (`save_with_pipeline`)
 
 import dataclasses
 import json
+import logging
 import os
 import tempfile
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +44,15 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 from ..folders import MissingTokenizerError, folder_tokenizer, staged_folder
 from ..model_card import ModelCardInfo, inherited_license, is_hub_id, write_model_card
 from ..pipelines import input_length_limit, save_with_pipeline
-from .arguments import FinetuningError, RunSettings, arg, check_output_dir, load_config_file, write_json
+from .arguments import (
+    FinetuningError,
+    RunSettings,
+    RunStoppedError,
+    arg,
+    check_output_dir,
+    load_config_file,
+    write_json,
+)
 from .data import local_builder
 from .families import family_of, longest_input
 from .tasks import TASKS, Evaluation, Task
@@ -402,7 +412,9 @@ def _attach_lora(model, args: FinetuningArguments):
         target_modules=args.target_modules,
     )
     try:
-        return get_peft_model(model, config)
+        with warnings.catch_warnings():  # PEFT reads transformers' deprecated alias; a FutureWarning on every run
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return get_peft_model(model, config)
     except ValueError as error:  # target modules that do not exist
         raise FinetuningError(f"--lora-target-modules {args.lora_target_modules!r}: {error}") from error
 
@@ -533,7 +545,41 @@ def _predict(trainer, args: FinetuningArguments, prepared: _Prepared, tokenizer)
     metrics = args.spec.final_metrics({key: float(value) for key, value in output.metrics.items()})
     metrics["eval_samples"] = len(prepared.evaluation.examples)
     rows = args.spec.prediction_rows(output, args, prepared.evaluation, tokenizer, prepared.label_names)
-    return metrics, rows
+    return metrics, with_examples(rows, args, prepared.evaluation.examples)
+
+
+def _readable(examples: datasets.Dataset, column: str) -> list:
+    """A column's values, class ids as their names (ClassLabel, or a sequence of ClassLabel)."""
+    feature, values = examples.features[column], examples[column]
+    if isinstance(feature, datasets.ClassLabel):
+        return [feature.int2str(value) for value in values]
+    inner = getattr(feature, "feature", None)
+    if isinstance(inner, datasets.ClassLabel):
+        return [[inner.int2str(value) for value in row] for row in values]
+    return list(values)
+
+
+def with_examples(rows: list[dict], args: FinetuningArguments, examples: datasets.Dataset) -> list[dict]:
+    """Prediction rows with the input and the gold answer of their validation example (the task's `shown` columns)
+    before the prediction. Rows with an "id" (question answering: one per question) find their example by id."""
+    if not rows:
+        return rows
+    columns = {key: getattr(args, name) for key, name in args.spec.shown if getattr(args, name)}
+    values = {key: _readable(examples, column) for key, column in columns.items() if column in examples.column_names}
+    if "id" in rows[0]:
+        ids = examples[args.id_column] if args.id_column in examples.column_names else range(len(examples))
+        first = {}
+        for index, qid in enumerate(ids):
+            first.setdefault(str(qid), index)
+        positions = [first[row["id"]] for row in rows]
+    else:
+        positions = range(len(rows))
+        if len(rows) != len(examples):
+            raise ValueError(f"{len(rows)} prediction rows for {len(examples)} validation examples")
+    return [
+        {**({"id": row["id"]} if "id" in row else {}), **{key: value[i] for key, value in values.items()}, **row}
+        for i, row in zip(positions, rows)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -639,6 +685,43 @@ def _labels_for(args: FinetuningArguments, splits: datasets.DatasetDict, config)
     return resolve_labels(args, config, names), label_of
 
 
+class _NoLoadReport(logging.Filter):
+    """Drops transformers' LOAD REPORT table (a row per tensor); load_with_head says the same in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
+def _modules(keys: list) -> str:
+    """lm_head.dense.weight, lm_head.dense.bias -> lm_head.dense (mismatched keys come as (key, shapes...))."""
+    names = [key[0] if isinstance(key, tuple) else key for key in keys]
+    return ", ".join(sorted({name.rsplit(".", 1)[0] for name in names}))  # transformers gives them as a set
+
+
+def load_with_head(auto_class, path: str, **kwargs):
+    """`auto_class.from_pretrained(path)` with transformers' load report replaced by one line: the modules newly
+    initialised (the task's head), re-initialised for a new size, and left unused (the pretraining head)."""
+    source = logging.getLogger("transformers.modeling_utils")
+    quiet = _NoLoadReport()
+    source.addFilter(quiet)
+    try:
+        model, info = auto_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    finally:
+        source.removeFilter(quiet)
+    parts = [
+        f"{what}: {_modules(info[key])}"
+        for key, what in (
+            ("missing_keys", "newly initialised"),
+            ("mismatched_keys", "re-initialised for the new size"),
+            ("unexpected_keys", "not used from the checkpoint"),
+        )
+        if info[key]
+    ]
+    if parts:
+        print(f"loaded {path} into {type(model).__name__}; {'; '.join(parts)}")
+    return model
+
+
 def prepare(args: FinetuningArguments) -> _Run:
     """Every check (output folder, model, task / family, data, columns, labels) and the model with its new head."""
     check_output_dir(
@@ -662,7 +745,7 @@ def prepare(args: FinetuningArguments) -> _Run:
             label2id={name: index for index, name in enumerate(label_names)},
             ignore_mismatched_sizes=args.ignore_mismatched_sizes,
         )
-    model = getattr(transformers, args.spec.auto_class).from_pretrained(args.model, **head_kwargs)
+    model = load_with_head(getattr(transformers, args.spec.auto_class), args.model, **head_kwargs)
     if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
         model.config.pad_token_id = tokenizer.pad_token_id  # a decoder classifier finds the last token by padding
     prepared = prepare_task(args, splits, tokenizer, model, label_names, label_of)
@@ -676,7 +759,16 @@ def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, fl
     """Trainer over the prepared data, then the evaluation of the trained model: (trainer, train metrics, eval
     metrics, prediction rows)."""
     trainer = build_trainer(run.args, run.model, run.tokenizer, run.prepared, staging)
-    train_output = trainer.train()
+    try:
+        train_output = trainer.train()
+    except KeyboardInterrupt:
+        for callback in trainer.callback_handler.callbacks:  # end the progress bar's line before the message
+            if isinstance(callback, transformers.ProgressCallback) and callback.training_bar is not None:
+                callback.training_bar.close()
+        raise RunStoppedError(
+            f"stopped at step {trainer.state.global_step}; fine-tuning keeps no mid-run checkpoints, so run the "
+            f"command again to start over ({run.args.output_dir} is as it was before this run)"
+        ) from None
     train_metrics = {key: float(value) for key, value in train_output.metrics.items()}
     train_metrics.update(train_steps=float(trainer.state.global_step), train_samples=float(len(run.prepared.train)))
     eval_metrics, rows = _predict(trainer, run.args, run.prepared, run.tokenizer)
@@ -693,6 +785,9 @@ def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float
         trained.save_pretrained(staging / ADAPTER_DIR)
         run.tokenizer.save_pretrained(staging / ADAPTER_DIR)
         trained = trained.merge_and_unload()
+    if args.spec.generates:  # the saved generation config generates as the evaluation did, not to transformers' 20
+        trained.generation_config.max_length = args.generation_max_length or args.max_target_length
+        trained.generation_config.num_beams = args.num_beams
     save_with_pipeline(trained, run.tokenizer, staging)
     for split, values in metrics.items():
         trainer.save_metrics(split, values, combined=split != "all")

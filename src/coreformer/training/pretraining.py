@@ -50,7 +50,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_sche
 
 from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged_folder
 from . import arguments
-from .arguments import PretrainingError, RunSettings, arg, write_json
+from .arguments import PretrainingError, RunSettings, RunStoppedError, arg, write_json
 from .batches import GlobalBatches, derive_seed, strided_loader
 from .checkpoints import (
     CHECKPOINTS_DIR,
@@ -249,6 +249,31 @@ def preset_path(family: str, preset: str, configs_dir: str | Path | None = None)
     if not path.is_file():
         raise PretrainingError(f"Preset file {path} is missing; pass --config FILE instead.")
     return path
+
+
+def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
+    """For --help: each setting some preset sets -> "from the preset: tiny 600, small 20000, ..." (a preset whose
+    families disagree is named per family), then the value a --config file that does not set it gets."""
+    values: dict[str, dict[str, Any]] = {}
+    for preset in PRESETS:
+        for family in FAMILIES:
+            path = Path(configs_dir or default_configs_dir()) / f"{family}-{preset}.yaml"
+            if path.is_file():
+                for name, value in load_config_file(path).items():
+                    values.setdefault(name, {})[f"{family}-{preset}"] = value
+    texts = {}
+    for spec in PretrainingArguments.cli_fields():
+        if spec.name not in values:
+            continue
+        shown = []
+        for preset in PRESETS:
+            found = {name: value for name, value in values[spec.name].items() if name.endswith(f"-{preset}")}
+            if len(set(map(str, found.values()))) == 1:
+                shown.append(f"{preset} {next(iter(found.values()))}")
+            else:
+                shown += [f"{name} {value}" for name, value in found.items()]
+        texts[spec.name] = f"from the preset: {', '.join(shown)}; a --config file without it: {spec.default}"
+    return texts
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -708,6 +733,18 @@ def _restore(run: _Run, training: _Training) -> None:
             "position is kept in global batches, so the order of examples continues but the runs are not exact."
         )
     accelerator.print(f"resumed from {run.resume} at step {training.step}")
+    saved_schedule = (state["args"]["max_steps"], state["args"]["warmup_steps"])
+    if training.step >= args.max_steps:
+        accelerator.print(
+            f"note: the checkpoint is at step {training.step} and --max-steps is {args.max_steps}: no step to train, "
+            f"the final folder is written again; pass a larger --max-steps to train on"
+        )
+    elif saved_schedule != (args.max_steps, args.warmup_steps):
+        accelerator.print(
+            f"note: the schedule changed on resume (--max-steps {saved_schedule[0]} -> {args.max_steps}, "
+            f"--warmup-steps {saved_schedule[1]} -> {args.warmup_steps}): from step {training.step} the learning rate "
+            f"follows the new warmup + cosine, not the schedule the run started with"
+        )
 
 
 def build(run: _Run) -> _Training:
@@ -804,7 +841,9 @@ def _save_checkpoint(run: _Run, training: _Training) -> None:
         "history": training.history,
         "args": dataclasses.asdict(run.args),
     }
-    save_checkpoint(run.accelerator, run.output_dir, training.step, trainer_state, run.tokenizer, run.args.keep_last)
+    save_checkpoint(
+        run.accelerator, training.model, run.output_dir, training.step, trainer_state, run.tokenizer, run.args.keep_last
+    )
 
 
 def train(run: _Run, training: _Training) -> None:
@@ -824,29 +863,31 @@ def train(run: _Run, training: _Training) -> None:
         dynamic_ncols=True,
     )
     training.model.train()
-    while training.step < args.max_steps:
-        step_start = time.perf_counter()
-        loss, lr, step_tokens = train_step(run, training)
-        training.step += 1
-        training.consumed += args.grad_accum * accelerator.num_processes
-        training.tokens_seen += step_tokens
-        training.session_tokens += step_tokens
-        training.train_time += time.perf_counter() - step_start
-        training.history["train"].append({"step": training.step, "loss": loss, "lr": lr, "tokens": step_tokens})
-        tokens_per_second = training.session_tokens / max(training.train_time, 1e-9)
-        accelerator.log(
-            {"train/loss": loss, "train/lr": lr, "train/tokens_per_second": tokens_per_second}, training.step
-        )
-        progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}", refresh=False)
-        progress.update(1)
-        if args.eval_every and training.step % args.eval_every == 0:
-            result = _evaluate(run, training)
-            progress.write(
-                f"step {training.step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f}"
+    try:  # Ctrl-C: the bar ends on its line before the caller's message
+        while training.step < args.max_steps:
+            step_start = time.perf_counter()
+            loss, lr, step_tokens = train_step(run, training)
+            training.step += 1
+            training.consumed += args.grad_accum * accelerator.num_processes
+            training.tokens_seen += step_tokens
+            training.session_tokens += step_tokens
+            training.train_time += time.perf_counter() - step_start
+            training.history["train"].append({"step": training.step, "loss": loss, "lr": lr, "tokens": step_tokens})
+            tokens_per_second = training.session_tokens / max(training.train_time, 1e-9)
+            accelerator.log(
+                {"train/loss": loss, "train/lr": lr, "train/tokens_per_second": tokens_per_second}, training.step
             )
-        if args.save_every and training.step % args.save_every == 0:
-            _save_checkpoint(run, training)
-    progress.close()
+            progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}", refresh=False)
+            progress.update(1)
+            if args.eval_every and training.step % args.eval_every == 0:
+                result = _evaluate(run, training)
+                progress.write(
+                    f"step {training.step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f}"
+                )
+            if args.save_every and training.step % args.save_every == 0:
+                _save_checkpoint(run, training)
+    finally:
+        progress.close()
     if training.history["eval"][-1]["step"] != training.step:
         _evaluate(run, training)
 
@@ -911,9 +952,10 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
                 if not (staging / entry.name).exists():
                     link_into(entry, staging / entry.name)
         first, last = training.history["eval"][0], training.history["eval"][-1]
+        speed = f"{metrics['tokens_per_second']:,.0f} tokens/s" if training.session_tokens else "no steps this session"
         accelerator.print(
             f"done: {training.step} steps, held-out loss {first['loss']:.4f} -> {last['loss']:.4f} (perplexity "
-            f"{last['perplexity']:.2f}), {metrics['tokens_per_second'] or 0:,.0f} tokens/s; wrote {output_dir}"
+            f"{last['perplexity']:.2f}), {speed}; wrote {output_dir}"
         )
         if args.sample_prompt is not None:
             metrics["sample"] = run.objective.sample(output_dir, args.sample_prompt, seed=args.seed)
@@ -926,6 +968,17 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
     return metrics
 
 
+def stopped_message(output_dir: Path, step: int) -> str:
+    """What Ctrl-C at `step` leaves: the newest checkpoint to resume from, or none (then only a fresh start)."""
+    checkpoint = find_latest_checkpoint(output_dir)
+    if checkpoint is None:
+        return f"stopped at step {step}, before the first checkpoint; start again with --overwrite"
+    saved = read_trainer_state(checkpoint)["step"]
+    return (
+        f"stopped at step {step}; continue with --resume-from-checkpoint latest (from its checkpoint at step {saved})"
+    )
+
+
 def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
     """Train `args.objective` on `args.dataset` and write the run folder described in the module docstring.
 
@@ -936,5 +989,8 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
     run = prepare(args)
     open_run_folder(run)
     training = build(run)
-    train(run, training)
+    try:
+        train(run, training)
+    except KeyboardInterrupt:
+        raise RunStoppedError(stopped_message(run.output_dir, training.step)) from None
     return finish(run, training, session_start)

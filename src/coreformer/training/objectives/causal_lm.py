@@ -48,7 +48,12 @@ def pack_into_blocks(
         return {"input_ids": [stream[start : start + block_size] for start in range(0, usable, block_size)]}
 
     return dataset.map(
-        pack, batched=True, batch_size=batch_size, num_proc=num_proc, remove_columns=dataset.column_names
+        pack,
+        batched=True,
+        batch_size=batch_size,
+        num_proc=num_proc,
+        remove_columns=dataset.column_names,
+        desc=f"packing into blocks of {block_size}",
     )
 
 

@@ -71,6 +71,9 @@ class Task:
     generates: bool = False  # Seq2SeqTrainer with predict_with_generate
     pads_right: bool = False  # features line up with offsets / words only when padding comes after the tokens
     pads_batches: bool = True  # batches are padded, so the tokenizer needs a pad token (eos serves when it has none)
+    # (row key, the settings field naming a column): what eval_predictions.jsonl copies from each validation example
+    # beside the prediction, the input and the gold answer ("gold")
+    shown: tuple[tuple[str, str], ...] = ()
 
     @property
     def families(self) -> tuple[str, ...]:

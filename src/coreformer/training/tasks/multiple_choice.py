@@ -126,6 +126,7 @@ MULTIPLE_CHOICE = MultipleChoice(
     card_task_type="multiple-choice",
     card_task_name="Multiple Choice",
     label_names=("labels",),
+    shown=(("input", "text_column"), ("choices", "choices_column"), ("gold", "label_column")),
     columns={"text_column": "text", "choices_column": "choices", "label_column": "label"},
     embedded_description="the first paragraph of a standard-library function's docstring (asyncio, email, logging, "
     "xml) and four signatures `name(params)` from the same package, one of them the documented function's; the "

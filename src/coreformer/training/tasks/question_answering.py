@@ -209,6 +209,7 @@ QUESTION_ANSWERING = QuestionAnswering(
     card_task_type="question-answering",
     card_task_name="Extractive Question Answering",
     label_names=("start_positions", "end_positions"),
+    shown=(("question", "question_column"), ("context", "context_column"), ("gold", "answers_column")),
     columns={
         "id_column": "id",
         "question_column": "question",

@@ -74,4 +74,5 @@ SEQ2SEQ = Seq2Seq(
     usage='inputs = tokenizer("def close(self):\\n    self.stream.close()", return_tensors="pt")\n'
     "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0], skip_special_tokens=True))",
     generates=True,
+    shown=(("input", "text_column"), ("gold", "summary_column")),
 )

@@ -66,6 +66,7 @@ SEQUENCE_CLASSIFICATION = SequenceClassification(
     usage='inputs = tokenizer("Return the header value.", return_tensors="pt")\n'
     "print(model.config.id2label[model(**inputs).logits.argmax(-1).item()])",
     labels="example",
+    shown=(("input", "text_column"), ("input_pair", "text_pair_column"), ("gold", "label_column")),
     default_label_column="label",
     head_suffix="ForSequenceClassification",
     pads_right=True,

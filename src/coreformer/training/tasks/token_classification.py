@@ -136,6 +136,7 @@ TOKEN_CLASSIFICATION = TokenClassification(
     usage='inputs = tokenizer(["return", "len", "(", "x", ")"], is_split_into_words=True, return_tensors="pt")\n'
     "print([model.config.id2label[i] for i in model(**inputs).logits.argmax(-1)[0].tolist()])",
     labels="word",
+    shown=(("input", "tokens_column"), ("gold", "label_column")),
     default_label_column="ner_tags",
     head_suffix="ForTokenClassification",
     pads_right=True,
