@@ -15,6 +15,7 @@ An objective trains one family's model (`families`: those whose config it can bu
 `--objective`, the family's default when not given. The registry is objectives/__init__.py.
 """
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from ..families import head_class
 
 
 @dataclass(frozen=True)
-class Objective:
+class Objective(ABC):
     name: str
     families: tuple[str, ...]
     description: str  # "masked language modelling (BERT: ...)": the card's objective line
@@ -43,8 +44,9 @@ class Objective:
         """Windows of at most `block_size` ids, special tokens added to each (objectives that pack override)."""
         return tokenize_dataset(split, tokenizer, max_length=args.block_size)
 
+    @abstractmethod
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:
-        raise NotImplementedError
+        """The collator that turns `examples` rows into this objective's batches (inputs and labels)."""
 
     def label_count(self, batch: dict[str, torch.Tensor]) -> int:
         """Tokens that carry a loss."""
@@ -93,8 +95,9 @@ class Objective:
         return sum(parameter.numel() for parameter in model.parameters())
 
     # ---- after the run ----
+    @abstractmethod
     def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:
-        raise NotImplementedError
+        """Text the saved folder produces from `prompt` (printed and stored in metrics.json)."""
 
 
 def load_for_sample(folder: str | Path, auto_class: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:

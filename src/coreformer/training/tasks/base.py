@@ -14,6 +14,7 @@ sets `labels` ("example": one per example, "word": one per word) and `head_suffi
 must have as many labels). The registry is tasks/__init__.py.
 """
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,7 @@ def logits_of(predictions: Any) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Task:
+class Task(ABC):
     name: str
     auto_class: str  # name in transformers
     peft_task_type: str  # peft.TaskType member
@@ -80,9 +81,11 @@ class Task:
         """The families that have this task's head (coreformer.families)."""
         return families_with_head(self.auto_class)
 
+    @abstractmethod
     def embedded_data(self) -> datasets.DatasetDict:
-        raise NotImplementedError
+        """The offline train / validation splits this task trains on when no data is given."""
 
+    @abstractmethod
     def features(
         self,
         split: datasets.Dataset,
@@ -91,15 +94,16 @@ class Task:
         max_length: int,
         to_id: Callable[[Any], int] | None,
     ) -> datasets.Dataset:
-        raise NotImplementedError
+        """`split` tokenized into model inputs and labels, at most `max_length` tokens."""
 
     def collator(self, tokenizer: PreTrainedTokenizerBase) -> Any:
         return transformers.DataCollatorWithPadding(tokenizer)
 
+    @abstractmethod
     def metrics(
         self, args: Any, evaluation: Evaluation, tokenizer: PreTrainedTokenizerBase, label_names: list[str] | None
     ) -> tuple[Callable, Callable | None]:
-        raise NotImplementedError
+        """(compute_metrics, preprocess_logits_for_metrics or None) for the Trainer."""
 
     def prediction_rows(
         self,
