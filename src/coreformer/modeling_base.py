@@ -190,6 +190,23 @@ class CoreformerStack(CoreformerPreTrainedModel):
         # which collects them itself; a stack taking them too would add them again under its own prefix.
         self._tp_plan, self._ep_plan, self._pp_plan, self._fsdp_plan = {}, {}, {}, {}
 
+    def _checked_inputs(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """One clear error for inputs the stack cannot take; `inputs_embeds` in the model's dtype."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        self._check_input_shapes(input_ids, inputs_embeds)
+        if self.cross_attention and encoder_hidden_states is None:
+            raise ValueError("This decoder cross-attends to an encoder: pass encoder_hidden_states.")
+        if inputs_embeds is not None and not torch.is_autocast_enabled(inputs_embeds.device.type):
+            # Embeddings computed elsewhere (another dtype) would fail deep inside the first matmul: match the model.
+            inputs_embeds = inputs_embeds.to(self.embed_tokens.weight.dtype)
+        return inputs_embeds
+
     def _check_input_shapes(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
         if input_ids is not None:
             if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
@@ -402,6 +419,54 @@ class CoreformerStack(CoreformerPreTrainedModel):
             return masks
         return self.build_masks(hidden_states, attention_mask, cache, position_ids, config=eager_view(self.config))
 
+    def self_attention_masks(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        prepared_masks: dict[str, torch.Tensor | None] | None,
+        cache: Cache | None,
+        position_ids: torch.Tensor,
+        caller_positions: bool,
+        *,
+        output_attentions: bool,
+    ) -> tuple[frozenset[str], dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]:
+        """(layer types that run their sparse kernel, the mask per layer type, the eager-form masks for recomputed
+        probabilities when attentions are asked for)."""
+        if prepared_masks is not None:  # generate() built them ahead, outside a compiled forward
+            # the backend's own form, boolean or additive: both read as eager's for the probabilities
+            return frozenset(), prepared_masks, prepared_masks
+        self.check_packed_linear(attention_mask, cache, position_ids, caller_positions)
+        sparse_types = self.sparse_kernel_types(attention_mask, cache, caller_positions)
+        masks = self.build_masks(hidden_states, attention_mask, cache, position_ids, sparse_types)
+        if not output_attentions:
+            return sparse_types, masks, {}
+        probability_masks = self.probability_masks(
+            masks, hidden_states, attention_mask, cache, position_ids, sparse_types
+        )
+        return sparse_types, masks, probability_masks
+
+    def cross_attention_masks(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None,
+        encoder_attention_mask: torch.Tensor | None,
+        *,
+        output_attentions: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(the cross-attention mask over the encoder output, its eager form when attentions are asked for)."""
+        if not self.cross_attention:
+            return None, None
+        masks = [
+            create_bidirectional_mask(
+                config=config,
+                inputs_embeds=hidden_states,
+                attention_mask=encoder_attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+            )
+            for config in ((self.config, eager_view(self.config)) if output_attentions else (self.config,))
+        ]
+        return masks[0], masks[1] if output_attentions else None
+
     @capture_outputs
     def forward(
         self,
@@ -433,17 +498,10 @@ class CoreformerStack(CoreformerPreTrainedModel):
                 (`_can_record_outputs`); hidden states may be selected by index (an int or a list), as transformers
                 allows. Attentions come under every backend (recomputed next to fast kernels).
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
-        self._check_input_shapes(input_ids, inputs_embeds)
-        if inputs_embeds is not None and not torch.is_autocast_enabled(inputs_embeds.device.type):
-            # Embeddings computed elsewhere (another dtype) would fail deep inside the first matmul: match the model.
-            inputs_embeds = inputs_embeds.to(self.embed_tokens.weight.dtype)
+        inputs_embeds = self._checked_inputs(input_ids, inputs_embeds, encoder_hidden_states)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        if self.cross_attention and encoder_hidden_states is None:
-            raise ValueError("This decoder cross-attends to an encoder: pass encoder_hidden_states.")
         prepared_masks = self._prepared_masks(attention_mask)
         if prepared_masks is not None:
             attention_mask = None
@@ -466,35 +524,18 @@ class CoreformerStack(CoreformerPreTrainedModel):
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
 
         # Masks, the sparse-kernel decision and rotary angles are made once here and shared by every block.
-        if prepared_masks is not None:  # generate() built them ahead, outside a compiled forward
-            sparse_types, masks = frozenset(), prepared_masks
-            probability_masks = prepared_masks  # the backend's own form: boolean or additive, both read as eager's
-        else:
-            self.check_packed_linear(attention_mask, self_attention_cache, position_ids, caller_positions)
-            sparse_types = self.sparse_kernel_types(attention_mask, self_attention_cache, caller_positions)
-            masks = self.build_masks(hidden_states, attention_mask, self_attention_cache, position_ids, sparse_types)
-            probability_masks = (
-                self.probability_masks(
-                    masks, hidden_states, attention_mask, self_attention_cache, position_ids, sparse_types
-                )
-                if output_attentions
-                else {}
-            )
-        cross_mask = cross_probability_mask = None
-        if self.cross_attention:
-            cross_mask = create_bidirectional_mask(
-                config=self.config,
-                inputs_embeds=hidden_states,
-                attention_mask=encoder_attention_mask,
-                encoder_hidden_states=encoder_hidden_states,
-            )
-            if output_attentions:
-                cross_probability_mask = create_bidirectional_mask(
-                    config=eager_view(self.config),
-                    inputs_embeds=hidden_states,
-                    attention_mask=encoder_attention_mask,
-                    encoder_hidden_states=encoder_hidden_states,
-                )
+        sparse_types, masks, probability_masks = self.self_attention_masks(
+            hidden_states,
+            attention_mask,
+            prepared_masks,
+            self_attention_cache,
+            position_ids,
+            caller_positions,
+            output_attentions=output_attentions,
+        )
+        cross_mask, cross_probability_mask = self.cross_attention_masks(
+            hidden_states, encoder_hidden_states, encoder_attention_mask, output_attentions=output_attentions
+        )
         position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
         unpadding = self.unpadding(attention_mask, past_key_values)
         # Recorded hidden states must be the tensors the computation uses: blocks then pass padded states and unpad
