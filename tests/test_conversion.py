@@ -52,9 +52,45 @@ def bart_config(**overrides) -> transformers.BartConfig:
     return transformers.BartConfig(**{**fields, "num_labels": 3, **overrides})
 
 
-CONFIGS = {"Bert": bert_config, "Roberta": roberta_config, "GPT2": gpt2_config, "Bart": bart_config}
-# RoBERTa is exact only on right-padded batches (see convert_from_hf); GPT-2 is tested the way it generates.
-PADDING_SIDE = {"Bert": "right", "Roberta": "right", "GPT2": "left", "Bart": "right"}
+def llama_style_fields() -> dict:
+    fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    fields.update(intermediate_size=37, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return {**fields, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, "initializer_range": 0.2}
+
+
+def llama_config(**overrides) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(**{**llama_style_fields(), "num_labels": 3, **overrides})
+
+
+def mistral_config(**overrides) -> transformers.MistralConfig:
+    # A window shorter than the test batches, so that the band is exercised.
+    return transformers.MistralConfig(**{**llama_style_fields(), "sliding_window": 4, "num_labels": 3, **overrides})
+
+
+def qwen2_config(**overrides) -> transformers.Qwen2Config:
+    sliding = dict(use_sliding_window=True, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    return transformers.Qwen2Config(**{**llama_style_fields(), **sliding, "num_labels": 3, **overrides})
+
+
+CONFIGS = {
+    "Bert": bert_config,
+    "Roberta": roberta_config,
+    "GPT2": gpt2_config,
+    "Bart": bart_config,
+    "Llama": llama_config,
+    "Mistral": mistral_config,
+    "Qwen2": qwen2_config,
+}
+# RoBERTa is exact only on right-padded batches (see convert_from_hf); decoders are tested the way they generate.
+PADDING_SIDE = {
+    "Bert": "right",
+    "Roberta": "right",
+    "GPT2": "left",
+    "Bart": "right",
+    "Llama": "left",
+    "Mistral": "left",
+    "Qwen2": "left",
+}
 
 
 def family_of(name: str) -> str:
@@ -69,6 +105,10 @@ def tiny_model(name: str, attn_implementation: str = "sdpa", **overrides) -> tra
     model = getattr(transformers, name)(config).eval()
     if hasattr(model, "final_logits_bias"):
         torch.nn.init.normal_(model.final_logits_bias)  # zeros at init: make the lm_head bias mapping visible
+    if name.startswith("Qwen2"):
+        for key, parameter in model.named_parameters():
+            if key.endswith("_proj.bias"):  # zeros at init: make the q/k/v bias mapping visible
+                torch.nn.init.normal_(parameter.data)
     return model
 
 
@@ -134,7 +174,7 @@ def compare_outputs(ours, theirs, source_mask: torch.Tensor, target_mask: torch.
 
 
 CLASSES = list(SUPPORTED_ARCHITECTURES)
-BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel"}
+BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel", "LlamaModel", "MistralModel", "Qwen2Model"}
 
 
 @pytest.mark.parametrize("attn_implementation", ATTN_IMPLEMENTATIONS)
@@ -181,8 +221,15 @@ TRAINING_DROPOUT = {
     "Roberta": dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
     "GPT2": dict(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1),
     "Bart": dict(dropout=0.1, attention_dropout=0.1, classifier_dropout=0.1),
+    # Llama-style models drop out attention only (and 0.1 before the token classifier, transformers' fallback).
+    "Llama": dict(attention_dropout=0.1),
+    # Sliding layers: coreformer's band kernel draws attention dropout in its own layout, so it is off here.
+    "Mistral": {},
+    "Qwen2": {},
 }
-TRAINABLE_CLASSES = [name for name in CLASSES if name not in BASE_MODELS]
+# Qwen2's trainable biases (q/k/v, none on o) are not coreformer's (all four, or none): the same function, other
+# parameters to train (see convert_from_hf), so its fine-tuning is not compared.
+TRAINABLE_CLASSES = [name for name in CLASSES if name not in BASE_MODELS and not name.startswith("Qwen2")]
 
 
 def training_batch(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:

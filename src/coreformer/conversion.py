@@ -1,4 +1,5 @@
-"""transformers BERT / RoBERTa / GPT-2 / BART models -> the matching coreformer models, with exact parity.
+"""transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 models -> the matching coreformer models, with
+exact parity.
 
     transformers class                      coreformer class
     BertModel, RobertaModel                 CoreformerEncoderModel (the pooler is dropped)
@@ -14,6 +15,10 @@
     BartModel                               CoreformerSeq2SeqModel
     BartForConditionalGeneration            CoreformerSeq2SeqForConditionalGeneration
     BartForSequenceClassification           CoreformerSeq2SeqForSequenceClassification
+    Llama/Mistral/Qwen2Model                CoreformerDecoderModel (rotary, RMSNorm, gated MLP, GQA)
+    Llama/Mistral/Qwen2ForCausalLM          CoreformerDecoderForCausalLM
+    Llama/Mistral/Qwen2ForSequenceClass.    CoreformerDecoderForSequenceClassification (score -> classifier.out_proj)
+    Llama/Mistral/Qwen2ForTokenClass.       CoreformerDecoderForTokenClassification (score -> classifier)
 
 `convert_from_hf` translates the config, renames every weight through a table of regular expressions and loads the
 result with `load_state_dict(strict=True)`: a source weight no rule claims, or a coreformer parameter no weight fills,
@@ -95,6 +100,16 @@ _GPT2_BASE_RULES: list[Rule] = [
     (rf"ln_f\.{_WB}", r"decoder.norm.\1"),
 ]
 
+# Llama, Mistral and Qwen2 share their names: pre-norm blocks, RMSNorm, gated MLP, a final norm.
+_LLAMA_BASE_RULES: list[Rule] = [
+    (r"embed_tokens\.weight", "decoder.embed_tokens.weight"),
+    (rf"layers\.(\d+)\.self_attn\.([qkvo])_proj\.{_WB}", r"decoder.layers.\1.self_attn.\2_proj.\3"),
+    (r"layers\.(\d+)\.input_layernorm\.weight", r"decoder.layers.\1.self_attn_norm.weight"),
+    (r"layers\.(\d+)\.post_attention_layernorm\.weight", r"decoder.layers.\1.mlp_norm.weight"),
+    (rf"layers\.(\d+)\.mlp\.(gate|up|down)_proj\.{_WB}", r"decoder.layers.\1.mlp.\2_proj.\3"),
+    (r"norm\.weight", "decoder.norm.weight"),
+]
+
 _STACK = r"(encoder|decoder)\.layers\.(\d+)"
 _BART_BASE_RULES: list[Rule] = [
     (r"shared\.weight", "shared.weight"),
@@ -145,7 +160,7 @@ _QA_RULES: tuple[Rule, ...] = ((rf"qa_outputs\.{_WB}", r"qa_outputs.\1"),)
 class _Conversion:
     """How one transformers class becomes one coreformer class."""
 
-    family: str  # the source model_type, a key of _SOURCES: "bert" | "roberta" | "gpt2" | "bart"
+    family: str  # the source model_type, a key of _SOURCES: "bert" | "roberta" | "gpt2" | "bart" | "llama" | ...
     target: type[CoreformerPreTrainedModel]
     head_rules: tuple[Rule, ...] = ()
     # Config fields this head sets over the family's translation (what the source head does differently).
@@ -199,6 +214,29 @@ _CONVERSIONS: dict[str, _Conversion] = {
         (("classifier_dropout_before_dense", True),),  # BartClassificationHead: dropout, dense, dropout
     ),
 }
+
+
+def _llama_style_conversions(family: str, prefix: str) -> dict[str, _Conversion]:
+    """Llama, Mistral and Qwen2 heads: the same names, transformers' generic sequence and token classifiers."""
+    return {
+        f"{prefix}Model": _Conversion(family, CoreformerDecoderModel),
+        f"{prefix}ForCausalLM": _Conversion(
+            family, CoreformerDecoderForCausalLM, ((r"lm_head\.weight", "lm_head.weight"),)
+        ),
+        f"{prefix}ForSequenceClassification": _Conversion(
+            family,
+            CoreformerDecoderForSequenceClassification,
+            ((r"score\.weight", "classifier.out_proj.weight"),),
+            (("classifier_dropout", 0.0),),  # GenericForSequenceClassification: no dropout before `score`
+        ),
+        f"{prefix}ForTokenClassification": _Conversion(
+            family, CoreformerDecoderForTokenClassification, ((rf"score\.{_WB}", r"classifier.\1"),)
+        ),
+    }
+
+
+for _family, _prefix in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2")):
+    _CONVERSIONS.update(_llama_style_conversions(_family, _prefix))
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_CONVERSIONS)
 
@@ -380,11 +418,85 @@ def _seq2seq_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerSeq2Seq
     )
 
 
+def _rope_theta(model_name: str, config: PreTrainedConfig) -> float:
+    """The base of plain rotary positions; scaled variants (linear, dynamic, YaRN, Llama 3) have no coreformer field."""
+    rope = dict(config.rope_parameters or {})
+    rope_type = rope.get("rope_type", "default")
+    if rope_type != "default":
+        raise _unsupported(model_name, f"rope_parameters.rope_type={rope_type!r}", "(scaled rotary frequencies)")
+    return float(rope.get("rope_theta", getattr(config, "default_theta", 10000.0)))
+
+
+def _llama_config(config: PreTrainedConfig, is_mlm: bool, name: str = "Llama", **fields) -> CoreformerDecoderConfig:
+    """Llama: rotary, RMSNorm pre-norm blocks with a final norm, gated MLP, grouped-query attention, no embedding norm.
+    `fields` are what the Mistral / Qwen2 translations set on top (sliding layers, biases)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    translated = {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads or config.num_attention_heads,
+        "head_dim": head_dim,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": _check_activation(name, config.hidden_act),
+        "gated_mlp": True,
+        "max_position_embeddings": config.max_position_embeddings,
+        "position_embedding_type": "rotary",
+        "rope_theta": _rope_theta(name, config),
+        "type_vocab_size": 0,
+        "norm_type": "rmsnorm",
+        "norm_position": "pre",
+        "layer_norm_eps": config.rms_norm_eps,
+        "embedding_layernorm": False,
+        "final_norm": True,
+        "attention_bias": getattr(config, "attention_bias", False),
+        "mlp_bias": getattr(config, "mlp_bias", False),
+        "hidden_dropout": 0.0,  # Llama has no dropout on embeddings or residual branches
+        "attention_dropout": config.attention_dropout,
+        "classifier_dropout": 0.1,  # GenericForTokenClassification's fallback (these configs have no dropout field)
+        "lm_head_transform": False,
+        "lm_head_bias": False,
+        "classifier_dense": False,
+        "classifier_bias": False,
+        "initializer_range": config.initializer_range,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "use_cache": config.use_cache,
+        **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id"),
+        **_label_fields(config),
+    }
+    return CoreformerDecoderConfig(**{**translated, **fields})
+
+
+def _sliding_fields(config: PreTrainedConfig, layer_types: list[str]) -> dict:
+    """Sliding layers: transformers' window counts the query itself, coreformer's counts the keys before it."""
+    if "sliding_attention" not in layer_types or config.sliding_window is None:
+        return {"layer_types": ["full"] * len(layer_types)}
+    unknown = sorted(set(layer_types) - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise _unsupported(type(config).__name__, f"layer_types with {unknown}", "(attention types)")
+    names = {"sliding_attention": "sliding", "full_attention": "full"}
+    return {"layer_types": [names[kind] for kind in layer_types], "sliding_window": config.sliding_window - 1}
+
+
+def _mistral_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerDecoderConfig:
+    """Mistral: Llama without biases, every layer sliding when `sliding_window` is set."""
+    layers = ["sliding_attention" if config.sliding_window is not None else "full_attention"] * config.num_hidden_layers
+    return _llama_config(config, is_mlm, "Mistral", **_sliding_fields(config, layers))
+
+
+def _qwen2_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerDecoderConfig:
+    """Qwen2: Llama with q/k/v biases (see `_qwen2_weights`), sliding layers where `layer_types` says so."""
+    return _llama_config(config, is_mlm, "Qwen2", **_sliding_fields(config, list(config.layer_types)))
+
+
 def _translate_config(model: PreTrainedModel, conversion: _Conversion) -> CoreformerConfig:
     is_mlm = conversion.target is CoreformerEncoderForMaskedLM
     translated = _SOURCES[conversion.family].translate_config(model.config, is_mlm)
     for name, value in conversion.head_config:
         setattr(translated, name, value)
+    if conversion.family == "qwen2":
+        translated.attention_bias = not _qwen2_biases_are_zero(model)
     translated.validate_fields()
     return translated
 
@@ -407,6 +519,50 @@ def _unfuse_gpt2(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) ->
     return unfused
 
 
+def _fuse_gpt2(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `_unfuse_gpt2` (export): q/k/v pseudo-names concatenated into c_attn, Conv1D weights transposed
+    back to (in, out)."""
+    conv1d = {name for name, module in model.named_modules() if isinstance(module, Conv1D)}
+    fused = {}
+    for name, tensor in state_dict.items():
+        module, _, kind = name.rpartition(".")
+        stem, _, projection = module.rpartition(".")
+        if projection in ("q_proj", "k_proj", "v_proj") and stem.endswith(".attn"):
+            if projection != "q_proj":
+                continue  # gathered with q below
+            parts = [state_dict[f"{stem}.{part}_proj.{kind}"] for part in "qkv"]
+            module, tensor = f"{stem}.c_attn", torch.cat(parts, dim=0)  # 3 x (hidden, ...) -> (3 * hidden, ...)
+        if module in conv1d and kind == "weight":
+            tensor = tensor.t()  # (out, in) -> (in, out)
+        fused[f"{module}.{kind}"] = tensor
+    return fused
+
+
+_QWEN2_BIAS = re.compile(r"(.*\.self_attn\.)([qkv])_proj\.bias")
+
+
+def _qwen2_biases_are_zero(model: PreTrainedModel) -> bool:
+    """Whether every q/k/v bias of a Qwen2 model is zero: then coreformer needs no attention biases at all."""
+    return all(
+        not tensor.any() for name, tensor in model.state_dict().items() if _QWEN2_BIAS.fullmatch(name) is not None
+    )
+
+
+def _qwen2_weights(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Qwen2 has q/k/v biases but none on o_proj; coreformer's `attention_bias` covers all four. All-zero q/k/v biases
+    (a model exported from coreformer without biases) are dropped; otherwise o_proj gets a zero bias, which adds
+    nothing."""
+    if _qwen2_biases_are_zero(model):
+        return {name: tensor for name, tensor in state_dict.items() if _QWEN2_BIAS.fullmatch(name) is None}
+    prepared = dict(state_dict)
+    for name in state_dict:
+        match = _QWEN2_BIAS.fullmatch(name)
+        if match is not None and match[2] == "q":
+            output = state_dict[f"{match[1]}o_proj.weight"]
+            prepared[f"{match[1]}o_proj.bias"] = output.new_zeros(output.shape[0])
+    return prepared
+
+
 @dataclass(frozen=True)
 class _Source:
     """One transformers architecture (a source `model_type`): how its config and base-model weights translate."""
@@ -415,13 +571,19 @@ class _Source:
     base_rules: list[Rule]
     # Rewrites the source state dict before renaming (GPT-2: transpose Conv1D, split c_attn).
     prepare_weights: Callable[[PreTrainedModel, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    # The inverse of prepare_weights for export (export.py): weights under the prepared names -> the source's own
+    # layout. None where export needs no layout change (Qwen2's prepare_weights only adds or drops zero biases).
+    restore_weights: Callable[[PreTrainedModel, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
 
 
 _SOURCES: dict[str, _Source] = {
     "bert": _Source(_encoder_config, _BERT_BASE_RULES),
     "roberta": _Source(lambda config, is_mlm: _encoder_config(config, is_mlm, roberta=True), _BERT_BASE_RULES),
-    "gpt2": _Source(_decoder_config, _GPT2_BASE_RULES, _unfuse_gpt2),
+    "gpt2": _Source(_decoder_config, _GPT2_BASE_RULES, _unfuse_gpt2, _fuse_gpt2),
     "bart": _Source(_seq2seq_config, _BART_BASE_RULES),
+    "llama": _Source(_llama_config, _LLAMA_BASE_RULES),
+    "mistral": _Source(_mistral_config, _LLAMA_BASE_RULES),
+    "qwen2": _Source(_qwen2_config, _LLAMA_BASE_RULES, _qwen2_weights),
 }
 
 
@@ -450,6 +612,21 @@ def _rename(state_dict: dict[str, torch.Tensor], rules: list[Rule], source_name:
             f"{source_name}: no coreformer parameter for weights {unclaimed}; the conversion is incomplete."
         )
     return renamed
+
+
+def rename_rules(model: PreTrainedModel, converted: CoreformerPreTrainedModel) -> list[Rule]:
+    """Every rule renaming `model`'s weights (transformers names, after its source's `prepare_weights`) to those of
+    `converted`, full names on both sides: the head's rules, then the base model's. export.py reads them backwards."""
+    conversion = _CONVERSIONS[type(model).__name__]
+    # Base-model keys carry the prefix ("bert.", "model.") only inside a head model, on both sides.
+    source_prefix = "" if model.base_model is model else f"{model.base_model_prefix}."
+    target_prefix = "" if converted.base_model is converted else f"{converted.base_model_prefix}."
+    base_rules = [
+        (re.escape(source_prefix) + pattern, None if target is None else target_prefix + target, *transform)
+        for pattern, target, *transform in _SOURCES[conversion.family].base_rules
+    ]
+    # Head rules first: BertForSequenceClassification's pooler lives under the base prefix but belongs to the head.
+    return [*conversion.head_rules, *base_rules]
 
 
 def _fill_ties(model: CoreformerPreTrainedModel, state_dict: dict[str, torch.Tensor], source_name: str) -> None:
@@ -485,6 +662,8 @@ def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
         - RoBERTa: positions are arange(T) + padding_idx + 1, equal to RoBERTa's cumsum of non-padding tokens for
           right-padded (or unpadded) batches only; padding positions themselves differ (nothing attends to them).
         - GPT-2: `token_type_ids`, which GPT-2 looks up in its token embedding, are ignored by the converted model.
+        - Qwen2: coreformer's attention biases cover q, k, v and o; Qwen2 has none on o_proj, which gets a zero bias
+          (exact, but fine-tuning then trains it). All-zero q/k/v biases convert to a model without biases.
         - Training-time differences only: GPT-2's embedding dropout takes resid_pdrop (coreformer has one
           hidden_dropout), BART's activation dropout and layerdrop are not kept. With those equal (the defaults
           of GPT-2, and BART's activation_dropout=0, layerdrop=0), fine-tuning the converted model from the same seed
@@ -513,15 +692,7 @@ def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
     if source.prepare_weights is not None:
         state_dict = source.prepare_weights(model, state_dict)
     converted = conversion.target(config)
-    # Base-model keys carry the prefix ("bert.", "model.") only inside a head model, on both sides.
-    source_prefix = "" if model.base_model is model else f"{model.base_model_prefix}."
-    target_prefix = "" if converted.base_model is converted else f"{converted.base_model_prefix}."
-    base_rules = [
-        (re.escape(source_prefix) + pattern, None if target is None else target_prefix + target, *transform)
-        for pattern, target, *transform in source.base_rules
-    ]
-    # Head rules first: BertForSequenceClassification's pooler lives under the base prefix but belongs to the head.
-    state_dict = _rename(state_dict, [*conversion.head_rules, *base_rules], source_name)
+    state_dict = _rename(state_dict, rename_rules(model, converted), source_name)
 
     _fill_ties(converted, state_dict, source_name)
     converted.load_state_dict(state_dict, strict=True)
