@@ -2,6 +2,7 @@
 
     coreformer --version | --help
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
+    coreformer export FOLDER OUT [--to native|onnx|gguf] [--check] [--overwrite] [--gguf-dtype f32|f16|bf16|q8_0]
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] [--target T] -o map.png
 
 Importing the `coreformer` package registers every class with transformers and so imports torch and transformers
@@ -100,6 +101,32 @@ def _convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-tokenizer", action="store_true", help="convert the weights only; copy no tokenizer")
 
 
+EXPORT_KINDS = ("native", "onnx", "gguf")  # coreformer.export.EXPORTERS, named here without importing torch
+GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", help="a saved coreformer model folder (pretraining, fine-tuning or convert output)")
+    parser.add_argument(
+        "out", help="the folder to write (for --to gguf: a .gguf file, or a folder receiving model-<dtype>.gguf)"
+    )
+    parser.add_argument(
+        "--to",
+        choices=EXPORT_KINDS,
+        default="native",
+        help="native: the transformers architecture computing the same function (GPT-2, Llama, Mistral, Qwen2, BERT, "
+        "RoBERTa, BART), loadable without coreformer; onnx; gguf (decoders exporting to Llama or GPT-2)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="reload OUT with plain transformers in a fresh process without coreformer, compare logits (and greedy "
+        "tokens) with the source, print the maximum difference; exit 1 and write nothing above 1e-5",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists and is not empty")
+    parser.add_argument("--gguf-dtype", choices=GGUF_DTYPES, default="f32", help="tensor type of --to gguf")
+
+
 def add_attention_map_arguments(parser: argparse.ArgumentParser) -> None:
     """The `attention-map` arguments (also `python -m coreformer.attention_maps`)."""
     parser.add_argument("folder", help="a saved coreformer model folder (with its tokenizer), or a Hub repo id")
@@ -138,6 +165,13 @@ COMMANDS = {
             _convert_arguments,
             "coreformer.cli:convert",
             local_folders=("src",),
+        ),
+        Command(
+            "export",
+            "export a coreformer folder to a native transformers architecture, ONNX or GGUF (to serve without it)",
+            _export_arguments,
+            "coreformer.cli:export",
+            local_folders=("folder",),
         ),
         Command(
             "attention-map",

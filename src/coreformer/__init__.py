@@ -17,6 +17,7 @@ from .configuration_coreformer import (
     CoreformerSeq2SeqConfig,
 )
 from .conversion import convert_from_hf
+from .export import export_to, to_native
 from .families import FAMILIES, register_with_peft
 from .modeling_decoder import (
     CoreformerDecoderForCausalLM,
@@ -77,5 +78,7 @@ __all__ = [
     "CoreformerSeq2SeqForConditionalGeneration",
     "CoreformerSeq2SeqForSequenceClassification",
     "convert_from_hf",
+    "export_to",
+    "to_native",
     "save_with_pipeline",
 ]

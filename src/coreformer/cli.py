@@ -2,6 +2,7 @@
 (declared in pyproject.toml as `coreformer = "coreformer_cli:main"`), which imports this module only afterwards.
 
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
+    coreformer export FOLDER OUT [--to native|onnx|gguf] [--check] [--overwrite] [--gguf-dtype DTYPE]
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] -o map.png
 
 `convert` reads a local transformers checkpoint folder (config.json + model.safetensors or pytorch_model.bin),
@@ -282,6 +283,34 @@ def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict
         limitations=limitations,
         tags=["conversion"],
     )
+
+
+@command
+def export(args: argparse.Namespace) -> int:
+    """`coreformer export`: a coreformer folder -> a native transformers folder, ONNX or GGUF (coreformer.export)."""
+    from .export import ExportCheckError, export_to
+
+    try:
+        summary = export_to(
+            args.folder,
+            args.out,
+            to=args.to,
+            check=args.check,
+            overwrite=args.overwrite,
+            gguf_dtype=args.gguf_dtype,
+        )
+    except ExportCheckError as error:
+        print(str(error), file=sys.stderr)
+        raise _CheckFailedError from error
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    check = summary.get("check")
+    if isinstance(check, dict) and "max_abs_difference" in check:
+        print(f"max abs difference: {check['max_abs_difference']:.3g}")
+        if check.get("tokens_equal") is not None:
+            print(f"greedy tokens equal: {check['tokens_equal']}")
+    print(f"exported {args.folder} -> {summary.get('native_class') or args.to}: wrote {summary.get('out', args.out)}")
+    return 0
 
 
 @command

@@ -13,6 +13,7 @@ settings base, argument resolution, the error classes, flags, config files and o
     holds_run(folder, markers)             whether a folder holds a previous run (any of its marker files)
     check_output_dir(output_dir, ...)      refuse a non-empty output folder unless it is a run and --overwrite is set
     write_json(path, value)                indented JSON with a final newline
+    export_arg() / export_run(kind, folder)   `--export native`: after training, OUTPUT_DIR/native (coreformer export)
 
 Each run raises its own subclass of RunError, so a script catches exactly its run's refusals; a message reads the
 same whichever module found it. Nothing here imports the modeling code or torch.
@@ -22,6 +23,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import sys
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import field
@@ -219,3 +221,34 @@ def check_output_dir(
 
 def write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+EXPORT_KINDS = ("native",)  # what a run can export at its end (coreformer.export.EXPORTERS has the others)
+EXPORT_FOLDER = "native"  # inside the run folder
+
+
+def export_arg() -> Any:
+    """The `--export` setting of both runs."""
+    return arg(
+        None,
+        f"after training, also write OUTPUT_DIR/{EXPORT_FOLDER}: the model as transformers' own architecture, served "
+        f"without coreformer (`coreformer export`; skipped with the reason when no native architecture computes the "
+        f"same function)",
+        choices=EXPORT_KINDS,
+    )
+
+
+def export_run(kind: str | None, folder: Path) -> dict[str, Any] | None:
+    """`--export KIND`: export the finished model folder `folder` to `folder/native`. A configuration no native
+    architecture reproduces is reported on stderr, not raised: the trained model itself is already saved."""
+    if kind is None:
+        return None
+    from ..export import export_to  # torch and transformers: only when asked for
+
+    try:
+        summary = export_to(folder, Path(folder) / EXPORT_FOLDER, to=kind, overwrite=True)
+    except ValueError as error:
+        print(f"--export {kind} skipped: {error}", file=sys.stderr)
+        return None
+    print(f"exported the model as {summary['native_class']} to {Path(folder) / EXPORT_FOLDER}")
+    return summary

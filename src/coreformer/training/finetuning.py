@@ -50,6 +50,8 @@ from .arguments import (
     RunStoppedError,
     arg,
     check_output_dir,
+    export_arg,
+    export_run,
     load_config_file,
     write_json,
 )
@@ -166,6 +168,7 @@ class FinetuningArguments(RunSettings):
         False, "replace an output directory that holds another run", aliases=("--overwrite_output_dir",)
     )
     report_to: str = arg("none", "tracker: none or tensorboard (logs under output_dir/runs)", choices=REPORT_TO)
+    export: str | None = export_arg()
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -801,6 +804,7 @@ def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float
     if args.peft == "lora":
         adapter_info = _card_info(args, run.family, adapter_parameters, everything, run.data_description, True)
         write_model_card(staging / ADAPTER_DIR, adapter_info, path_hint=str(output_dir / ADAPTER_DIR))
+    export_run(args.export, staging)
 
 
 def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_sche
 
 from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged_folder
 from . import arguments
-from .arguments import PretrainingError, RunSettings, RunStoppedError, arg, write_json
+from .arguments import PretrainingError, RunSettings, RunStoppedError, arg, export_arg, export_run, write_json
 from .batches import GlobalBatches, derive_seed, strided_loader
 from .checkpoints import (
     CHECKPOINTS_DIR,
@@ -175,6 +175,7 @@ class PretrainingArguments(RunSettings):
         "at the end, reload the final folder with its Auto class and print a sample for this prompt (generated text; "
         "the encoder's top predictions for [MASK])",
     )
+    export: str | None = export_arg()
 
     def __post_init__(self) -> None:
         self.check_choices(family=FAMILIES, mixed_precision=MIXED_PRECISION, report_to=REPORT_TO)
@@ -948,6 +949,7 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
             plot_losses(training.history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
             (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))
             write_json(staging / METRICS, metrics)
+            export_run(args.export, staging)
             for entry in output_dir.iterdir():
                 if not (staging / entry.name).exists():
                     link_into(entry, staging / entry.name)
