@@ -18,7 +18,7 @@ requirements all hold is used; when none holds, the error names the closest targ
     bert       encoder   learned positions from 0, LayerNorm post-norm, types       Bert{Model,ForMaskedLM,For...}
     roberta    encoder   as bert, positions from pad_token_id + 1                   Roberta...
     modernbert encoder   (refused: coreformer cannot drop the first layer's attention norm, see MODERNBERT_GAP)
-    bart       seq2seq   learned positions from 2, LayerNorm post-norm, biases      Bart{Model,ForConditional...}
+    bart       seq2seq   learned positions (offset <= 2), LayerNorm post-norm        Bart{Model,ForConditional...}
 
 The weights are renamed with conversion.py's own rules, read backwards: the native model is built from the
 translated config, its weight names are run through `conversion.rename_rules` (and GPT-2's `prepare_weights`), and
@@ -323,6 +323,23 @@ def _bart_config(config: CoreformerConfig) -> PreTrainedConfig:
     )
 
 
+BART_OFFSET = 2  # BartLearnedPositionalEmbedding.offset
+
+
+def _bart_positions(config: CoreformerConfig, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """BART looks position p up in row p + 2; coreformer in row p + position_offset. A model with a smaller offset
+    gets zero rows in front (rows BART never reads), so each position still reads its own row. Converting back gives
+    position_offset=2 with those rows: the same function."""
+    missing = BART_OFFSET - config.position_offset
+    if missing == 0:
+        return state_dict
+    adapted = dict(state_dict)
+    for name, table in state_dict.items():
+        if name.endswith("embed_positions.weight"):
+            adapted[name] = torch.cat([table.new_zeros(missing, table.shape[1]), table])  # (max + 2, hidden)
+    return adapted
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The table of targets
 # ---------------------------------------------------------------------------------------------------------------
@@ -340,6 +357,8 @@ class NativeTarget:
         heads: coreformer class name -> native class name.
         zero_filled: regular expressions of native weights coreformer has no counterpart for, written as zeros.
         gaps: differences no config change removes (options coreformer lacks), always reported.
+        adapt_weights: rewrites the coreformer state dict into the layout the native weights take (BART's position
+            rows), before renaming.
     """
 
     name: str
@@ -349,6 +368,7 @@ class NativeTarget:
     heads: dict[str, str]
     zero_filled: tuple[str, ...] = ()
     gaps: tuple[str, ...] = ()
+    adapt_weights: Callable[[CoreformerConfig, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
 
     def differences(self, config: CoreformerConfig, class_name: str) -> list[str]:
         found = [req.difference(config, class_name) for req in self.requirements]
@@ -500,7 +520,7 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
         "seq2seq",
         (
             *_plain_block("BART", "post"),
-            equals("position_offset", 2, "BART stores positions from 2"),
+            Requirement("position_offset", lambda value, config: value <= BART_OFFSET, "BART stores positions from 2"),
             equals("embedding_layernorm", True, "BART normalises its embeddings"),
             equals("final_norm", False, "BART has no final norm"),
             equals("layer_norm_eps", 1e-5, "BART's LayerNorms use torch's default eps"),
@@ -517,6 +537,7 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
             "CoreformerSeq2SeqForSequenceClassification": "BartForSequenceClassification",
         },
         zero_filled=(r"final_logits_bias",),
+        adapt_weights=_bart_positions,
     ),
 )
 
@@ -580,6 +601,8 @@ def _exported_weights(
 ) -> dict[str, torch.Tensor]:
     """The native state dict holding `model`'s weights; every coreformer weight must be used."""
     ours = model.state_dict()
+    if target.adapt_weights is not None:
+        ours = target.adapt_weights(model.config, ours)
     shapes = {name: tensor.shape for name, tensor in _prepared_native_weights(native).items()}
     exported: dict[str, torch.Tensor] = {}
     used: set[str] = set()
@@ -809,8 +832,8 @@ def check_exported(jobs: list[CheckJob], timeout: float = 900) -> list[CheckResu
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def load_coreformer(source: str | Path) -> CoreformerPreTrainedModel:
-    """The coreformer model saved in `source`, with the class its config.json names."""
+def coreformer_class(source: str | Path) -> type[CoreformerPreTrainedModel]:
+    """The coreformer class the config.json of the folder `source` names."""
     import coreformer  # the package (registered classes); this module is part of it
 
     config_path = Path(source) / "config.json"
@@ -818,16 +841,12 @@ def load_coreformer(source: str | Path) -> CoreformerPreTrainedModel:
         raise ValueError(f"{source} has no config.json: not a saved model folder.")
     architectures = json.loads(config_path.read_text()).get("architectures") or []
     model_class = getattr(coreformer, architectures[0], None) if architectures else None
-    if (
-        model_class is None
-        or not isinstance(model_class, type)
-        or not issubclass(model_class, CoreformerPreTrainedModel)
-    ):
+    if not (isinstance(model_class, type) and issubclass(model_class, CoreformerPreTrainedModel)):
         raise ValueError(
             f"{source} holds {architectures or 'no architectures'}, not a coreformer model: export takes a folder "
             f"saved by coreformer (pretraining, fine-tuning or `coreformer convert`)."
         )
-    return model_class.from_pretrained(source).eval()
+    return model_class
 
 
 def _check_destination(out: Path, overwrite: bool) -> None:
@@ -894,7 +913,9 @@ def export_native(
     """
     out = Path(out)
     _check_destination(out, overwrite)
-    model = load_coreformer(source)
+    model_class = coreformer_class(source)
+    choose_target(model_class.config_class.from_pretrained(source), model_class.__name__)  # refuse before loading
+    model = model_class.from_pretrained(source).eval()
     native = to_native(model)
     tokenizer = None
     if has_tokenizer(source):

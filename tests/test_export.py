@@ -1,0 +1,380 @@
+"""Tests of export.py and `coreformer export`: every target and head round-trips through plain transformers in a fresh
+process without coreformer (logits and greedy tokens), export -> convert is the identity, every refusal names the
+fields that differ, and the command line's exit codes and messages.
+
+One fresh process checks every exported folder of the module (`exported` fixture), so the file stays quick.
+"""
+
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PAD, tiny_model
+
+import coreformer as cf
+from coreformer import cli
+from coreformer import export as export_module
+from coreformer.conversion import convert_from_hf
+from coreformer.export import (
+    CHECK_TOLERANCE,
+    CheckJob,
+    CheckResult,
+    check_exported,
+    choose_target,
+    export_to,
+    gguf_path,
+    to_native,
+)
+from coreformer.modeling_base import CoreformerPreTrainedModel
+
+LLAMA = dict(
+    position_embedding_type="rotary",
+    norm_type="rmsnorm",
+    norm_position="pre",
+    hidden_act="silu",
+    gated_mlp=True,
+    num_key_value_heads=2,
+    attention_bias=False,
+    mlp_bias=False,
+    rope_theta=500.0,
+)
+# Wider init than 0.02 so that tiny random decoders generate varied tokens, not one repeated id.
+WIDE = dict(initializer_range=0.2)
+TARGETS = {
+    "gpt2": ("decoder", dict(WIDE)),
+    "llama": ("decoder", dict(LLAMA, **WIDE)),
+    "llama-biases": ("decoder", dict(LLAMA, attention_bias=True, mlp_bias=True, **WIDE)),
+    "mistral": ("decoder", dict(LLAMA, layer_types=["sliding", "sliding"], sliding_window=3, **WIDE)),
+    "qwen2": ("decoder", dict(LLAMA, layer_types=["sliding", "full"], sliding_window=3, **WIDE)),
+    "bert": ("encoder", {}),
+    "roberta": ("encoder", dict(position_offset=PAD + 1, type_vocab_size=1, max_position_embeddings=62)),
+    "bart": ("seq2seq", dict(position_offset=2, **WIDE)),
+    "bart-offset-0": ("seq2seq", dict(WIDE)),  # coreformer's default: BART's table gets two unread rows in front
+}
+NATIVE_PREFIX = {
+    "gpt2": "GPT2",
+    "llama": "Llama",
+    "llama-biases": "Llama",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2",
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "bart": "Bart",
+    "bart-offset-0": "Bart",
+}
+DECODER_HEADS = [
+    cf.CoreformerDecoderModel,
+    cf.CoreformerDecoderForCausalLM,
+    cf.CoreformerDecoderForSequenceClassification,
+    cf.CoreformerDecoderForTokenClassification,
+]
+ENCODER_HEADS = [
+    cf.CoreformerEncoderModel,
+    cf.CoreformerEncoderForMaskedLM,
+    cf.CoreformerEncoderForSequenceClassification,
+    cf.CoreformerEncoderForTokenClassification,
+    cf.CoreformerEncoderForQuestionAnswering,
+    cf.CoreformerEncoderForMultipleChoice,
+]
+SEQ2SEQ_HEADS = [
+    cf.CoreformerSeq2SeqModel,
+    cf.CoreformerSeq2SeqForConditionalGeneration,
+    cf.CoreformerSeq2SeqForSequenceClassification,
+]
+HEADS = {"decoder": DECODER_HEADS, "encoder": ENCODER_HEADS, "seq2seq": SEQ2SEQ_HEADS}
+# Every head of GPT-2, Llama, BERT, RoBERTa and BART; the variants with their generative head and a classifier.
+CASES = [
+    (target, head)
+    for target, (family, _) in TARGETS.items()
+    for head in HEADS[family]
+    if target in ("gpt2", "llama", "bert", "roberta", "bart")
+    or head.__name__.endswith(("ForCausalLM", "ForConditionalGeneration", "ForSequenceClassification"))
+]
+CASE_IDS = [f"{target}-{head.__name__.removeprefix('Coreformer')}" for target, head in CASES]
+
+
+def build(target: str, head: type) -> CoreformerPreTrainedModel:
+    family, overrides = TARGETS[target]
+    fields = dict(overrides, num_labels=2 if head is cf.CoreformerEncoderForQuestionAnswering else 3)
+    model = tiny_model(head, family, seed=1, **fields)
+    if getattr(model, "final_logits_bias", None) is not None:
+        torch.nn.init.normal_(model.final_logits_bias)
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, tuple[CoreformerPreTrainedModel, Path, CheckResult]]:
+    """Every case exported with `to_native` and saved, then checked in ONE fresh process without coreformer."""
+    root = tmp_path_factory.mktemp("exported")
+    models, folders = {}, {}
+    for (target, head), case in zip(CASES, CASE_IDS):
+        models[case] = build(target, head)
+        folders[case] = root / case
+        to_native(models[case]).save_pretrained(folders[case])
+    results = check_exported([CheckJob(folders[case], models[case]) for case in CASE_IDS])
+    return {case: (models[case], folders[case], result) for case, result in zip(CASE_IDS, results)}
+
+
+@pytest.mark.parametrize(("target", "head"), CASES, ids=CASE_IDS)
+def test_export_loads_in_plain_transformers_with_the_same_logits_and_greedy_tokens(exported, target, head):
+    model, folder, result = exported[f"{target}-{head.__name__.removeprefix('Coreformer')}"]
+    suffix = re.sub(r"^Coreformer(Encoder|Decoder|Seq2Seq)", "", head.__name__)  # "Model", "ForMaskedLM", ...
+    expected = "GPT2LMHeadModel" if (target, suffix) == ("gpt2", "ForCausalLM") else NATIVE_PREFIX[target] + suffix
+    assert result.native_class == expected
+    assert result.differences, "no output was compared"
+    assert result.worst <= CHECK_TOLERANCE, result.differences
+    if model.can_generate():
+        assert result.tokens_equal is True
+    else:
+        assert result.tokens_equal is None
+    config = json.loads((folder / "config.json").read_text())
+    assert "auto_map" not in config and config["architectures"] == [expected]
+    assert not any(path.suffix == ".py" for path in folder.iterdir())  # nothing for trust_remote_code to run
+
+
+@pytest.mark.parametrize(("target", "head"), CASES, ids=CASE_IDS)
+def test_export_then_convert_is_the_identity(target, head):
+    model = build(target, head)
+    native = to_native(model)
+    back = convert_from_hf(native)
+    assert type(back) is type(model)
+    ours, again = model.state_dict(), back.state_dict()
+    if target == "bart-offset-0":  # the same function in BART's layout: two unread rows in front of each table
+        for name in [name for name in ours if name.endswith("embed_positions.weight")]:
+            assert not again[name][:2].any()
+            again[name] = again[name][2:]
+        assert back.config.position_offset == 2
+    if head is cf.CoreformerSeq2SeqForConditionalGeneration and "final_logits_bias" not in ours:
+        assert not again.pop("final_logits_bias").any()  # BART always has one: written as zeros
+    assert set(again) == set(ours)
+    for name, tensor in ours.items():
+        assert torch.equal(again[name], tensor), name
+    # Every field that changes what the network computes comes back (dropout and init are training-only).
+    skipped = {"hidden_dropout", "attention_dropout", "classifier_dropout", "initializer_range"}
+    skipped |= {"classifier_dropout_before_dense", "final_logits_bias", "position_offset", "transformers_version"}
+    skipped |= {"architectures", "dtype", "use_cache", "max_position_embeddings", "_name_or_path"}
+    ours_config, back_config = model.config.to_dict(), back.config.to_dict()
+    differing = {k for k in ours_config.keys() | back_config.keys() if ours_config.get(k) != back_config.get(k)}
+    assert differing <= skipped, {k: (ours_config.get(k), back_config.get(k)) for k in differing - skipped}
+    if target != "bart-offset-0":
+        assert back.config.max_position_embeddings == model.config.max_position_embeddings
+        assert back.config.position_offset == model.config.position_offset
+
+
+# Refusals: one per reason, each naming the differing fields (and the nearest native class).
+REFUSALS = {
+    "rotary positions in a GPT-2 block": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(position_embedding_type="rotary"),  # the decoder-tiny / decoder-small presets
+        "GPT2LMHeadModel",
+        ["position_embedding_type='rotary'"],
+    ),
+    "grouped-query attention with learned positions": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(num_key_value_heads=2),
+        "GPT2LMHeadModel",
+        ["num_key_value_heads=2"],
+    ),
+    "strided layers": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(LLAMA, layer_types=["strided", "full"], stride=2),
+        "LlamaForCausalLM",
+        ["layer_types=['strided', 'full']"],
+    ),
+    "sliding layers with biases": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(LLAMA, attention_bias=True, mlp_bias=True, layer_types=["sliding", "sliding"], sliding_window=3),
+        "LlamaForCausalLM",  # one difference; Mistral and Qwen2 would need two
+        ["layer_types=['sliding', 'sliding']"],
+    ),
+    "a biased LM head": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(lm_head_bias=True),
+        "GPT2LMHeadModel",
+        ["lm_head_bias=True"],
+    ),
+    "a dense sequence classifier on a decoder": (
+        cf.CoreformerDecoderForSequenceClassification,
+        "decoder",
+        dict(classifier_dense=True, classifier_bias=True),
+        "GPT2ForSequenceClassification",
+        ["classifier_dense=True", "classifier_bias=True"],
+    ),
+    "sinusoidal positions in an encoder": (
+        cf.CoreformerEncoderForMaskedLM,
+        "encoder",
+        dict(position_embedding_type="sinusoidal"),
+        "BertForMaskedLM",
+        ["position_embedding_type='sinusoidal'"],
+    ),
+    "a ModernBERT-style encoder": (
+        cf.CoreformerEncoderForMaskedLM,
+        "encoder",
+        dict(
+            position_embedding_type="rotary",
+            norm_position="pre",
+            gated_mlp=True,
+            attention_bias=False,
+            mlp_bias=False,
+            type_vocab_size=0,
+            layer_types=["full", "sliding"],
+            sliding_window=2,
+        ),
+        "ModernBertForMaskedLM",
+        ["first layer has no attention norm"],
+    ),
+    "BART with another norm epsilon": (
+        cf.CoreformerSeq2SeqForConditionalGeneration,
+        "seq2seq",
+        dict(layer_norm_eps=1e-12),
+        "BartForConditionalGeneration",
+        ["layer_norm_eps=1e-12"],
+    ),
+}
+
+
+@pytest.mark.parametrize("reason", list(REFUSALS))
+def test_a_configuration_no_native_architecture_computes_is_refused_naming_the_fields(reason):
+    head, family, overrides, closest, named = REFUSALS[reason]
+    model = tiny_model(head, family, **overrides)
+    with pytest.raises(ValueError) as raised:
+        to_native(model)
+    message = str(raised.value)
+    assert f"closest native architecture is {closest}" in message, message
+    for text in named:
+        assert text in message, message
+    assert message.count("\n") == 0  # one line
+
+
+def test_the_first_matching_target_is_chosen():
+    plain = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **LLAMA)
+    assert choose_target(plain.config, "CoreformerDecoderForCausalLM")[1] == "LlamaForCausalLM"
+    sliding = tiny_model(
+        cf.CoreformerDecoderForCausalLM, "decoder", **LLAMA, layer_types=["sliding", "sliding"], sliding_window=3
+    )
+    assert choose_target(sliding.config, "CoreformerDecoderForCausalLM")[1] == "MistralForCausalLM"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Folders and the command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_decoder(tmp_path_factory) -> Path:
+    """A tiny GPT-2-shaped coreformer decoder with a trained tokenizer and a card (test_publish's builder)."""
+    from test_publish import build_folder
+
+    folder = tmp_path_factory.mktemp("saved") / "tiny-decoder"
+    build_folder("decoder", folder)
+    return folder
+
+
+def test_cli_export_with_check_writes_a_native_folder(saved_decoder, tmp_path, capsys):
+    out = tmp_path / "native"
+    assert cli.main(["export", str(saved_decoder), str(out), "--check"]) == 0
+    printed = capsys.readouterr().out
+    difference = float(printed.split("max abs difference: ")[1].split()[0])
+    assert difference <= CHECK_TOLERANCE
+    assert "greedy tokens equal: True" in printed and "GPT2LMHeadModel" in printed
+    names = {path.name for path in out.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tokenizer.json"} <= names
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and "auto_map" not in config
+    card = cf.model_card.validate_model_card(out / "README.md")
+    assert str(saved_decoder) in card.text and cf.__version__ in card.text and "max abs difference" in card.text
+    assert "custom_code" not in card.data.tags
+
+
+def test_cli_refusal_is_one_line_with_exit_code_2_and_nothing_written(tmp_path, capsys):
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", num_key_value_heads=2)
+    model.save_pretrained(tmp_path / "gqa")
+    capsys.readouterr()
+    assert cli.main(["export", str(tmp_path / "gqa"), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("coreformer export: error: cannot export CoreformerDecoderForCausalLM")
+    assert "num_key_value_heads=2" in error and error.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_missing_folder_is_the_usual_error(tmp_path, capsys):
+    assert cli.main(["export", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_cli_non_empty_out_needs_overwrite(saved_decoder, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert cli.main(["export", str(saved_decoder), str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err and (out / "keep.txt").exists()
+    assert cli.main(["export", str(saved_decoder), str(out), "--overwrite"]) == 0
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+
+
+def test_cli_failed_check_exits_1_and_writes_nothing(saved_decoder, tmp_path, capsys, monkeypatch):
+    def off_by_one_tenth(jobs):
+        return [CheckResult("GPT2LMHeadModel", {"logits": 0.1}, True, True) for _ in jobs]
+
+    monkeypatch.setattr(export_module, "check_exported", off_by_one_tenth)
+    assert cli.main(["export", str(saved_decoder), str(tmp_path / "out"), "--check"]) == 1
+    assert "check failed: max abs difference 0.1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_onnx_and_gguf_dispatch_to_the_serve_functions(saved_decoder, tmp_path, monkeypatch):
+    calls = []
+
+    def export_onnx(source: Path, out: Path, *, check: bool = False) -> dict:
+        calls.append(("onnx", source, out, check))
+        return {"out": str(out)}
+
+    def export_gguf(native_folder: Path, out: Path, *, dtype: str = "f32", check: bool = False) -> dict:
+        config = json.loads((native_folder / "config.json").read_text())
+        calls.append(("gguf", config["architectures"], out, dtype, check))
+        return {"out": str(out)}
+
+    monkeypatch.setitem(sys.modules, "coreformer.onnx_export", types.SimpleNamespace(export_onnx=export_onnx))
+    monkeypatch.setitem(sys.modules, "coreformer.gguf_export", types.SimpleNamespace(export_gguf=export_gguf))
+    export_to(saved_decoder, tmp_path / "onnx", to="onnx", check=True)
+    export_to(saved_decoder, tmp_path / "gguf", to="gguf", gguf_dtype="f16")
+    assert calls == [
+        ("onnx", saved_decoder, tmp_path / "onnx", True),
+        ("gguf", ["GPT2LMHeadModel"], tmp_path / "gguf" / "model-f16.gguf", "f16", False),
+    ]
+    assert gguf_path(tmp_path / "model.gguf", "q8_0") == tmp_path / "model.gguf"
+    assert not list((tmp_path / "gguf").iterdir())  # the temporary native export is gone
+
+
+def test_export_to_refuses_unknown_targets(saved_decoder, tmp_path):
+    with pytest.raises(ValueError, match="unknown export target 'tflite'"):
+        export_to(saved_decoder, tmp_path / "out", to="tflite")
+
+
+def test_export_for_a_folder_that_is_not_coreformer_says_so(tmp_path):
+    import transformers
+
+    transformers.BertModel(
+        transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
+    ).save_pretrained(tmp_path / "bert")
+    with pytest.raises(ValueError, match="not a coreformer model"):
+        export_to(tmp_path / "bert", tmp_path / "out")
+
+
+def test_check_compares_the_tokenizer_too(saved_decoder, tmp_path):
+    from transformers import AutoTokenizer
+
+    summary = export_to(saved_decoder, tmp_path / "out", check=True)
+    assert summary["check"]["tokenizer_equal"] is True
+    assert summary["check"]["tokens_equal"] is True
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tokenizer.eos_token_id == json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"]
