@@ -378,3 +378,96 @@ def test_check_compares_the_tokenizer_too(saved_decoder, tmp_path):
     assert summary["check"]["tokens_equal"] is True
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
     assert tokenizer.eos_token_id == json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training runs export at the end; publishing pushes an exported folder
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _native_logits_match(run_folder: Path, auto_class: str) -> None:
+    """The exported OUTPUT_DIR/native, loaded by its native class here, computes the run's model's logits."""
+    import transformers
+
+    native_folder = run_folder / "native"
+    config = json.loads((native_folder / "config.json").read_text())
+    assert "auto_map" not in config
+    native = getattr(transformers, config["architectures"][0]).from_pretrained(native_folder).eval()
+    ours = getattr(transformers, auto_class).from_pretrained(run_folder).eval()
+    assert type(native).__module__.startswith("transformers.models.")
+    ids = torch.tensor([[5, 9, 13, 21, 34, 55, 89]])
+    with torch.no_grad():
+        assert (native(ids).logits - ours(ids).logits).abs().max().item() <= CHECK_TOLERANCE
+
+
+def test_a_pretraining_run_with_export_native_writes_the_native_folder(tmp_path):
+    from test_pretraining import tiny_args
+
+    from coreformer.training.pretraining import run_pretraining
+
+    args = tiny_args("decoder", tmp_path / "run", max_steps=2, eval_every=0, warmup_steps=1, export="native")
+    run_pretraining(args)
+    assert json.loads((tmp_path / "run" / "native" / "config.json").read_text())["model_type"] == "gpt2"
+    assert (tmp_path / "run" / "native" / "tokenizer.json").is_file()
+    _native_logits_match(tmp_path / "run", "AutoModelForCausalLM")
+
+
+def test_a_finetuning_run_with_export_native_writes_the_native_folder(saved_decoder, tmp_path):
+    from test_finetuning import tiny_args
+
+    from coreformer.training.finetuning import run_finetuning
+
+    run_finetuning(tiny_args("sequence-classification", saved_decoder, tmp_path / "ft", max_steps=1, export="native"))
+    config = json.loads((tmp_path / "ft" / "native" / "config.json").read_text())
+    assert config["architectures"] == ["GPT2ForSequenceClassification"]
+    _native_logits_match(tmp_path / "ft", "AutoModelForSequenceClassification")
+
+
+def test_a_run_whose_model_has_no_native_architecture_says_why_and_keeps_its_model(tmp_path, capsys):
+    from test_pretraining import tiny_args
+
+    from coreformer.training.pretraining import run_pretraining
+
+    model = dict(position_embedding_type="rotary")  # the decoder-tiny preset's block: no native twin
+    args = tiny_args("decoder", tmp_path / "run", max_steps=1, eval_every=0, warmup_steps=1, model=model)
+    args.export = "native"
+    run_pretraining(args)
+    assert "--export native skipped: cannot export CoreformerDecoderForCausalLM" in capsys.readouterr().err
+    assert (tmp_path / "run" / "model.safetensors").is_file() and not (tmp_path / "run" / "native").exists()
+
+
+def test_publish_pushes_an_exported_folder_that_loads_by_id_without_coreformer(saved_decoder, tmp_path):
+    import subprocess
+
+    from hub_server import LoopbackHub
+    from test_publish import hub_env, run_publish
+
+    out = tmp_path / "work" / "tiny-native"
+    export_to(saved_decoder, out)
+    hub = LoopbackHub()
+    hub.start()
+    try:
+        published = run_publish(out, "user/tiny-native", hub_env(hub, tmp_path / "publisher-home"))
+        assert published.returncode == 0, published.stderr[-3000:]
+        files = hub.repos["user/tiny-native"].commits[hub.repos["user/tiny-native"].branches["main"]]
+        assert set(files) == {path.name for path in out.iterdir()} | {".gitattributes"}
+        loader = (
+            "import sys\nsys.modules['coreformer'] = None\n"
+            "import torch, transformers\n"
+            "model = transformers.AutoModelForCausalLM.from_pretrained('user/tiny-native').eval()\n"
+            "assert type(model).__name__ == 'GPT2LMHeadModel', type(model)\n"
+            "with torch.no_grad():\n"
+            "    print(model(torch.tensor([[5, 9, 13]])).logits.flatten().tolist())\n"
+        )
+        env = hub_env(hub, tmp_path / "loader-home")
+        loaded = subprocess.run(
+            [sys.executable, "-c", loader], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180
+        )
+    finally:
+        hub.stop()
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    ours = cf.CoreformerDecoderForCausalLM.from_pretrained(saved_decoder).eval()
+    with torch.no_grad():
+        expected = ours(torch.tensor([[5, 9, 13]])).logits.flatten()
+    found = torch.tensor(json.loads(loaded.stdout.strip().splitlines()[-1]))
+    assert (found - expected).abs().max().item() <= CHECK_TOLERANCE
