@@ -293,6 +293,22 @@ def test_cli_export_with_check_writes_a_native_folder(saved_decoder, tmp_path, c
     card = cf.model_card.validate_model_card(out / "README.md")
     assert str(saved_decoder) in card.text and cf.__version__ in card.text and "max abs difference" in card.text
     assert "custom_code" not in card.data.tags
+    assert f'AutoModelForCausalLM.from_pretrained("{out}")' in card.text  # the exported folder, not the source
+
+
+def test_the_command_line_offers_exactly_the_registered_exporters():
+    import coreformer_cli
+
+    assert coreformer_cli.EXPORT_KINDS == tuple(export_module.EXPORTERS)
+    assert coreformer_cli.GGUF_DTYPES == export_module.GGUF_DTYPES
+
+
+def test_check_of_a_bf16_folder_compares_in_fp32(tmp_path):
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **LLAMA, **WIDE).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16")
+    summary = export_to(tmp_path / "bf16", tmp_path / "out", check=True)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert summary["check"]["max_abs_difference"] <= CHECK_TOLERANCE and summary["check"]["tokens_equal"]
 
 
 def test_cli_refusal_is_one_line_with_exit_code_2_and_nothing_written(tmp_path, capsys):

@@ -42,7 +42,7 @@ COVERAGE: dict[str, list[str]] = {
         "placeholder paths (path/to/...); the Quickstart runs the same command on the MiniLM checkpoint",
     ],
     "Publishing": ["optional flags in [brackets] and a Hub; tests/test_publish.py runs publish.py on a loopback Hub"],
-    "Serving": ["placeholder paths (path/to/...); tests/test_export.py runs `coreformer export --check` on a saved folder"],
+    "Serving": ["placeholder paths (path/to/...); tests/test_export.py runs `coreformer export --check` itself"],
 }
 
 

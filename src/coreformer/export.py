@@ -64,7 +64,6 @@ from .modeling_base import CoreformerPreTrainedModel
 
 CHECK_TOLERANCE = 1e-5  # fp32: the largest output difference `check` accepts
 GREEDY_TOKENS = 5  # new tokens generated greedily by each side for generative heads
-EXPORT_KINDS = ("native", "onnx", "gguf")
 
 
 class ExportCheckError(RuntimeError):
@@ -674,7 +673,8 @@ for job in jobs:
     config = transformers.AutoConfig.from_pretrained(job["folder"], local_files_only=True)
     assert "auto_map" not in config.to_dict(), "the exported config.json asks for remote code"
     model_class = getattr(transformers, config.architectures[0])
-    model = model_class.from_pretrained(job["folder"], local_files_only=True).eval()
+    # fp32 whatever the folder holds: the comparison is made in fp32 on both sides.
+    model = model_class.from_pretrained(job["folder"], local_files_only=True, dtype=torch.float32).eval()
     assert type(model).__module__.startswith("transformers.models."), type(model).__module__
     result = {"class": type(model).__name__}
     with torch.no_grad():
@@ -856,8 +856,11 @@ def _check_destination(out: Path, overwrite: bool) -> None:
         raise ValueError(f"{out} exists and is not empty; pass --overwrite (overwrite=True) to replace it.")
 
 
-def _card(source: str, model: CoreformerPreTrainedModel, native: PreTrainedModel, result: CheckResult | None) -> str:
-    """README.md of an exported folder: plain transformers metadata (no custom code), what it was exported from."""
+def _card(
+    source: str, out: str, model: CoreformerPreTrainedModel, native: PreTrainedModel, result: CheckResult | None
+) -> str:
+    """README.md of an exported folder: plain transformers metadata (no custom code), what it was exported from, and
+    how to load it from `out` (publishing.card_for_repo points those lines at the repo)."""
     import yaml
 
     from . import __version__
@@ -894,8 +897,8 @@ def _card(source: str, model: CoreformerPreTrainedModel, native: PreTrainedModel
         f"transformers (no `trust_remote_code`, no coreformer) and in engines that know {native_class}.\n\n"
         f"| | |\n|---|---|\n{table}\n\n"
         f"## How to load\n\n```python\nfrom transformers import AutoTokenizer, {head.auto_class}\n\n"
-        f'tokenizer = AutoTokenizer.from_pretrained("{source}")\n'
-        f'model = {head.auto_class}.from_pretrained("{source}")\n```\n'
+        f'tokenizer = AutoTokenizer.from_pretrained("{out}")\n'
+        f'model = {head.auto_class}.from_pretrained("{out}")\n```\n'
     )
 
 
@@ -937,7 +940,7 @@ def export_native(
                     f"check failed: max abs difference {result.worst:.3g} (tolerance {CHECK_TOLERANCE}), greedy tokens "
                     f"equal: {result.tokens_equal}, tokenizer ids equal: {result.tokenizer_equal}; {out} not written."
                 )
-        card = _card(str(source), model, native, result)
+        card = _card(str(source), str(out), model, native, result)
         validate_model_card(card)
         (staging / CARD_NAME).write_text(card, encoding="utf-8")
         _check_destination(out, overwrite)  # it may have been filled while we worked
