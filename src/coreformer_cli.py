@@ -161,7 +161,7 @@ COMMANDS = {
     for command in (
         Command(
             "convert",
-            "convert a local transformers BERT / RoBERTa / GPT-2 / BART checkpoint folder to coreformer",
+            "convert a local transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 folder to coreformer",
             _convert_arguments,
             "coreformer.cli:convert",
             local_folders=("src",),

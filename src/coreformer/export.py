@@ -61,6 +61,7 @@ from .folders import has_tokenizer, staged_folder
 from .layer_types import LAYER_TYPES
 from .model_card import CARD_NAME, inherited_license, is_hub_id, validate_model_card
 from .modeling_base import CoreformerPreTrainedModel
+from .modeling_encoder import CoreformerEncoderForQuestionAnswering
 
 CHECK_TOLERANCE = 1e-5  # fp32: the largest output difference `check` accepts
 GREEDY_TOKENS = 5  # new tokens generated greedily by each side for generative heads
@@ -568,12 +569,14 @@ def choose_target(config: CoreformerConfig, class_name: str) -> tuple[NativeTarg
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _native_name_map(native: PreTrainedModel, model: CoreformerPreTrainedModel) -> dict[str, str | None]:
+def _native_name_map(
+    native: PreTrainedModel, model: CoreformerPreTrainedModel, native_names: list[str]
+) -> dict[str, str | None]:
     """Every native weight name (after its source's `prepare_weights` where that has an inverse) -> the coreformer
     name conversion.py renames it to (None: a weight conversion drops on purpose)."""
     rules = conversion.rename_rules(native, model)
     names: dict[str, str | None] = {}
-    for name in _prepared_native_weights(native):
+    for name in native_names:
         for pattern, target, *transform in rules:
             match = re.fullmatch(pattern, name)
             if match is None:
@@ -605,7 +608,7 @@ def _exported_weights(
     shapes = {name: tensor.shape for name, tensor in _prepared_native_weights(native).items()}
     exported: dict[str, torch.Tensor] = {}
     used: set[str] = set()
-    for name, ours_name in _native_name_map(native, model).items():
+    for name, ours_name in _native_name_map(native, model, list(shapes)).items():
         if ours_name in ours:
             value = ours[ours_name]
             used.add(ours_name)
@@ -636,8 +639,8 @@ def to_native(model: CoreformerPreTrainedModel) -> PreTrainedModel:
     class_name = type(model).__name__
     target, native_class = choose_target(model.config, class_name)
     native_config = target.native_config(model.config)
-    if class_name == "CoreformerEncoderForQuestionAnswering":
-        native_config.num_labels = 2  # a start and an end logit
+    if isinstance(model, CoreformerEncoderForQuestionAnswering):
+        native_config.num_labels = 2  # a start and an end logit, whatever the config's labels say
     native_config._attn_implementation = model.config._attn_implementation
     native = getattr(transformers, native_class)(native_config)
     native.load_state_dict(_exported_weights(native, model, target), strict=True)
