@@ -415,6 +415,13 @@ def check_graph(graph: Graph, folder: Path) -> float:
     return largest
 
 
+def without_eos(logits: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """(B, vocab) logits with eos ruled out, as generate's min_new_tokens does (so both run every step)."""
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return logits.index_fill(-1, torch.tensor(eos, dtype=torch.long), float("-inf")) if eos else logits
+
+
 def check_greedy(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict[str, list[list[int]]]:
     """Greedy tokens from the prefill + cache graphs and from `model.generate` on the same prompt."""
     prefill, step = (_session(folder / graph.file_name) for graph in graphs)
@@ -428,7 +435,7 @@ def check_greedy(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict[st
     outputs = prefill.run(None, {"input_ids": prompt.numpy(), "attention_mask": mask.numpy()})
     tokens = []
     for _ in range(GREEDY_STEPS):
-        next_ids = torch.from_numpy(outputs[0][:, -1]).argmax(-1, keepdim=True)  # (B, 1)
+        next_ids = without_eos(torch.from_numpy(outputs[0][:, -1]), model).argmax(-1, keepdim=True)  # (B, 1)
         tokens.append(next_ids)
         mask = torch.cat([mask, torch.ones_like(next_ids)], dim=1)
         feeds = {"input_ids": next_ids.numpy(), "attention_mask": mask.numpy()}
