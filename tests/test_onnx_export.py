@@ -80,20 +80,22 @@ def test_encoder_masked_lm_with_token_types_matches_pytorch(tmp_path):
 
 
 @pytest.mark.slow
-def test_seq2seq_encoder_and_decoder_graphs_decode_greedily_like_generate(tmp_path):
+def test_seq2seq_graphs_decode_greedily_like_generate_with_and_without_the_cache(tmp_path):
     model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq")
     report = export_onnx(save(tmp_path, model), tmp_path / "onnx", check=True)
-    assert set(report["graphs"]) == {"encoder_model", "decoder_model"}
+    assert set(report["graphs"]) == {"encoder_model", "decoder_model", "decoder_with_past_model"}
     assert report["max_abs_diff"] <= CHECK_TOLERANCE
+    assert report["greedy_tokens"]["onnxruntime"] == report["greedy_tokens"]["pytorch"]  # through the cache graph
     ids, mask = padded_batch(batch=2, length=8)
     (hidden,) = session(tmp_path / "onnx" / "encoder_model.onnx").run(
         None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
     )
     decoder = session(tmp_path / "onnx" / "decoder_model.onnx")
     target = np.full((2, 1), model.config.decoder_start_token_id, dtype=np.int64)
-    for _ in range(5):  # no cache: each step runs the whole prefix
+    for _ in range(5):  # without the cache: each step runs the whole prefix
         (logits,) = decoder.run(
-            None, {"decoder_input_ids": target, "encoder_hidden_states": hidden, "encoder_attention_mask": mask.numpy()}
+            ["logits"],
+            {"decoder_input_ids": target, "encoder_hidden_states": hidden, "encoder_attention_mask": mask.numpy()},
         )
         next_ids = without_eos(torch.from_numpy(logits[:, -1]), model).argmax(-1, keepdim=True)  # as min_new_tokens
         target = np.concatenate([target, next_ids.numpy()], axis=1)

@@ -17,8 +17,12 @@ What is exported (`torch.onnx.export(..., dynamo=True)`, eager attention, every 
              base model, classification     model.onnx               input_ids, attention_mask -> the head's outputs
     seq2seq  conditional generation         encoder_model.onnx       input_ids, attention_mask -> last_hidden_state
                                             decoder_model.onnx       decoder_input_ids, encoder_hidden_states,
-                                                                     encoder_attention_mask -> logits (no cache:
-                                                                     each step runs the whole target prefix)
+                                                                     encoder_attention_mask -> logits,
+                                                                     present.N.decoder.key / .value,
+                                                                     present.N.encoder.key / .value (cross-attention)
+                                            decoder_with_past_model  decoder_input_ids, encoder_attention_mask,
+                                              .onnx                  past_key_values.N.decoder.* / .encoder.*
+                                                                     -> logits, present.N.decoder.key / .value
              base model, classification     model.onnx               input_ids, attention_mask -> the head's outputs
                                                                      (decoder inputs: input_ids shifted right, the
                                                                      heads' default; the classifier reads the last eos)
@@ -26,18 +30,21 @@ What is exported (`torch.onnx.export(..., dynamo=True)`, eager attention, every 
 Key/value tensors are (batch, kv_heads, length, head_dim), as transformers' caches hold them; every layer keeps
 every key (a sliding layer's window is applied by its mask), so all of them share one length. Greedy decoding with
 the cache graphs: run model.onnx on the prompt, then decoder_with_past.onnx on each new token with the presents of
-the previous step as its past and the attention mask grown by one column.
+the previous step as its past and the attention mask grown by one column (seq2seq: encoder_model.onnx once,
+decoder_model.onnx on the start token, then decoder_with_past_model.onnx with the decoder presents of the previous
+step and the encoder presents of the first).
 
 Attention is exported in its eager form (matmul + softmax over the mask transformers' mask builders make): under
 `torch.export` the sdpa path's causal flag depends on the symbolic query length, and the sliding / strided sparse
 kernels run only under sdpa, so the eager form is the one graph that holds every layer type. Layer types that
-cannot be exported are refused by name: a causal LM's cache graphs carry keys and values, so layer types whose cache
-holds something else ("linear": running sums of feature-mapped keys) are refused there (`refuse_uncachable`); every
-layer type exports in the graphs without a cache (encoder heads, classification heads, the seq2seq graphs).
+cannot be exported are refused by name: the causal LM and seq2seq generation graphs carry keys and values, so layer
+types whose cache holds something else ("linear": running sums of feature-mapped keys) are refused there
+(`refuse_uncachable`); every layer type exports in the graphs without a cache (encoder heads, base models,
+classification heads).
 
 `check=True` runs every graph with onnxruntime at two batch/length shapes different from the export shape (padded
-rows included) against the same computation in PyTorch, and for causal LMs greedy decoding through the cache graphs
-against `model.generate`; the report holds the largest difference and the tokens.
+rows included) against the same computation in PyTorch, and for causal LMs and seq2seq generation greedy decoding
+through the cache graphs against `model.generate`; the report holds the largest difference and the tokens.
 """
 
 import json
@@ -47,9 +54,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from .families import Family, family_of_model_type, head_of_class
 from .folders import staged_folder
@@ -176,10 +184,10 @@ def refuse_uncachable(layer_types: list[str]) -> None:
     if refused:
         cached = [name for name, layer_type in LAYER_TYPES.items() if layer_type.cache_layer in KEY_VALUE_CACHE_LAYERS]
         raise ValueError(
-            f"This causal LM has {refused} attention layers, whose cache is not keys and values (a running state "
+            f"This decoder has {refused} attention layers, whose cache is not keys and values (a running state "
             f"in a custom cache layer), so the ONNX cache graphs (past_key_values in, present out) cannot carry it. "
-            f"Layer types that export with a cache: {', '.join(cached)}; the decoder's classification heads export "
-            f"with every layer type (no cache)."
+            f"Layer types that export with a cache: {', '.join(cached)}; the base models and classification heads "
+            f"export with every layer type (no cache)."
         )
 
 
@@ -288,16 +296,50 @@ def seq2seq_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Gr
 
     encoder_module = NamedInputs(encoder, encoder_inputs, encode)
 
+    refuse_uncachable(model.model.decoder.layer_types)
+    num_layers = model.config.decoder_layers
+    self_presents = [f"present.{layer}.decoder.{kind}" for layer in range(num_layers) for kind in ("key", "value")]
+    cross_presents = [f"present.{layer}.encoder.{kind}" for layer in range(num_layers) for kind in ("key", "value")]
+    self_pasts = [name.replace("present.", "past_key_values.") for name in self_presents]
+    cross_pasts = [name.replace("present.", "past_key_values.") for name in cross_presents]
+
     def decode(model, decoder_input_ids, encoder_hidden_states, encoder_attention_mask):
         output = model(
             attention_mask=encoder_attention_mask,
             decoder_input_ids=decoder_input_ids,
             encoder_outputs=(encoder_hidden_states,),
-            use_cache=False,
+            past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache()),
+            use_cache=True,
         )
-        return (output.logits,)
+        cache = output.past_key_values
+        return (output.logits, *flat_cache(cache.self_attention_cache), *flat_cache(cache.cross_attention_cache))
+
+    def step(model, decoder_input_ids, encoder_attention_mask, **past):
+        # The cross-attention keys/values are the cache's: marked computed, never projected again, so the encoder
+        # output is only needed for its shape (zeros stand in for it).
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        for layer in range(num_layers):
+            for part, attention_cache in (
+                ("decoder", cache.self_attention_cache),
+                ("encoder", cache.cross_attention_cache),
+            ):
+                attention_cache.update(
+                    past[f"past_key_values.{layer}.{part}.key"], past[f"past_key_values.{layer}.{part}.value"], layer
+                )
+            cache.is_updated[layer] = True
+        encoder_key = past["past_key_values.0.encoder.key"]  # (B, kv_heads, S, head_dim)
+        placeholder = encoder_key.new_zeros(encoder_key.shape[0], encoder_key.shape[2], model.config.hidden_size)
+        output = model(
+            attention_mask=encoder_attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            encoder_outputs=(placeholder,),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return (output.logits, *flat_cache(output.past_key_values.self_attention_cache))
 
     decoder_inputs = ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask"]
+    decoder_module = NamedInputs(model, decoder_inputs, decode)
 
     def decoder_example(batch: int, length: int) -> list[torch.Tensor]:
         source_ids, source_mask = encoder_example(batch, length + 2)
@@ -305,6 +347,21 @@ def seq2seq_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Gr
             (hidden_states,) = encoder_module(source_ids, source_mask)
         return [target(batch, length), hidden_states, source_mask]
 
+    def step_example(batch: int, length: int) -> list[torch.Tensor]:
+        # a target prefix of `length` tokens through the first decoder graph's computation, then 1 + length // 4 new
+        first = decoder_example(batch, length)
+        with torch.no_grad():
+            presents = list(decoder_module(*first))[1:]
+        new = random_ids((batch, 1 + length // 4), model.config.vocab_size, torch.Generator().manual_seed(length))
+        return [new, first[2], *presents]
+
+    step_inputs = ["decoder_input_ids", "encoder_attention_mask", *self_pasts, *cross_pasts]
+    step_axes = {
+        "decoder_input_ids": {0: "batch", 1: "decoder_sequence"},
+        "encoder_attention_mask": {0: "batch", 1: "encoder_sequence"},
+    }
+    step_axes.update({name: {0: "batch", 2: "past_decoder_sequence"} for name in self_pasts})
+    step_axes.update({name: {0: "batch", 2: "encoder_sequence"} for name in cross_pasts})
     return [
         Graph(
             "encoder_model",
@@ -317,15 +374,23 @@ def seq2seq_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Gr
         ),
         Graph(
             "decoder_model",
-            NamedInputs(model, decoder_inputs, decode),
+            decoder_module,
             decoder_inputs,
-            ["logits"],
+            ["logits", *self_presents, *cross_presents],
             {
                 "decoder_input_ids": {0: "batch", 1: "decoder_sequence"},
                 "encoder_hidden_states": {0: "batch", 1: "encoder_sequence"},
                 "encoder_attention_mask": {0: "batch", 1: "encoder_sequence"},
             },
             decoder_example,
+        ),
+        Graph(
+            "decoder_with_past_model",
+            NamedInputs(model, step_inputs, step),
+            step_inputs,
+            ["logits", *self_presents],
+            step_axes,
+            step_example,
         ),
     ]
 
@@ -444,6 +509,43 @@ def check_greedy(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict[st
     return {"onnxruntime": torch.cat(tokens, 1).tolist(), "pytorch": expected.tolist()}
 
 
+def check_seq2seq_greedy(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict[str, list[list[int]]]:
+    """Greedy tokens from the encoder, first-step decoder and cached decoder graphs, and from `model.generate`."""
+    encoder, first, step = (_session(folder / graph.file_name) for graph in graphs)
+    generator = torch.Generator().manual_seed(7)
+    source = random_ids((2, 6), model.config.vocab_size, generator)
+    source[:, -1] = model.config.eos_token_id
+    mask = torch.ones_like(source)
+    with torch.no_grad():
+        expected = model.generate(
+            source, attention_mask=mask, max_new_tokens=GREEDY_STEPS, min_new_tokens=GREEDY_STEPS, do_sample=False
+        )[:, 1:]  # after the decoder start token
+    (hidden,) = encoder.run(None, {"input_ids": source.numpy(), "attention_mask": mask.numpy()})
+    start = np.full((2, 1), model.config.decoder_start_token_id, dtype=np.int64)
+    outputs = first.run(
+        None, {"decoder_input_ids": start, "encoder_hidden_states": hidden, "encoder_attention_mask": mask.numpy()}
+    )
+    layers = model.config.decoder_layers
+    self_past, cross_past = outputs[1 : 1 + 2 * layers], outputs[1 + 2 * layers :]
+    past_names = graphs[2].input_names[2:]
+    tokens = []
+    for _ in range(GREEDY_STEPS):
+        next_ids = without_eos(torch.from_numpy(outputs[0][:, -1]), model).argmax(-1, keepdim=True)  # (B, 1)
+        tokens.append(next_ids)
+        feeds = {"decoder_input_ids": next_ids.numpy(), "encoder_attention_mask": mask.numpy()}
+        feeds.update(zip(past_names, [*self_past, *cross_past], strict=True))
+        outputs = step.run(None, feeds)
+        self_past = outputs[1:]
+    return {"onnxruntime": torch.cat(tokens, 1).tolist(), "pytorch": expected.tolist()}
+
+
+# graph names -> the greedy decoding check through them
+GREEDY_CHECKS = {
+    ("model", "decoder_with_past"): check_greedy,
+    ("encoder_model", "decoder_model", "decoder_with_past_model"): check_seq2seq_greedy,
+}
+
+
 def copy_companions(source: Path, folder: Path) -> list[str]:
     """config.json, generation_config.json and the tokenizer files, so the folder serves on its own."""
     copied = []
@@ -476,8 +578,9 @@ def export_onnx(source: Path, out: Path, *, check: bool = False) -> dict:
         if check:
             report["max_abs_diff"] = max(check_graph(graph, staging) for graph in graphs)
             report["tolerance"] = CHECK_TOLERANCE
-            if len(graphs) == 2 and graphs[1].name == "decoder_with_past":
-                report["greedy_tokens"] = check_greedy(model, staging, graphs)
+            greedy_check = GREEDY_CHECKS.get(tuple(graph.name for graph in graphs))
+            if greedy_check is not None:
+                report["greedy_tokens"] = greedy_check(model, staging, graphs)
             _raise_on_mismatch(report)
         copy_companions(source, staging)
         report["files"] = sorted(path.name for path in staging.iterdir()) + [MANIFEST_NAME]
