@@ -139,3 +139,12 @@ def test_a_native_transformers_folder_is_refused_naming_its_model_type(tmp_path)
 def test_a_folder_without_config_is_refused(tmp_path):
     with pytest.raises(ValueError, match="has no config.json"):
         export_onnx(tmp_path, tmp_path / "onnx")
+
+
+def test_seq2seq_classification_still_names_a_row_without_eos_outside_export():
+    # the eos check is skipped only while tracing (it branches on tensor values); eager calls keep it
+    model = tiny_model(cf.CoreformerSeq2SeqForSequenceClassification, "seq2seq", num_labels=3)
+    ids, mask = padded_batch(batch=2, length=6)
+    ids[0, -1] = model.config.eos_token_id  # row 1 has none
+    with pytest.raises(ValueError, match="Every input row needs an eos token"):
+        model(ids, attention_mask=mask)
