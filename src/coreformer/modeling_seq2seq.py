@@ -21,6 +21,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_coreformer import CoreformerSeq2SeqConfig
 from .losses import token_loss
@@ -289,8 +290,11 @@ class CoreformerSeq2SeqForSequenceClassification(CoreformerSeq2SeqPreTrainedMode
                 "input_ids: leave decoder_input_ids unset (they default to input_ids shifted right)."
             )
         eos_id = self.config.eos_token_id
-        eos_mask = torch.isin(input_ids, torch.tensor(eos_id, device=input_ids.device)).to(hidden_states.device)
-        if not eos_mask.any(dim=-1).all():
+        # (B, S, 1) == (n_eos,) -> (B, S): torch.isin would do, but it has no ONNX form (it lowers to searchsorted)
+        eos_ids = torch.tensor(eos_id, device=input_ids.device).reshape(-1)
+        eos_mask = (input_ids.unsqueeze(-1) == eos_ids).any(-1).to(hidden_states.device)
+        # A data-dependent check: eager only (torch.export / compile cannot branch on tensor values, as the stack's).
+        if not is_torchdynamo_compiling() and not eos_mask.any(dim=-1).all():
             raise ValueError(f"Every input row needs an eos token ({eos_id}) to pool at; add it when tokenizing.")
         positions = torch.arange(input_ids.shape[-1], device=hidden_states.device)
         last_eos = (positions * eos_mask).argmax(-1)  # (B,)

@@ -1,0 +1,150 @@
+"""ONNX export (coreformer.onnx_export): graphs run by onnxruntime against the PyTorch model they came from."""
+
+import json
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+from conftest import VARIANTS, padded_batch, tiny_model
+
+import coreformer as cf
+from coreformer.onnx_export import CHECK_TOLERANCE, MANIFEST_NAME, export_onnx, without_eos
+
+
+def session(path):
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def save(tmp_path, model, name="source"):
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def decoder_export(tmp_path_factory):
+    """A rotary / RMSNorm / SwiGLU / GQA causal LM with a sliding-window layer, exported with its check."""
+    tmp_path = tmp_path_factory.mktemp("decoder")
+    model = tiny_model(
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        **VARIANTS["rotary_rmsnorm_swiglu_gqa"],
+        layer_types=["sliding", "full"],
+        sliding_window=5,
+    )
+    report = export_onnx(save(tmp_path, model), tmp_path / "onnx", check=True)
+    return model, tmp_path / "onnx", report
+
+
+def test_causal_lm_exports_prefill_and_cache_graphs_that_match_pytorch(decoder_export):
+    model, folder, report = decoder_export
+    assert set(report["graphs"]) == {"model", "decoder_with_past"}
+    assert report["graphs"]["decoder_with_past"]["inputs"][2:4] == ["past_key_values.0.key", "past_key_values.0.value"]
+    assert report["max_abs_diff"] <= CHECK_TOLERANCE
+    assert report["greedy_tokens"]["onnxruntime"] == report["greedy_tokens"]["pytorch"]
+    assert json.loads((folder / MANIFEST_NAME).read_text())["graphs"] == report["graphs"]
+    assert {"config.json", "model.onnx", "decoder_with_past.onnx"} <= set(report["files"])
+
+
+def test_causal_lm_graph_matches_the_model_at_a_new_padded_shape(decoder_export):
+    # the export shape is (2, 7); here batch 3, length 12 (longer than the sliding window), left padded
+    model, folder, _ = decoder_export
+    ids, mask = padded_batch(batch=3, length=12, left=True)
+    logits, *presents = session(folder / "model.onnx").run(
+        None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    )
+    with torch.no_grad():
+        output = model(ids, attention_mask=mask, use_cache=True)
+    real = mask.bool()
+    assert np.abs(logits[real.numpy()] - output.logits[real].numpy()).max() <= CHECK_TOLERANCE
+    assert len(presents) == 2 * model.config.num_hidden_layers
+    assert presents[0].shape == (3, model.config.num_key_value_heads, 12, model.config.head_dim)
+
+
+@pytest.mark.slow
+def test_encoder_masked_lm_with_token_types_matches_pytorch(tmp_path):
+    model = tiny_model(cf.CoreformerEncoderForMaskedLM, "encoder", type_vocab_size=2)
+    report = export_onnx(save(tmp_path, model), tmp_path / "onnx", check=True)
+    assert report["graphs"]["model"]["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert report["max_abs_diff"] <= CHECK_TOLERANCE
+    ids, mask = padded_batch(batch=4, length=9)
+    types = torch.zeros_like(ids).masked_fill(torch.arange(9) > 4, 1)
+    (logits,) = session(tmp_path / "onnx" / "model.onnx").run(
+        None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": types.numpy()}
+    )
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask, token_type_ids=types).logits
+    real = mask.bool()
+    assert np.abs(logits[real.numpy()] - expected[real].numpy()).max() <= CHECK_TOLERANCE
+
+
+@pytest.mark.slow
+def test_seq2seq_graphs_decode_greedily_like_generate_with_and_without_the_cache(tmp_path):
+    model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq")
+    report = export_onnx(save(tmp_path, model), tmp_path / "onnx", check=True)
+    assert set(report["graphs"]) == {"encoder_model", "decoder_model", "decoder_with_past_model"}
+    assert report["max_abs_diff"] <= CHECK_TOLERANCE
+    assert report["greedy_tokens"]["onnxruntime"] == report["greedy_tokens"]["pytorch"]  # through the cache graph
+    ids, mask = padded_batch(batch=2, length=8)
+    (hidden,) = session(tmp_path / "onnx" / "encoder_model.onnx").run(
+        None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    )
+    decoder = session(tmp_path / "onnx" / "decoder_model.onnx")
+    target = np.full((2, 1), model.config.decoder_start_token_id, dtype=np.int64)
+    for _ in range(5):  # without the cache: each step runs the whole prefix
+        (logits,) = decoder.run(
+            ["logits"],
+            {"decoder_input_ids": target, "encoder_hidden_states": hidden, "encoder_attention_mask": mask.numpy()},
+        )
+        next_ids = without_eos(torch.from_numpy(logits[:, -1]), model).argmax(-1, keepdim=True)  # as min_new_tokens
+        target = np.concatenate([target, next_ids.numpy()], axis=1)
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    assert target.tolist() == expected.tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model_class, family",
+    [
+        (cf.CoreformerEncoderForQuestionAnswering, "encoder"),  # two outputs
+        (cf.CoreformerEncoderForMultipleChoice, "encoder"),  # (batch, choices, sequence) inputs
+        (cf.CoreformerDecoderForSequenceClassification, "decoder"),  # last-token pooling, no cache graph
+        (cf.CoreformerSeq2SeqForSequenceClassification, "seq2seq"),  # eos pooling traced without data checks
+    ],
+)
+def test_other_heads_export_and_match_pytorch(tmp_path, model_class, family):
+    model = tiny_model(model_class, family, num_labels=3)
+    report = export_onnx(save(tmp_path, model), tmp_path / "onnx", check=True)
+    assert list(report["graphs"]) == ["model"]
+    assert report["max_abs_diff"] <= CHECK_TOLERANCE
+
+
+def test_linear_attention_causal_lm_is_refused_naming_the_layer_type(tmp_path):
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=["linear", "full"])
+    with pytest.raises(ValueError, match=r"\['linear'\] attention layers, whose cache is not keys and values"):
+        export_onnx(save(tmp_path, model), tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
+
+
+def test_a_native_transformers_folder_is_refused_naming_its_model_type(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="holds a 'gpt2' model, not a coreformer one"):
+        export_onnx(tmp_path / "gpt2", tmp_path / "onnx")
+
+
+def test_a_folder_without_config_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="has no config.json"):
+        export_onnx(tmp_path, tmp_path / "onnx")
+
+
+def test_seq2seq_classification_still_names_a_row_without_eos_outside_export():
+    # the eos check is skipped only while tracing (it branches on tensor values); eager calls keep it
+    model = tiny_model(cf.CoreformerSeq2SeqForSequenceClassification, "seq2seq", num_labels=3)
+    ids, mask = padded_batch(batch=2, length=6)
+    ids[0, -1] = model.config.eos_token_id  # row 1 has none
+    with pytest.raises(ValueError, match="Every input row needs an eos token"):
+        model(ids, attention_mask=mask)
