@@ -19,7 +19,8 @@ An output directory, as a run leaves it:
     output_dir/
       run_config.json                    the resolved arguments (written when the run starts)
       tokenizer.json, tokenizer_config.json
-      checkpoints/step-N/                accelerator.save_state + trainer_state.json + tokenizer/
+      checkpoints/step-N/                the engine's state (accelerator.save_state, or DCP shards under
+                                         coreformer's FSDP2: engine.py) + trainer_state.json + tokenizer/
       logs/pretrain/                     TensorBoard events (when tensorboard is installed)
       config.json, model.safetensors, generation_config.json, modeling code,
       README.md, metrics.json, loss.png  the final model, written at the end
