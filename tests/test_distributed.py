@@ -42,6 +42,7 @@ from coreformer.training.engine import (
 from coreformer.training.pretraining import (
     PretrainingArguments,
     PretrainingError,
+    check_checkpoint_engine,
     load_dataset_splits,
     run_pretraining,
 )
@@ -52,8 +53,14 @@ PRETRAIN = REPO / "training" / "pretrain.py"
 ACCELERATE_CONFIGS = REPO / "training" / "configs" / "accelerate"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 FAMILIES = ("encoder", "decoder", "seq2seq")
-# run name -> (family, settings beyond the family's tiny run)
-RUNS = {family: (family, {}) for family in FAMILIES} | {"electra": ("encoder", {"objective": "electra"})}
+# run name -> (family, settings beyond the family's tiny run). seq2seq accumulates 2 micro-batches of 4 on each rank
+# (FSDP reduce-scatters each into the sharded gradients); its 1-process reference accumulates 4 of 4.
+RUNS = {
+    "encoder": ("encoder", {}),
+    "decoder": ("decoder", {}),
+    "seq2seq": ("seq2seq", {"batch_size": 4, "grad_accum": 2}),
+    "electra": ("encoder", {"objective": "electra"}),
+}
 AUTO_CLASSES = {
     "encoder": AutoModelForMaskedLM,
     "decoder": AutoModelForCausalLM,
@@ -225,7 +232,12 @@ def runs(tmp_path_factory):
         for rank in (0, 1):
             launches.start(f"machine-{rank}", decoder, ddp_launcher(port, machines=2, rank=rank))
         one = {
-            name: run_pretraining(PretrainingArguments(**settings[name], grad_accum=2, output_dir=str(tmp / name)))
+            name: run_pretraining(
+                PretrainingArguments(
+                    **{**settings[name], "grad_accum": 2 * settings[name].get("grad_accum", 1)},
+                    output_dir=str(tmp / name),
+                )
+            )
             for name in RUNS
         }
         deadline = time.monotonic() + 600
@@ -459,3 +471,11 @@ def test_fsdp2_in_bf16_over_gloo_trains_and_stays_near_fp32(runs):
     difference = max(abs(a - b) for a, b in zip(train_losses(bf16), train_losses(fp32)))
     assert 0 < difference < BF16_TOLERANCE, difference
     assert bf16["final_eval_loss"] < bf16["initial_eval_loss"]
+
+
+def test_a_checkpoint_from_before_engines_were_recorded_is_read_as_accelerates(tmp_path):
+    fsdp = resolve_engine(fake_accelerator("MULTI_CPU"), requested_engine(FSDP_ENV), "no")
+    ddp = resolve_engine(fake_accelerator("MULTI_CPU"), requested_engine({"WORLD_SIZE": "2"}), "no")
+    check_checkpoint_engine(tmp_path, {"step": 10}, ddp)
+    with pytest.raises(PretrainingError, match=r"holds accelerate state \(written by a DDP or single-process run\)"):
+        check_checkpoint_engine(tmp_path, {"step": 10}, fsdp)

@@ -649,10 +649,11 @@ def _accelerator(args: PretrainingArguments) -> tuple[Any, Engine, str | None, s
 def check_checkpoint_engine(checkpoint: Path, state: dict[str, Any], engine: Engine) -> None:
     """A checkpoint is read by the engine that writes its format: Accelerate's save_state folders by Accelerate's
     engines, DCP shards by coreformer's FSDP2 (any number of processes: DCP reshards)."""
-    saved = state.get("engine", {}).get("checkpoint_format", "accelerate")  # before engines were recorded
+    recorded = state.get("engine", {})  # absent in checkpoints of runs before engines were recorded: Accelerate's
+    saved, writer = recorded.get("checkpoint_format", "accelerate"), recorded.get("sharding", "DDP or single-process")
     if saved != engine.checkpoint_format:
         raise PretrainingError(
-            f"Checkpoint {str(checkpoint)!r} holds {saved} state (written by a {state['engine']['sharding']} run); "
+            f"Checkpoint {str(checkpoint)!r} holds {saved} state (written by a {writer} run); "
             f"this run is {engine.distributed_type} ({engine.sharding}) and reads {engine.checkpoint_format} "
             f"checkpoints. Resume with the launcher config the run was started with."
         )
