@@ -9,6 +9,7 @@ Every launch of the module starts at once in one fixture (the 2 cores are shared
 whatever happened.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 from accelerate.utils import DistributedType
@@ -119,6 +121,8 @@ CHILD = textwrap.dedent(
         held = {
             name: [str(p.placements), p.to_local().numel(), list(p.shape)] for name, p in model.named_parameters()
         }
+        output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        held["tied"] = output is not None and output.weight is model.get_input_embeddings().weight
         (report / f"rank{accelerator.process_index}.json").write_text(json.dumps(held))
         return model, optimizer, scheduler
 
@@ -181,10 +185,17 @@ class Launches:
         return [json.loads((self.tmp / f"{name}-shards" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
     def kill(self, name: str) -> None:
+        """SIGKILL the launcher and every process under it: torchrun starts each rank in a session of its own, so
+        the launcher's process group alone would leave the ranks waiting on each other forever."""
         child = self.children[name]
         if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)  # the launcher and every rank it started
+            ranks = psutil.Process(child.pid).children(recursive=True)
+            os.killpg(child.pid, signal.SIGKILL)
+            for rank in ranks:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    rank.kill()
             child.wait(timeout=60)
+            psutil.wait_procs(ranks, timeout=60)
 
     def close(self) -> None:
         for name in self.children:
@@ -279,6 +290,9 @@ def test_fsdp2_on_two_processes_matches_one_process_per_step(runs, family):
 def test_fsdp2_each_rank_holds_half_of_every_parameter(runs, family):
     runs.launches.metrics(f"fsdp-{family}")
     ranks = runs.launches.shards(f"fsdp-{family}")
+    # the LM head's weight IS the sharded token embedding (one parameter, sharded once); ELECTRA's discriminator
+    # has no LM head
+    assert ranks[0].pop("tied") == ranks[1].pop("tied") == (family != "electra")
     assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 10
     held, everything = 0, 0
     for name, (placements, local, shape) in ranks[0].items():
@@ -302,12 +316,16 @@ def test_runs_record_the_engine_that_ran_in_metrics_and_the_log(runs, family):
         "backend": "gloo",
         "set_up_by": "coreformer",
         "checkpoint_format": "dcp",
+        "requested": {"engine": "FSDP", "mixed_precision": "no"},
     }
     assert (
         "engine: FSDP (FSDP2 full shard, set up by coreformer's fully_shard inside Accelerate), 2 process(es) on 1 node"
         in (runs.launches.log(f"fsdp-{family}"))
     )
+    bf16 = runs.launches.metrics("fsdp-bf16")["engine"]
+    assert bf16["requested"] == {"engine": "FSDP", "mixed_precision": "bf16"}
     single = runs.one[family]["engine"]
+    assert single["requested"] == {"engine": "single process", "mixed_precision": None}
     assert (single["distributed_type"], single["sharding"], single["world_size"], single["num_nodes"]) == (
         "NO",
         "none",

@@ -115,6 +115,7 @@ class Engine:
     mixed_precision: str
     backend: str | None
     set_up_by: str  # "accelerate" or "coreformer" (fully_shard on CPU processes)
+    requested: EngineRequest
     checkpoint_format: typing.ClassVar[str] = "accelerate"
 
     def record(self) -> dict[str, Any]:
@@ -127,15 +128,24 @@ class Engine:
             "mixed_precision": self.mixed_precision,
             "backend": self.backend,
             "set_up_by": self.set_up_by,
+            "requested": {"engine": self.requested.engine, "mixed_precision": self.requested.mixed_precision},
             "checkpoint_format": self.checkpoint_format,
         }
 
     def line(self) -> str:
+        """The start line; a second line when the launcher's mixed precision is not the run's (the flag decides)."""
         by = "coreformer's fully_shard inside Accelerate" if self.set_up_by == "coreformer" else "Accelerate"
-        return (
+        line = (
             f"engine: {self.distributed_type} ({self.sharding}, set up by {by}), {self.world_size} process(es) on "
             f"{self.num_nodes} node(s), backend {self.backend or 'none'}, mixed precision {self.mixed_precision}"
         )
+        launcher = self.requested.mixed_precision
+        if launcher not in (None, self.mixed_precision):
+            line += (
+                f"\nnote: the launcher's mixed precision is {launcher}, this run's --mixed-precision is "
+                f"{self.mixed_precision}: the flag decides (pass --mixed-precision {launcher} to follow the launcher)"
+            )
+        return line
 
     # ---- the engine's part of the run ----
     def setup(self, accelerator, model, build_optimizer: Callable, build_scheduler: Callable) -> tuple:
@@ -298,7 +308,8 @@ def resolve_engine(accelerator, request: EngineRequest, mixed_precision: str) ->
     world, nodes = accelerator.num_processes, request.num_nodes
     wanted = {FSDP: ("FSDP",), DEEPSPEED: ("DEEPSPEED",), MEGATRON: ("MEGATRON_LM",)}.get(request.engine)
     if wanted is None or kind in wanted:  # Accelerate set up what was asked
-        return AccelerateEngine(kind, world, nodes, _sharding(accelerator), mixed_precision, backend, "accelerate")
+        sharding = _sharding(accelerator)
+        return AccelerateEngine(kind, world, nodes, sharding, mixed_precision, backend, "accelerate", request)
     asked = f"The launcher asked for {request.engine}"
     if request.engine == FSDP and kind == "MULTI_CPU":  # Accelerate does not do FSDP on CPU: coreformer does
         if request.fsdp_version != 2:
@@ -330,6 +341,7 @@ def resolve_engine(accelerator, request: EngineRequest, mixed_precision: str) ->
             mixed_precision,
             backend,
             "coreformer",
+            request,
             reshard_after_forward=request.reshard_after_forward,
         )
     how = {

@@ -699,13 +699,6 @@ def prepare(args: PretrainingArguments) -> _Run:
         f"{accelerator.device}; {tracker_line}"
     )
     accelerator.print(engine.line())
-    launcher_precision = requested_engine().mixed_precision
-    if launcher_precision not in (None, args.mixed_precision):
-        accelerator.print(
-            f"note: the launcher's mixed precision is {launcher_precision}, this run's --mixed-precision is "
-            f"{args.mixed_precision}: the flag decides (pass --mixed-precision {launcher_precision} to follow the "
-            f"launcher)"
-        )
     return _Run(
         args,
         accelerator,
