@@ -50,6 +50,9 @@ from coreformer.training.pretraining import (
 )
 from coreformer.training.tokenizer_training import train_tokenizer
 
+# One worker runs the whole module under `pytest -n 2 --dist loadgroup` (make test): the `runs` fixture once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
+
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "training" / "pretrain.py"
 ACCELERATE_CONFIGS = REPO / "training" / "configs" / "accelerate"
