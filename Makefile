@@ -35,8 +35,10 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python training/pretrain.py --family decoder --preset tiny \
 		--output-dir $(DEMO_OUTPUT) --overwrite --sample-prompt "def " $(DEMO_ARGS)
 
+# --dist loadgroup: the tests of one xdist_group (tests/test_distributed.py: one fixture launches every run) share a
+# worker, so their module fixture runs once; every other test is spread as before.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 readme-check: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/test_readme.py

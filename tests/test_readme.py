@@ -34,6 +34,10 @@ COVERAGE: dict[str, list[str]] = {
         RUN,
     ],
     "Pretraining": [RUN, TEMPLATES],
+    "Scaling out": [
+        "two launchers started together on a free port P; tests/test_distributed.py starts them with these flags "
+        "(test_two_machines_of_one_process_equal_one_machine_of_two)"
+    ],
     "ELECTRA against masked LM, at equal training time": [
         "a 25-minute benchmark; its own test runs the same script with --tiny"
     ],

@@ -17,7 +17,7 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,11 +116,15 @@ def save_checkpoint(
     trainer_state: dict,
     tokenizer: PreTrainedTokenizerBase,
     keep_last: int,
+    write_state: Callable[[Path], None] | None = None,
 ) -> Path:
-    """accelerator.save_state into checkpoints/.tmp-step-N, then rename to step-N; prune to the last `keep_last`.
+    """The training state into checkpoints/.tmp-step-N, then rename to step-N; prune to the last `keep_last`.
 
-    Every process writes into the temporary folder (its RNG state; shards under FSDP / DeepSpeed), so its name is
-    the same on every rank. trainer_state.json goes in last, the rename makes the folder visible at once.
+    `write_state(folder)` writes model, optimizer, schedule and RNG states on every process (default:
+    accelerator.save_state; the engine's DCP writer under coreformer's FSDP2, engine.py). Every process writes into
+    the temporary folder (its RNG state; shards under FSDP / DeepSpeed), so its name is the same on every rank; all
+    wait for the last one before rank 0 writes trainer_state.json (last) and renames, which makes the folder visible
+    at once: a kill at any point leaves the previous checkpoint the latest.
     """
     root = output_dir / CHECKPOINTS_DIR
     staging, final = root / f".tmp-step-{step}", root / f"step-{step}"
@@ -129,7 +133,10 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     with _quiet_about_ties(model):
-        accelerator.save_state(str(staging))
+        if write_state is None:
+            accelerator.save_state(str(staging))
+        else:
+            write_state(staging)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tokenizer.save_pretrained(staging / "tokenizer")

@@ -19,7 +19,8 @@ An output directory, as a run leaves it:
     output_dir/
       run_config.json                    the resolved arguments (written when the run starts)
       tokenizer.json, tokenizer_config.json
-      checkpoints/step-N/                accelerator.save_state + trainer_state.json + tokenizer/
+      checkpoints/step-N/                the engine's state (accelerator.save_state, or DCP shards under
+                                         coreformer's FSDP2: engine.py) + trainer_state.json + tokenizer/
       logs/pretrain/                     TensorBoard events (when tensorboard is installed)
       config.json, model.safetensors, generation_config.json, modeling code,
       README.md, metrics.json, loss.png  the final model, written at the end
@@ -60,6 +61,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .data import iter_texts, load_text_dataset
+from .engine import Engine, requested_engine, resolve_engine
 from .families import FAMILIES as FAMILY_FACTS
 from .families import longest_input
 from .objectives import OBJECTIVES, Objective
@@ -589,6 +591,7 @@ class _Run:
     config: Any
     train_examples: datasets.Dataset
     eval_examples: datasets.Dataset
+    engine: Engine  # what runs (engine.py): recorded in metrics.json and every checkpoint
 
     @property
     def output_dir(self) -> Path:
@@ -617,8 +620,9 @@ class _Training:
     session_tokens: int = 0
 
 
-def _accelerator(args: PretrainingArguments) -> tuple[Any, str | None, str]:
-    """The Accelerator of the run (checked to hold every launched process), its tracker and a line saying which."""
+def _accelerator(args: PretrainingArguments) -> tuple[Any, Engine, str | None, str]:
+    """The Accelerator of the run (checked to hold every launched process), the engine that runs (the one the
+    launcher asked for, or a refusal), its tracker and a line saying which."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
@@ -634,12 +638,26 @@ def _accelerator(args: PretrainingArguments) -> tuple[Any, str | None, str]:
         step_scheduler_with_optimizer=False,
     )
     check_world_size(accelerator.num_processes)
+    engine = resolve_engine(accelerator, requested_engine(), args.mixed_precision)
     deepspeed = accelerator.state.deepspeed_plugin
     if deepspeed is not None:  # DeepSpeed reads these from its own config, not from the loop
         deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = args.batch_size
         deepspeed.deepspeed_config["gradient_accumulation_steps"] = args.grad_accum
         deepspeed.deepspeed_config["gradient_clipping"] = args.max_grad_norm
-    return accelerator, log_with, tracker_line
+    return accelerator, engine, log_with, tracker_line
+
+
+def check_checkpoint_engine(checkpoint: Path, state: dict[str, Any], engine: Engine) -> None:
+    """A checkpoint is read by the engine that writes its format: Accelerate's save_state folders by Accelerate's
+    engines, DCP shards by coreformer's FSDP2 (any number of processes: DCP reshards)."""
+    recorded = state.get("engine", {})  # absent in checkpoints of runs before engines were recorded: Accelerate's
+    saved, writer = recorded.get("checkpoint_format", "accelerate"), recorded.get("sharding", "DDP or single-process")
+    if saved != engine.checkpoint_format:
+        raise PretrainingError(
+            f"Checkpoint {str(checkpoint)!r} holds {saved} state (written by a {writer} run); "
+            f"this run is {engine.distributed_type} ({engine.sharding}) and reads {engine.checkpoint_format} "
+            f"checkpoints. Resume with the launcher config the run was started with."
+        )
 
 
 def _run_tokenizer(args: PretrainingArguments, accelerator, resume: Path | None, state, splits):
@@ -657,9 +675,11 @@ def _run_tokenizer(args: PretrainingArguments, accelerator, resume: Path | None,
 def prepare(args: PretrainingArguments) -> _Run:
     """Every check of the inputs (output folder, resume checkpoint, dataset, tokenizer, blocks), on every process,
     before the first write: a bad input raises `PretrainingError` with nothing written or overwritten."""
-    accelerator, log_with, tracker_line = _accelerator(args)
+    accelerator, engine, log_with, tracker_line = _accelerator(args)
     resume = resolve_resume(args, Path(args.output_dir))
     state = read_trainer_state(resume) if resume is not None else None
+    if resume is not None:
+        check_checkpoint_engine(resume, state, engine)
     splits = load_dataset_splits(args)
     tokenizer, tokenizer_name = _run_tokenizer(args, accelerator, resume, state, splits)
     config = build_model_config(args, tokenizer)
@@ -679,8 +699,19 @@ def prepare(args: PretrainingArguments) -> _Run:
         f"{args.family} {args.objective} pretraining on {accelerator.num_processes} process(es), "
         f"{accelerator.device}; {tracker_line}"
     )
+    accelerator.print(engine.line())
     return _Run(
-        args, accelerator, log_with, resume, state, tokenizer, tokenizer_name, config, train_examples, eval_examples
+        args,
+        accelerator,
+        log_with,
+        resume,
+        state,
+        tokenizer,
+        tokenizer_name,
+        config,
+        train_examples,
+        eval_examples,
+        engine,
     )
 
 
@@ -720,7 +751,7 @@ def _optimizer(model, args: PretrainingArguments, device: torch.device) -> torch
 def _restore(run: _Run, training: _Training) -> None:
     """Model, optimizer, schedule, scaler, every process's RNG and the data position of the resumed checkpoint."""
     accelerator, state, args = run.accelerator, run.state, run.args
-    accelerator.load_state(str(run.resume))
+    run.engine.load_state(accelerator, training.model, training.optimizer, training.scheduler, run.resume)
     training.step, training.consumed, training.tokens_seen, training.history = (
         state[key] for key in ("step", "consumed", "tokens_seen", "history")
     )
@@ -761,9 +792,12 @@ def build(run: _Run) -> _Training:
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     num_parameters = sum(parameter.numel() for parameter in model.parameters())
-    optimizer = _optimizer(model, args, accelerator.device)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer, scheduler = run.engine.setup(
+        accelerator,
+        model,
+        lambda module: _optimizer(module, args, accelerator.device),
+        lambda optimizer: get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps),
+    )
     training = _Training(model, optimizer, scheduler, num_parameters, iter(()), [])
     if run.resume is not None:
         _restore(run, training)
@@ -838,12 +872,22 @@ def _save_checkpoint(run: _Run, training: _Training) -> None:
         "consumed": training.consumed,  # global batches
         "tokens_seen": training.tokens_seen,
         "world_size": run.accelerator.num_processes,
+        "engine": run.engine.record(),
         "tokenizer": run.tokenizer_name,
         "history": training.history,
         "args": dataclasses.asdict(run.args),
     }
     save_checkpoint(
-        run.accelerator, training.model, run.output_dir, training.step, trainer_state, run.tokenizer, run.args.keep_last
+        run.accelerator,
+        training.model,
+        run.output_dir,
+        training.step,
+        trainer_state,
+        run.tokenizer,
+        run.args.keep_last,
+        write_state=lambda folder: run.engine.save_state(
+            run.accelerator, training.model, training.optimizer, training.scheduler, folder
+        ),
     )
 
 
@@ -909,6 +953,8 @@ def _metrics(run: _Run, training: _Training) -> dict[str, Any]:
         "tokenizer": run.tokenizer_name,
         "steps": training.step,
         "world_size": world,
+        "num_nodes": run.engine.num_nodes,
+        "engine": run.engine.record(),
         "batch_size": args.batch_size,
         "grad_accum": args.grad_accum,
         "examples_per_step": args.batch_size * args.grad_accum * world,
@@ -941,10 +987,13 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
     model or the new one, never a mix; checkpoints and logs come along as hard links. Then the sample, if asked."""
     args, accelerator, output_dir = run.args, run.accelerator, run.output_dir
     metrics = _metrics(run, training)
-    state_dict = accelerator.get_state_dict(training.model)  # a collective under FSDP / DeepSpeed ZeRO-3
+    state_dict = run.engine.full_state_dict(accelerator, training.model)  # a collective under FSDP / ZeRO-3
     if accelerator.is_main_process:
+        model = run.engine.model_to_save(
+            accelerator, training.model, lambda: run.objective.build_model(run.config, args)
+        )
         with staged_folder(output_dir) as staging:
-            run.objective.save(accelerator.unwrap_model(training.model), state_dict, run.tokenizer, staging)
+            run.objective.save(model, state_dict, run.tokenizer, staging)
             metrics["wall_time_s"] = time.perf_counter() - session_start
             plot_losses(training.history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
             (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))
