@@ -21,6 +21,7 @@ import sys
 
 from coreformer.training.arguments import INTERRUPTED, RunStoppedError, add_flags
 from coreformer.training.finetuning import (
+    BEFORE,
     FinetuningArguments,
     FinetuningError,
     argument_fields,
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return INTERRUPTED
     shown = {key: round(value, 4) for key, value in metrics.items() if key.startswith("eval_")}
-    print(f"done: {shown}")
+    before = {key: round(metrics[BEFORE + key], 4) for key in shown if BEFORE + key in metrics}
+    print(f"done: {shown} (before training: {before})")
     return 0
 
 
