@@ -763,7 +763,7 @@ def load_with_head(auto_class, path: str, **kwargs):
 def prepare(args: FinetuningArguments, world_size: int = 1) -> _Run:
     """Every check (output folder, resume checkpoint, model, task / family, data, columns, labels) and the model with
     its new head."""
-    resume, record = resolve_resume(args, world_size, _RUN_MARKERS)
+    resume, record = resolve_resume(args, world_size, _RUN_MARKERS, RUN_CONFIG)
     config, family = load_model_config(args.model, args.task)
     tokenizer = load_finetuning_tokenizer(args, args.model)
     splits, data_description = load_task_data(args)

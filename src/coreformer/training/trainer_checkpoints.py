@@ -114,9 +114,23 @@ def run_settings(args) -> dict[str, Any]:
     return {key: value for key, value in dataclasses.asdict(args).items() if key not in RESUME_FREE}
 
 
-def resolve_resume(args, world_size: int, markers: tuple[str, ...]) -> tuple[Path | None, dict[str, Any] | None]:
+def _finished_here(output_dir: Path, record: dict, state: dict, run_config: str) -> bool:
+    """Whether `output_dir` holds the final model of the run the checkpoint belongs to (its settings, its last
+    step), not that of a previous run the checkpoint's run was killed before replacing."""
+    config, final_state = output_dir / run_config, output_dir / "trainer_state.json"
+    if not (config.is_file() and final_state.is_file()):
+        return False
+    settings = json.loads(config.read_text())
+    same_run = all(settings.get(key) == value for key, value in record["args"].items())
+    return same_run and json.loads(final_state.read_text())["global_step"] >= state["global_step"]
+
+
+def resolve_resume(
+    args, world_size: int, markers: tuple[str, ...], run_config: str
+) -> tuple[Path | None, dict[str, Any] | None]:
     """(checkpoint, its run record) to resume, or (None, None) to start fresh, with pretraining's refusals: a missing
-    or incomplete checkpoint, a folder that holds a run but no checkpoint, other settings; and a finished run."""
+    or incomplete checkpoint, a folder that holds a run but no checkpoint, other settings; and a finished run (its
+    final folder, with `run_config` and trainer_state.json, in output_dir)."""
     output_dir = Path(args.output_dir)
     start_over = "--resume-from-checkpoint latest to continue it, or choose another folder"
     if args.resume_from_checkpoint is None:
@@ -145,7 +159,7 @@ def resolve_resume(args, world_size: int, markers: tuple[str, ...]) -> tuple[Pat
         fix="resume with the settings (and number of processes) it was started with, listed in its " + RUN_RECORD,
         error=FinetuningError,
     )
-    if state["global_step"] >= state["max_steps"] and (output_dir / "config.json").is_file():
+    if state["global_step"] >= state["max_steps"] and _finished_here(output_dir, record, state, run_config):
         raise FinetuningError(
             f"Checkpoint {str(checkpoint)!r} is the end of a finished run (step {state['global_step']} of "
             f"{state['max_steps']}), whose model is in {str(output_dir)!r}: nothing to resume. Pass --overwrite "
