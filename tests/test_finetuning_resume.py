@@ -371,3 +371,41 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_run(folder, reference)
+
+
+KILLED_IN_THE_FINAL_SAVE = """
+import pathlib, runpy, sys, time
+import coreformer.training.finetuning
+
+marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+def save_with_pipeline(*args, **kwargs):  # trained, checkpointed and evaluated; the final folder is being written
+    marker.write_text("saving")
+    time.sleep(300)  # the test kills us here
+
+coreformer.training.finetuning.save_with_pipeline = save_with_pipeline
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_a_rerun_killed_in_its_final_save_keeps_the_previous_model_and_resumes_from_its_own_checkpoints(
+    base, uninterrupted, tmp_path
+):
+    folder = tmp_path / "out"
+    shutil.copytree(uninterrupted, folder)
+    previous = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json", "all_results.json")}
+    command = [sys.executable, "-c", KILLED_IN_THE_FINAL_SAVE, str(tmp_path / "marker"), str(FINETUNE)]
+    kill_while_saving(command + flags(base, folder, max_steps=4) + ["--overwrite"], tmp_path)
+
+    # The final model is still the previous run's; the checkpoints are the rerun's (its first save replaced them).
+    assert {name: (folder / name).read_bytes() for name in previous} == previous
+    assert [path.name for path in list_checkpoints(folder)] == ["step-2", "step-4"]
+    last = folder / CHECKPOINTS_DIR / "step-4"
+    assert json.loads((last / RUN_RECORD).read_text())["args"]["max_steps"] == 4
+    # Its end is not mistaken for a finished run (the final folder there is another run's): resuming writes it.
+    run_finetuning(settings(base, folder, max_steps=4, resume_from_checkpoint="latest"))
+    assert step_losses(folder) == step_losses(last) and len(step_losses(folder)) == 4
+    weights, reference = load_file(folder / "model.safetensors"), load_file(last / "model.safetensors")
+    assert all(torch.equal(weights[name], tensor) for name, tensor in reference.items())
+    assert not list(tmp_path.glob(".out.*"))  # the killed rerun's staging folder is cleaned up
