@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from conftest import interrupt_at_marker
 from safetensors.torch import load_file
 from test_finetuning import _texts
@@ -30,7 +31,13 @@ from transformers import AutoModelForSequenceClassification, set_seed
 
 import coreformer as cf
 from coreformer.training.checkpoints import CHECKPOINTS_DIR, list_checkpoints
-from coreformer.training.finetuning import FinetuningArguments, FinetuningError, evaluate_folder, run_finetuning
+from coreformer.training.finetuning import (
+    FinetuningArguments,
+    FinetuningError,
+    check_engine,
+    evaluate_folder,
+    run_finetuning,
+)
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 from coreformer.training.trainer_checkpoints import RUN_RECORD
 
@@ -409,3 +416,26 @@ def test_a_rerun_killed_in_its_final_save_keeps_the_previous_model_and_resumes_f
     weights, reference = load_file(folder / "model.safetensors"), load_file(last / "model.safetensors")
     assert all(torch.equal(weights[name], tensor) for name, tensor in reference.items())
     assert not list(tmp_path.glob(".out.*"))  # the killed rerun's staging folder is cleaned up
+
+
+def test_fsdp_that_accelerate_does_not_set_up_is_refused_not_run_as_ddp():
+    # What Accelerate 1.15 sets up on CPU processes whatever the launch asked: MULTI_CPU (DDP).
+    with pytest.raises(FinetuningError, match=r"FSDP was asked for .* but Accelerate set up MULTI_CPU: on CPU"):
+        check_engine(DistributedType.MULTI_CPU, {"ACCELERATE_USE_FSDP": "true"})
+    check_engine(DistributedType.FSDP, {"ACCELERATE_USE_FSDP": "true"})  # asked and running
+    check_engine(DistributedType.MULTI_CPU, {})  # DDP asked (--multi_gpu) and running
+
+
+@pytest.mark.slow
+def test_an_fsdp_launch_on_cpu_processes_is_refused_in_one_line_with_nothing_written(base, tmp_path):
+    folder = tmp_path / "out"
+    command = [str(ACCELERATE), "launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["--main_process_port", str(_free_port()), str(FINETUNE)] + flags(base, folder)
+    env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode != 0
+    refusals = [line for line in result.stderr.splitlines() if line.startswith("finetune.py: error: FSDP was asked")]
+    assert len(refusals) == 2, result.stderr[-3000:]  # one line from each process
+    assert "FinetuningError" not in result.stderr  # no traceback of ours (the launcher prints its ChildFailedError)
+    assert not folder.exists() and not list(tmp_path.glob(".out.*"))

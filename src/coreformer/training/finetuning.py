@@ -44,6 +44,7 @@ from typing import Any
 
 import datasets
 import transformers
+from accelerate.utils import DistributedType
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged_folder
@@ -817,6 +818,21 @@ def _shown(metrics: dict[str, float]) -> str:
     return ", ".join(f"{key.removeprefix(BEFORE)} {value:.4g}" for key, value in metrics.items())
 
 
+def check_engine(distributed_type, environ: Mapping[str, str] = os.environ) -> None:
+    """Refuse FSDP that was asked for (`accelerate launch --use_fsdp`, an FSDP config file) but not set up.
+
+    On CPU processes Accelerate 1.15 sets itself up as MULTI_CPU whatever the launch asked, and Trainer then trains
+    with DistributedDataParallel and unsharded parameters (checked with 2 gloo processes, with the launch flags and
+    with TrainingArguments(fsdp=...) alike): a run must never pretend to be sharded."""
+    asked = environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1", "yes")
+    if asked and distributed_type != DistributedType.FSDP:
+        raise FinetuningError(
+            f"FSDP was asked for (accelerate launch --use_fsdp or an FSDP config), but Accelerate set up "
+            f"{distributed_type.value}: on CPU processes it runs DistributedDataParallel, never FSDP, so the "
+            f"parameters would not be sharded. Launch with --multi_gpu for data parallelism on CPUs, or FSDP on GPUs."
+        )
+
+
 def _stopped(run: _Run, trainer) -> str:
     """Ctrl-C's one line: the step reached and how to go on (from a checkpoint of this run, or from the start)."""
     step, output_dir = trainer.state.global_step, Path(run.args.output_dir)
@@ -842,6 +858,7 @@ def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, fl
         run_record=record,
         evaluate_first=run.resume is None,
     )
+    check_engine(trainer.accelerator.distributed_type)
     trainer.add_callback(MetricsBeforeTraining(run.args.spec, record, announce=trainer.is_world_process_zero()))
     try:
         train_output = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume is not None else None)
