@@ -30,6 +30,7 @@ from test_finetuning import _texts
 from transformers import AutoModelForSequenceClassification, set_seed
 
 import coreformer as cf
+from coreformer.training import finetuning
 from coreformer.training.checkpoints import CHECKPOINTS_DIR, list_checkpoints
 from coreformer.training.finetuning import (
     FinetuningArguments,
@@ -292,6 +293,19 @@ def test_metrics_before_training_are_those_of_the_untrained_model(base, uninterr
     assert before["eval_loss"] != values["eval_loss"]  # and the after numbers are another model's
     eval_results = json.loads((uninterrupted / "eval_results.json").read_text())
     assert eval_results["before_eval_loss"] == values["before_eval_loss"]
+
+
+def test_the_evaluation_before_training_leaves_training_unchanged(base, uninterrupted, tmp_path, monkeypatch):
+    # Reference: the same run with Trainer's evaluation at the start turned off (and so no `before_` metrics).
+    original = finetuning._training_arguments
+    monkeypatch.setattr(
+        finetuning, "_training_arguments", lambda args, output_dir, _: original(args, output_dir, False)
+    )
+    reference = tmp_path / "without"
+    run_finetuning(settings(base, reference))
+    assert not any(key.startswith("before_") for key in results(reference))
+    assert step_losses(uninterrupted) == step_losses(reference)
+    assert results(uninterrupted)["eval_loss"] == results(reference)["eval_loss"]
 
 
 INTERRUPTED_AFTER_A_CHECKPOINT = """

@@ -800,18 +800,53 @@ class MetricsBeforeTraining(transformers.TrainerCallback):
 
     Trainer's own `eval_on_start`, not an evaluate() call before train(): under DDP that call prepares the model
     for evaluation, and Accelerate then never wraps the already-"prepared" model in DistributedDataParallel, so each
-    process would train alone (checked with 2 gloo processes: no gradient all-reduce, different weights per rank)."""
+    process would train alone (checked with 2 gloo processes: no gradient all-reduce, different weights per rank).
+
+    The evaluation leaves training as it would be without it: every DataLoader iterator draws its base seed from
+    the global torch RNG, so the random states are taken when training begins and put back after the evaluation
+    (the same per-step losses as a run without it, checked against the code before this evaluation existed)."""
 
     def __init__(self, task: Task, record: dict, announce: bool) -> None:
         self.task, self.record, self.announce = task, record, announce
+        self.random_states = None
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        if "before" not in self.record:
+            self.random_states = _random_states()
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs) -> None:
         if state.global_step != 0 or "before" in self.record:
             return
+        _set_random_states(self.random_states)
         values = self.task.final_metrics({k: float(v) for k, v in metrics.items() if k.startswith("eval_")})
         self.record["before"] = {BEFORE + key: value for key, value in values.items() if not key.endswith(_NOT_METRICS)}
         if self.announce:
             print(f"before training: {_shown(self.record['before'])}")
+
+
+def _random_states() -> tuple:
+    """Python's, NumPy's, torch's CPU and (where there is one) accelerator RNG states of this process."""
+    import random
+
+    import numpy as np
+    import torch
+
+    devices = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), devices
+
+
+def _set_random_states(states: tuple) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    python, numpy, cpu, devices = states
+    random.setstate(python)
+    np.random.set_state(numpy)
+    torch.set_rng_state(cpu)
+    if devices is not None:
+        torch.cuda.set_rng_state_all(devices)
 
 
 def _shown(metrics: dict[str, float]) -> str:
@@ -871,7 +906,7 @@ def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, fl
     train_metrics.update(train_steps=float(trainer.state.global_step), train_samples=float(len(run.prepared.train)))
     eval_metrics, rows = _predict(trainer, run.args, run.prepared, run.tokenizer)
     trainer.log(eval_metrics)
-    return trainer, train_metrics, {**eval_metrics, **record["before"]}, rows
+    return trainer, train_metrics, {**eval_metrics, **record.get("before", {})}, rows
 
 
 def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float]], rows: list[dict]) -> None:
