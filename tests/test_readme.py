@@ -41,7 +41,11 @@ COVERAGE: dict[str, list[str]] = {
     "ELECTRA against masked LM, at equal training time": [
         "a 25-minute benchmark; its own test runs the same script with --tiny"
     ],
-    "Fine-tuning": [RUN, "needs the network (conll2003, xsum from the Hub) or your own train.jsonl / dev.jsonl"],
+    "Fine-tuning": [
+        RUN,
+        "needs the network (conll2003, xsum from the Hub) or your own train.jsonl / dev.jsonl",
+        RUN,
+    ],
     "Bring your own checkpoint": [
         "placeholder paths (path/to/...); the Quickstart runs the same command on the MiniLM checkpoint",
     ],
@@ -193,6 +197,8 @@ def test_fine_tuning_block_runs_after_the_quickstart(tmp_path):
     assert result.stdout.count("done: {'eval_") == 5
     for folder in ("cls", "ner", "qa", "clm-lora", "sum"):
         assert (tmp_path / "out" / folder / "config.json").is_file(), folder
+    run_bash(_tiny(block("Fine-tuning", 2)), tmp_path)  # --resume-from-checkpoint latest on a new folder: starts it
+    assert (tmp_path / "out" / "cls-long" / "checkpoints" / "step-2" / "fine_tuning_run.json").is_file()
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import sys
 
 from coreformer.training.arguments import INTERRUPTED, RunStoppedError, add_flags
 from coreformer.training.finetuning import (
+    BEFORE,
     FinetuningArguments,
     FinetuningError,
     argument_fields,
@@ -56,13 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     except RunStoppedError as stopped:
         print(f"finetune.py: {stopped}", file=sys.stderr)
         return INTERRUPTED
-    except KeyboardInterrupt:  # while loading or evaluating: the output folder is only replaced complete
+    except KeyboardInterrupt:  # while loading, evaluating or saving: the output folder is only replaced complete
         print(
-            "finetune.py: stopped before or after training; nothing was written, run the command again", file=sys.stderr
+            "finetune.py: stopped before or after the training steps; the final folder was not written. Run the "
+            "command again (after training, --resume-from-checkpoint latest continues from its last checkpoint)",
+            file=sys.stderr,
         )
         return INTERRUPTED
     shown = {key: round(value, 4) for key, value in metrics.items() if key.startswith("eval_")}
-    print(f"done: {shown}")
+    before = {key: round(metrics[BEFORE + key], 4) for key in shown if BEFORE + key in metrics}
+    print(f"done: {shown} (before training: {before})")
     return 0
 
 

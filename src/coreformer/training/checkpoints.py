@@ -1,10 +1,14 @@
-"""Checkpoints of a pretraining run: atomic saves, the newest complete one, and leftovers of interrupted saves.
+"""Checkpoints of a run (pretraining's own, fine-tuning's through Trainer): atomic saves, the newest complete one,
+leftovers of interrupted saves, and the checks and messages of `--resume-from-checkpoint` both runs share.
 
     save_checkpoint(accelerator, model, output_dir, step, trainer_state, tokenizer, keep_last)   write, rename, prune
     tied_parameter_names(model)                                          every name a tied weight goes by
     list_checkpoints(output_dir) / find_latest_checkpoint(output_dir)    complete `checkpoints/step-N`, oldest first
     read_trainer_state(checkpoint)                                       what the run recorded (step, data position)
     remove_stale_temporaries(output_dir)                                 folders a crash left mid-save
+    requested_checkpoint(requested, output_dir, ...)                    'latest' or a folder -> a complete checkpoint
+    check_unchanged(checkpoint, saved, current, ...)                     refuse a resume under other settings
+    stopped_message(output_dir, step, start_over)                        Ctrl-C's one line: where to go on from
 
 Checkpoints are written into `checkpoints/.tmp-step-N` and renamed to `step-N` once complete (a rename is atomic on
 POSIX), so a crash during a save leaves the previous checkpoint as the latest; trainer_state.json is written last,
@@ -52,11 +56,57 @@ def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+def read_trainer_state(checkpoint: str | Path, *, error: type[Exception] = PretrainingError) -> dict[str, Any]:
     path = Path(checkpoint) / TRAINER_STATE
     if not path.is_file():
-        raise PretrainingError(f"{str(checkpoint)!r} is not a complete checkpoint folder (no {TRAINER_STATE}).")
+        raise error(f"{str(checkpoint)!r} is not a complete checkpoint folder (no {TRAINER_STATE}).")
     return json.loads(path.read_text())
+
+
+def requested_checkpoint(
+    requested: str, output_dir: Path, *, holds_run: bool, error: type[Exception]
+) -> tuple[Path | None, dict[str, Any] | None]:
+    """(checkpoint, its trainer_state.json) that `--resume-from-checkpoint requested` names: 'latest' is the newest
+    complete checkpoint in `output_dir`, anything else a checkpoint folder. (None, None) when 'latest' finds none in
+    a folder that holds no run (`holds_run`): the same command then starts the run, and restarts it after a crash."""
+    if requested == "latest":
+        checkpoint = find_latest_checkpoint(output_dir)
+        if checkpoint is None:
+            if holds_run:
+                raise error(
+                    f"--resume-from-checkpoint latest: {str(output_dir)!r} holds a run but no complete checkpoint "
+                    f"under {CHECKPOINTS_DIR}/. Pass --overwrite without --resume-from-checkpoint to start over."
+                )
+            return None, None
+    else:
+        checkpoint = Path(requested)
+        if not checkpoint.is_dir():
+            raise error(f"--resume-from-checkpoint {str(checkpoint)!r} does not exist.")
+    return checkpoint, read_trainer_state(checkpoint, error=error)
+
+
+def check_unchanged(
+    checkpoint: Path, saved: dict[str, Any], current: dict[str, Any], *, what: str, fix: str, error: type[Exception]
+) -> None:
+    """Refuse to resume `checkpoint` when the settings it was saved with (`saved`) differ from this run's; `what`
+    names them with their article ("another model config", "other settings"), `fix` says what to do."""
+    changed = sorted(key for key in set(saved) | set(current) if saved.get(key) != current.get(key))
+    if changed:
+        raise error(
+            f"Checkpoint {str(checkpoint)!r} was trained with {what} (differs in: {', '.join(changed)}); {fix}."
+        )
+
+
+def stopped_message(output_dir: Path, step: int, start_over: str) -> str:
+    """What Ctrl-C at `step` leaves: the newest checkpoint to resume from, or none (then `start_over` says how)."""
+    checkpoint = find_latest_checkpoint(output_dir)
+    if checkpoint is None:
+        return f"stopped at step {step}, before the first checkpoint; {start_over}"
+    saved = read_trainer_state(checkpoint)
+    return (
+        f"stopped at step {step}; continue with --resume-from-checkpoint latest (from its checkpoint at step "
+        f"{saved.get('step', saved.get('global_step'))})"
+    )
 
 
 def remove_stale_temporaries(output_dir: Path) -> None:

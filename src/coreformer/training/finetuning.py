@@ -6,13 +6,16 @@ offline default dataset.
     TASKS                              task name -> Task (tasks/__init__.py: one file per task)
     embedded_dataset(task)             the offline default of a task, built from the Python standard library's source
     load_task_data(args)               train / validation splits: embedded default | Hub dataset | local files
-    run_finetuning(args) -> dict       prepare (data, labels, model + LoRA), train (Trainer), finish (save the folder)
+    run_finetuning(args) -> dict       prepare (checks, resume, data, labels, model + LoRA), train (evaluate before,
+                                       Trainer, evaluate after), finish (save the folder)
     evaluate_folder(folder, args)      reload a saved folder with its Auto class and evaluate it on the same split
 
-Metrics come from the shipped offline `evaluate` modules through `coreformer.evaluation`'s builders.
+Metrics come from the shipped offline `evaluate` modules through `coreformer.evaluation`'s builders; the model is
+evaluated once before training too (`before_eval_*` beside `eval_*`), so a run shows what training bought.
 
-An output folder, as a run leaves it (written into a hidden sibling folder, renamed into place at the end, so a
-crash never leaves a half-written `output_dir`):
+An output folder, as a run leaves it (the final files are written into a hidden sibling folder, renamed into place
+at the end, so a crash never leaves a half-written `output_dir`; only the checkpoints are written into it during
+the run, each atomically: trainer_checkpoints.py):
 
     output_dir/
       config.json, model.safetensors, modeling code, tokenizer files [, generation_config.json]
@@ -20,6 +23,8 @@ crash never leaves a half-written `output_dir`):
       eval_results.json, train_results.json, all_results.json, trainer_state.json, run_config.json
       eval_predictions.jsonl             one line per validation example (tasks that predict rows)
       adapter/                           --peft lora only: the LoRA adapter (the folder itself holds the merged model)
+      checkpoints/step-N/                every --save-every steps and at the end, the last --save-total-limit kept:
+                                         Trainer's checkpoint + fine_tuning_run.json (--resume-from-checkpoint latest)
 
 QA and seq2seq folders carry coreformer's custom pipeline (`save_with_pipeline`), so
 `pipeline(model=output_dir, trust_remote_code=True)` works where transformers 5 has no QA / text2text pipeline.
@@ -39,9 +44,10 @@ from typing import Any
 
 import datasets
 import transformers
+from accelerate.utils import DistributedType
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from ..folders import MissingTokenizerError, folder_tokenizer, staged_folder
+from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged_folder
 from ..model_card import ModelCardInfo, inherited_license, is_hub_id, write_model_card
 from ..pipelines import input_length_limit, save_with_pipeline
 from .arguments import (
@@ -49,16 +55,17 @@ from .arguments import (
     RunSettings,
     RunStoppedError,
     arg,
-    check_output_dir,
     export_arg,
     export_run,
     load_config_file,
     write_json,
 )
+from .checkpoints import CHECKPOINTS_DIR, stopped_message
 from .data import local_builder
 from .families import family_of, longest_input
 from .tasks import TASKS, Evaluation, Task
 from .tasks.base import COLUMN_FLAGS
+from .trainer_checkpoints import CHECKPOINTING_TRAINERS, resolve_resume, run_settings
 
 PEFT_CHOICES = ("none", "lora")
 REPORT_TO = ("none", "tensorboard")
@@ -66,7 +73,7 @@ RUN_CONFIG = "run_config.json"
 PREDICTIONS = "eval_predictions.jsonl"
 ADAPTER_DIR = "adapter"
 # What a run leaves in its output folder: a folder holding any of these is a previous run (--overwrite replaces it).
-_RUN_MARKERS = ("config.json", RUN_CONFIG, "all_results.json", ADAPTER_DIR)
+_RUN_MARKERS = ("config.json", RUN_CONFIG, "all_results.json", ADAPTER_DIR, CHECKPOINTS_DIR)
 
 __all__ = ["TASKS", "FinetuningArguments", "FinetuningError", "embedded_dataset", "evaluate_folder", "run_finetuning"]
 
@@ -169,6 +176,17 @@ class FinetuningArguments(RunSettings):
     )
     report_to: str = arg("none", "tracker: none or tensorboard (logs under output_dir/runs)", choices=REPORT_TO)
     export: str | None = export_arg()
+    save_every: int = arg(
+        500,
+        "save a checkpoint (model, optimizer, schedule, RNG, data position) every N optimizer steps into "
+        "output_dir/checkpoints/step-N (0: none)",
+        aliases=("--save_steps",),
+    )
+    save_total_limit: int = arg(2, "keep the last K checkpoints")
+    resume_from_checkpoint: str | None = arg(
+        None,
+        "'latest' (newest checkpoint in --output-dir; starts fresh when there is none) or a checkpoints/step-N folder",
+    )
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -178,9 +196,10 @@ class FinetuningArguments(RunSettings):
             raise FinetuningError("Pass --model: a coreformer folder (pretrained, fine-tuned or converted).")
         positive = ("max_length", "max_target_length", "max_answer_length", "num_beams", "batch_size")
         self.check_at_least(1, positive + ("eval_batch_size", "grad_accum", "logging_steps", "lora_r", "lora_alpha"))
+        self.check_at_least(1, ("save_total_limit",))
         optional = ("max_steps", "max_train_examples", "max_eval_examples", "generation_max_length")
         self.check_at_least(1, optional, unset_ok=True, note=" (or unset)")
-        self.check_at_least(0, ("doc_stride", "warmup_steps", "eval_steps"))
+        self.check_at_least(0, ("doc_stride", "warmup_steps", "eval_steps", "save_every"))
         if self.max_steps is None and self.num_train_epochs <= 0:
             raise FinetuningError(f"`num_train_epochs` must be > 0, got {self.num_train_epochs}.")
         if self.lr <= 0:
@@ -488,7 +507,7 @@ def prepare_task(
     )
 
 
-def _training_arguments(args: FinetuningArguments, output_dir: Path):
+def _training_arguments(args: FinetuningArguments, output_dir: Path, evaluate_first: bool):
     settings = dict(
         output_dir=str(output_dir),
         per_device_train_batch_size=args.batch_size,
@@ -505,7 +524,11 @@ def _training_arguments(args: FinetuningArguments, output_dir: Path):
         logging_steps=args.logging_steps,
         eval_strategy="steps" if args.eval_steps else "no",
         eval_steps=args.eval_steps or None,
-        save_strategy="no",  # the final folder is written by this module, atomically
+        eval_on_start=evaluate_first,  # inside train(), after the model is wrapped for DDP (MetricsBeforeTraining)
+        # Checkpoints: Trainer's, made atomic by trainer_checkpoints (the final folder is written by this module)
+        save_strategy="steps" if args.save_every else "no",
+        save_steps=args.save_every or None,
+        save_total_limit=args.save_total_limit,
         report_to=args.report_to,
         label_names=list(args.spec.label_names),
         dataloader_num_workers=0,
@@ -528,12 +551,22 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
-def build_trainer(args: FinetuningArguments, model, tokenizer, prepared: _Prepared, output_dir: Path):
-    """Trainer (Seq2SeqTrainer for seq2seq) over the prepared data; nothing is written until the caller saves."""
-    trainer_class = transformers.Seq2SeqTrainer if args.spec.generates else transformers.Trainer
-    return trainer_class(
+def build_trainer(
+    args: FinetuningArguments,
+    model,
+    tokenizer,
+    prepared: _Prepared,
+    output_dir: Path,
+    *,
+    resume: Path | None = None,
+    run_record: dict | None = None,
+    evaluate_first: bool = False,
+):
+    """Trainer (Seq2SeqTrainer for seq2seq) over the prepared data; it writes only its checkpoints (into
+    args.output_dir/checkpoints, atomically: trainer_checkpoints), the caller saves the rest."""
+    trainer = CHECKPOINTING_TRAINERS[args.spec.generates](
         model=model,
-        args=_training_arguments(args, output_dir),
+        args=_training_arguments(args, output_dir, evaluate_first),
         train_dataset=prepared.train,
         eval_dataset=prepared.eval,
         processing_class=tokenizer,
@@ -541,6 +574,9 @@ def build_trainer(args: FinetuningArguments, model, tokenizer, prepared: _Prepar
         compute_metrics=prepared.compute_metrics,
         preprocess_logits_for_metrics=prepared.preprocess_logits_for_metrics,
     )
+    trainer.checkpoint_root = Path(args.output_dir).expanduser().resolve() / CHECKPOINTS_DIR
+    trainer.fresh_start, trainer.run_record = resume is None, run_record or {}
+    return trainer
 
 
 def _predict(trainer, args: FinetuningArguments, prepared: _Prepared, tokenizer) -> tuple[dict[str, float], list]:
@@ -679,6 +715,9 @@ class _Run:
     prepared: _Prepared
     data_description: str
     num_parameters: int
+    world_size: int
+    resume: Path | None  # the checkpoint to continue from (--resume-from-checkpoint), None for a fresh start
+    before: dict[str, float] | None  # a resumed run's metrics before training, from its checkpoint
 
 
 def _labels_for(args: FinetuningArguments, splits: datasets.DatasetDict, config) -> tuple[list[str] | None, Callable]:
@@ -725,15 +764,10 @@ def load_with_head(auto_class, path: str, **kwargs):
     return model
 
 
-def prepare(args: FinetuningArguments) -> _Run:
-    """Every check (output folder, model, task / family, data, columns, labels) and the model with its new head."""
-    check_output_dir(
-        Path(args.output_dir),
-        args.overwrite,
-        markers=_RUN_MARKERS,
-        error=FinetuningError,
-        otherwise="choose another folder",
-    )
+def prepare(args: FinetuningArguments, world_size: int = 1) -> _Run:
+    """Every check (output folder, resume checkpoint, model, task / family, data, columns, labels) and the model with
+    its new head."""
+    resume, record = resolve_resume(args, world_size, _RUN_MARKERS, RUN_CONFIG)
     config, family = load_model_config(args.model, args.task)
     tokenizer = load_finetuning_tokenizer(args, args.model)
     splits, data_description = load_task_data(args)
@@ -755,28 +789,127 @@ def prepare(args: FinetuningArguments) -> _Run:
     num_parameters = sum(parameter.numel() for parameter in model.parameters())
     if args.peft == "lora":
         model = _attach_lora(model, args)
-    return _Run(args, family, tokenizer, model, prepared, data_description, num_parameters)
+    before = record["before"] if record is not None else None
+    return _Run(args, family, tokenizer, model, prepared, data_description, num_parameters, world_size, resume, before)
+
+
+BEFORE = "before_"  # the prefix of the metrics of the model before training: before_eval_accuracy, ...
+_NOT_METRICS = ("_runtime", "_per_second", "_time", "_samples")
+
+
+class MetricsBeforeTraining(transformers.TrainerCallback):
+    """Keeps the metrics of Trainer's evaluation before the first step (`eval_on_start`) as `before_eval_*`, prints
+    them in one line, and puts them in the run record every checkpoint carries (a resumed run reports them too).
+
+    Trainer's own `eval_on_start`, not an evaluate() call before train(): under DDP that call prepares the model
+    for evaluation, and Accelerate then never wraps the already-"prepared" model in DistributedDataParallel, so each
+    process would train alone (checked with 2 gloo processes: no gradient all-reduce, different weights per rank).
+
+    The evaluation leaves training as it would be without it: every DataLoader iterator draws its base seed from
+    the global torch RNG, so the random states are taken when training begins and put back after the evaluation
+    (the same per-step losses as a run without it, checked against the code before this evaluation existed)."""
+
+    def __init__(self, task: Task, record: dict, announce: bool) -> None:
+        self.task, self.record, self.announce = task, record, announce
+        self.random_states = None
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        if "before" not in self.record:
+            self.random_states = _random_states()
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs) -> None:
+        if state.global_step != 0 or "before" in self.record:
+            return
+        _set_random_states(self.random_states)
+        values = self.task.final_metrics({k: float(v) for k, v in metrics.items() if k.startswith("eval_")})
+        self.record["before"] = {BEFORE + key: value for key, value in values.items() if not key.endswith(_NOT_METRICS)}
+        if self.announce:
+            print(f"before training: {_shown(self.record['before'])}")
+
+
+def _random_states() -> tuple:
+    """Python's, NumPy's, torch's CPU and (where there is one) accelerator RNG states of this process."""
+    import random
+
+    import numpy as np
+    import torch
+
+    devices = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), devices
+
+
+def _set_random_states(states: tuple) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    python, numpy, cpu, devices = states
+    random.setstate(python)
+    np.random.set_state(numpy)
+    torch.set_rng_state(cpu)
+    if devices is not None:
+        torch.cuda.set_rng_state_all(devices)
+
+
+def _shown(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{key.removeprefix(BEFORE)} {value:.4g}" for key, value in metrics.items())
+
+
+def check_engine(distributed_type, environ: Mapping[str, str] = os.environ) -> None:
+    """Refuse FSDP that was asked for (`accelerate launch --use_fsdp`, an FSDP config file) but not set up.
+
+    On CPU processes Accelerate 1.15 sets itself up as MULTI_CPU whatever the launch asked, and Trainer then trains
+    with DistributedDataParallel and unsharded parameters (checked with 2 gloo processes, with the launch flags and
+    with TrainingArguments(fsdp=...) alike): a run must never pretend to be sharded."""
+    asked = environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1", "yes")
+    if asked and distributed_type != DistributedType.FSDP:
+        raise FinetuningError(
+            f"FSDP was asked for (accelerate launch --use_fsdp or an FSDP config), but Accelerate set up "
+            f"{distributed_type.value}: on CPU processes it runs DistributedDataParallel, never FSDP, so the "
+            f"parameters would not be sharded. Launch with --multi_gpu for data parallelism on CPUs, or FSDP on GPUs."
+        )
+
+
+def _stopped(run: _Run, trainer) -> str:
+    """Ctrl-C's one line: the step reached and how to go on (from a checkpoint of this run, or from the start)."""
+    step, output_dir = trainer.state.global_step, Path(run.args.output_dir)
+    if trainer.saved_checkpoints or run.resume is not None:
+        return stopped_message(output_dir, step, f"continue with --resume-from-checkpoint {run.resume}")
+    why = "no checkpoints are kept (--save-every 0)" if not run.args.save_every else "before the first checkpoint"
+    return f"stopped at step {step}, {why}; run the command again to start over ({output_dir} is as it was before)"
 
 
 def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, float], list[dict]]:
-    """Trainer over the prepared data, then the evaluation of the trained model: (trainer, train metrics, eval
-    metrics, prediction rows)."""
-    trainer = build_trainer(run.args, run.model, run.tokenizer, run.prepared, staging)
+    """The evaluation before training, Trainer over the prepared data (from the resumed checkpoint, if any), then the
+    evaluation of the trained model: (trainer, train metrics, eval metrics with the `before_` ones, prediction rows)."""
+    record = {"args": run_settings(run.args), "world_size": run.world_size}
+    if run.before is not None:  # resumed: the metrics before training come from the checkpoint
+        record["before"] = run.before
+    trainer = build_trainer(
+        run.args,
+        run.model,
+        run.tokenizer,
+        run.prepared,
+        staging,
+        resume=run.resume,
+        run_record=record,
+        evaluate_first=run.resume is None,
+    )
+    check_engine(trainer.accelerator.distributed_type)
+    trainer.add_callback(MetricsBeforeTraining(run.args.spec, record, announce=trainer.is_world_process_zero()))
     try:
-        train_output = trainer.train()
+        train_output = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume is not None else None)
     except KeyboardInterrupt:
         for callback in trainer.callback_handler.callbacks:  # end the progress bar's line before the message
             if isinstance(callback, transformers.ProgressCallback) and callback.training_bar is not None:
                 callback.training_bar.close()
-        raise RunStoppedError(
-            f"stopped at step {trainer.state.global_step}; fine-tuning keeps no mid-run checkpoints, so run the "
-            f"command again to start over ({run.args.output_dir} is as it was before this run)"
-        ) from None
+        raise RunStoppedError(_stopped(run, trainer)) from None
     train_metrics = {key: float(value) for key, value in train_output.metrics.items()}
     train_metrics.update(train_steps=float(trainer.state.global_step), train_samples=float(len(run.prepared.train)))
     eval_metrics, rows = _predict(trainer, run.args, run.prepared, run.tokenizer)
     trainer.log(eval_metrics)
-    return trainer, train_metrics, eval_metrics, rows
+    return trainer, train_metrics, {**eval_metrics, **record.get("before", {})}, rows
 
 
 def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float]], rows: list[dict]) -> None:
@@ -795,6 +928,11 @@ def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float
     for split, values in metrics.items():
         trainer.save_metrics(split, values, combined=split != "all")
     trainer.state.save_to_json(str(staging / "trainer_state.json"))
+    checkpoints = Path(args.output_dir).expanduser().resolve() / CHECKPOINTS_DIR
+    if checkpoints.is_dir() and (
+        trainer.saved_checkpoints or (run.resume is not None and run.resume.parent.resolve() == checkpoints)
+    ):
+        link_into(checkpoints, staging / CHECKPOINTS_DIR)  # this run's checkpoints stay (hard links: nothing copied)
     write_json(staging / RUN_CONFIG, dataclasses.asdict(args))
     if rows:
         with open(staging / PREDICTIONS, "w") as handle:
@@ -815,12 +953,13 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
     Returns:
         The metrics also written to all_results.json (train_* and eval_* keys, as the example scripts write them).
     """
-    run = prepare(args)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    run = prepare(args, world_size)
     # Trainer writes into a hidden sibling that replaces output_dir in one step at the end (coreformer.folders):
     # a crash or a kill at any moment leaves the previous run intact.
     # Under torchrun / accelerate launch every process trains into one staged folder (named after the launcher);
     # the main process alone writes the results and swaps the folder in.
-    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    multi_process = world_size > 1
     main_process = int(os.environ.get("RANK", "0")) == 0
     launcher_pid = os.getppid() if multi_process else None
     with staged_folder(Path(args.output_dir), main_process=main_process, launcher_pid=launcher_pid) as staging:

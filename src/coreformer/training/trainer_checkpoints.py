@@ -1,0 +1,168 @@
+"""Fine-tuning checkpoints: transformers' Trainer writes them, this module makes them atomic and resumable.
+
+    CHECKPOINTING_TRAINERS[generates]      Trainer / Seq2SeqTrainer whose `checkpoint-N` saves are atomic
+    resolve_resume(args, ...)              --resume-from-checkpoint -> (checkpoint, its run record) or (None, None)
+    RUN_RECORD                             what a checkpoint adds to Trainer's files: settings, processes, "before"
+
+Trainer (5.23) writes `checkpoint-N` in place, file by file, and its `get_last_checkpoint` takes the highest number
+whatever the folder holds, so a kill during a save leaves a half-written newest checkpoint that a resume would pick.
+Here Trainer still decides when to save (save_strategy "steps", save_steps) and writes everything it writes (model,
+tokenizer, optimizer, scheduler, every process's RNG, trainer_state.json), but into a hidden folder that is renamed
+into place when every process is done, under the layout and names pretraining uses (checkpoints.py):
+
+    output_dir/checkpoints/
+      .saving/checkpoint-N/      Trainer's save in progress (a kill leaves it; the next save deletes it)
+      step-N/                    complete: Trainer's files + fine_tuning_run.json, renamed in one step
+      step-M/ ...                the last --save-total-limit of them (Trainer's rotate_checkpoints)
+
+Resuming goes through Trainer's own `train(resume_from_checkpoint=step-N)`: weights, optimizer, schedule, RNG of
+every process and the data position (it skips the batches already trained).
+"""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import transformers
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from ..folders import replace_folder
+from .arguments import FinetuningError, check_output_dir, holds_run, write_json
+from .checkpoints import check_unchanged, requested_checkpoint
+
+RUN_RECORD = "fine_tuning_run.json"  # {"args": settings, "world_size": processes, "before": metrics before training}
+_SAVING = ".saving"
+_STEP_PREFIX = "step"  # checkpoints/step-N, as pretraining names them
+
+# Settings that do not change what training computes (where things go, what is logged or evaluated, how often it
+# saves): a resume may change them. Every other setting must be the one the checkpoint was saved with.
+RESUME_FREE = frozenset(
+    {
+        "output_dir",
+        "overwrite",
+        "resume_from_checkpoint",
+        "report_to",
+        "logging_steps",
+        "eval_steps",
+        "eval_batch_size",
+        "max_eval_examples",
+        "generation_max_length",
+        "num_beams",
+        "max_answer_length",
+        "save_every",
+        "save_total_limit",
+    }
+)
+
+
+class _AtomicCheckpoints:
+    """Trainer mixin: each checkpoint is written by Trainer into checkpoints/.saving/checkpoint-N and renamed to
+    checkpoints/step-N once complete on every process; the previous run's checkpoints go at the first save of a
+    fresh run (not before: a run stopped before its first save leaves the folder as it was)."""
+
+    checkpoint_root: Path  # output_dir/checkpoints
+    run_record: dict[str, Any]  # written into every checkpoint (RUN_RECORD)
+    fresh_start: bool  # not resumed: older checkpoints under checkpoint_root belong to a previous run
+    saved_checkpoints: int = 0
+    _writing: bool = False
+
+    def _get_output_dir(self, trial) -> str:
+        # Trainer's "run folder" is where its checkpoints go; while saving, the hidden folder they are built in.
+        return str(self.checkpoint_root / _SAVING if self._writing else self.checkpoint_root)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        saving, final = (
+            self.checkpoint_root / _SAVING,
+            self.checkpoint_root / f"{_STEP_PREFIX}-{self.state.global_step}",
+        )
+        if self.args.should_save:
+            if self.fresh_start and not self.saved_checkpoints:
+                shutil.rmtree(self.checkpoint_root, ignore_errors=True)  # the previous run's (--overwrite)
+            shutil.rmtree(saving, ignore_errors=True)  # a save that a kill interrupted
+        self.accelerator.wait_for_everyone()
+        self._writing = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._writing = False
+        self.accelerator.wait_for_everyone()  # every process's RNG state is in
+        if self.args.should_save:
+            write_json(saving / name / RUN_RECORD, self.run_record)
+            replace_folder(saving / name, final)  # final exists when re-saving a step after resuming an older one
+            saving.rmdir()
+            rotate_checkpoints(str(self.checkpoint_root), self.args.save_total_limit, checkpoint_prefix=_STEP_PREFIX)
+        self.saved_checkpoints += 1
+        self.accelerator.wait_for_everyone()
+
+
+class CheckpointingTrainer(_AtomicCheckpoints, transformers.Trainer):
+    pass
+
+
+class CheckpointingSeq2SeqTrainer(_AtomicCheckpoints, transformers.Seq2SeqTrainer):
+    pass
+
+
+CHECKPOINTING_TRAINERS = {False: CheckpointingTrainer, True: CheckpointingSeq2SeqTrainer}  # by task.generates
+
+
+def run_settings(args) -> dict[str, Any]:
+    """The settings a resume must keep (everything but RESUME_FREE)."""
+    return {key: value for key, value in dataclasses.asdict(args).items() if key not in RESUME_FREE}
+
+
+def _finished_here(output_dir: Path, record: dict, state: dict, run_config: str) -> bool:
+    """Whether `output_dir` holds the final model of the run the checkpoint belongs to (its settings, its last
+    step), not that of a previous run the checkpoint's run was killed before replacing."""
+    config, final_state = output_dir / run_config, output_dir / "trainer_state.json"
+    if not (config.is_file() and final_state.is_file()):
+        return False
+    settings = json.loads(config.read_text())
+    same_run = all(settings.get(key) == value for key, value in record["args"].items())
+    return same_run and json.loads(final_state.read_text())["global_step"] >= state["global_step"]
+
+
+def resolve_resume(
+    args, world_size: int, markers: tuple[str, ...], run_config: str
+) -> tuple[Path | None, dict[str, Any] | None]:
+    """(checkpoint, its run record) to resume, or (None, None) to start fresh, with pretraining's refusals: a missing
+    or incomplete checkpoint, a folder that holds a run but no checkpoint, other settings; and a finished run (its
+    final folder, with `run_config` and trainer_state.json, in output_dir)."""
+    output_dir = Path(args.output_dir)
+    start_over = "--resume-from-checkpoint latest to continue it, or choose another folder"
+    if args.resume_from_checkpoint is None:
+        check_output_dir(output_dir, args.overwrite, markers=markers, error=FinetuningError, otherwise=start_over)
+        return None, None
+    is_run = output_dir.is_dir() and holds_run(output_dir, markers)
+    checkpoint, state = requested_checkpoint(
+        args.resume_from_checkpoint, output_dir, holds_run=is_run, error=FinetuningError
+    )
+    if checkpoint is None:
+        check_output_dir(output_dir, args.overwrite, markers=markers, error=FinetuningError, otherwise=start_over)
+        return None, None
+    if output_dir.resolve() not in checkpoint.resolve().parents:  # continuing another run's checkpoint elsewhere
+        check_output_dir(output_dir, args.overwrite, markers=markers, error=FinetuningError, otherwise=start_over)
+    if not (checkpoint / RUN_RECORD).is_file():
+        raise FinetuningError(
+            f"{str(checkpoint)!r} is not a fine-tuning checkpoint (no {RUN_RECORD}): pass a checkpoints/step-N folder "
+            f"of a training/finetune.py run."
+        )
+    record = json.loads((checkpoint / RUN_RECORD).read_text())
+    check_unchanged(
+        checkpoint,
+        {**record["args"], "processes": record["world_size"]},
+        {**run_settings(args), "processes": world_size},
+        what="other settings",
+        fix="resume with the settings (and number of processes) it was started with, listed in its " + RUN_RECORD,
+        error=FinetuningError,
+    )
+    if state["global_step"] >= state["max_steps"] and _finished_here(output_dir, record, state, run_config):
+        raise FinetuningError(
+            f"Checkpoint {str(checkpoint)!r} is the end of a finished run (step {state['global_step']} of "
+            f"{state['max_steps']}), whose model is in {str(output_dir)!r}: nothing to resume. Pass --overwrite "
+            f"without --resume-from-checkpoint to train again, or choose another --output-dir."
+        )
+    return checkpoint, record

@@ -1,0 +1,455 @@
+"""Fine-tuning checkpoints and resume (coreformer.training.trainer_checkpoints, finetuning.py, training/finetune.py).
+
+A fine-tune SIGKILLed in the middle of a checkpoint save (after an earlier checkpoint is complete) leaves that earlier
+checkpoint as the latest and the interrupted one hidden; `--resume-from-checkpoint latest` then continues through
+Trainer's own resume to the same per-step losses, final weights and metrics as a run never interrupted, bit for bit,
+with 1 process and with 2 DDP processes (gloo). Resume problems get pretraining's messages; Ctrl-C's hint is true;
+the metrics before training are reported beside the ones after.
+
+The model is tiny (hidden 32, 2 layers) WITH dropout, so the restored RNG states matter; 16 training examples at
+batch 4 make 6 steps cross an epoch boundary, so the restored data order matters too.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.utils import DistributedType
+from conftest import interrupt_at_marker
+from safetensors.torch import load_file
+from test_finetuning import _texts
+from transformers import AutoModelForSequenceClassification, set_seed
+
+import coreformer as cf
+from coreformer.training import finetuning
+from coreformer.training.checkpoints import CHECKPOINTS_DIR, list_checkpoints
+from coreformer.training.finetuning import (
+    FinetuningArguments,
+    FinetuningError,
+    check_engine,
+    evaluate_folder,
+    run_finetuning,
+)
+from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer.training.trainer_checkpoints import RUN_RECORD
+
+REPO = Path(__file__).resolve().parents[1]
+FINETUNE = REPO / "training" / "finetune.py"
+ACCELERATE = Path(sys.executable).with_name("accelerate")
+RUN = dict(task="sequence-classification", max_steps=6, batch_size=4, eval_batch_size=8, max_train_examples=16)
+RUN.update(max_eval_examples=8, max_length=48, lr=3e-3, logging_steps=1, seed=0, save_every=2, save_total_limit=2)
+NOT_COMPARED = ("_runtime", "_per_second", "_time")  # wall-clock numbers
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A saved tiny encoder (masked LM head, random weights) with dropout 0.1 and its trained tokenizer."""
+    tokenizer = train_tokenizer("encoder", _texts(), 600, model_max_length=96)
+    config = cf.CoreformerEncoderConfig(
+        **token_config_kwargs(tokenizer, "encoder"),
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=98,
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
+    )
+    folder = tmp_path_factory.mktemp("base") / "encoder"
+    torch.manual_seed(0)
+    cf.CoreformerEncoderForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def settings(base: Path, output_dir: Path, **overrides) -> FinetuningArguments:
+    return FinetuningArguments(model=str(base), output_dir=str(output_dir), **{**RUN, **overrides})
+
+
+def flags(base: Path, output_dir: Path, **overrides) -> list[str]:
+    given = {**RUN, "model": str(base), "output_dir": str(output_dir), **overrides}
+    return [part for key, value in given.items() for part in ("--" + key.replace("_", "-"), str(value))]
+
+
+def child_env(tmp_path: Path) -> dict:
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+    }
+
+
+def step_losses(folder: Path) -> list[tuple[int, float]]:
+    """(step, training loss) of every optimizer step, as Trainer logged them (logging_steps 1)."""
+    history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
+    return [(entry["step"], entry["loss"]) for entry in history if "loss" in entry]
+
+
+def results(folder: Path) -> dict[str, float]:
+    """all_results.json without wall-clock numbers and `train_loss`, which Trainer averages over the steps of the
+    last `train()` call only (steps 3-6 of a run resumed at step 2); every step's loss is compared instead."""
+    values = json.loads((folder / "all_results.json").read_text())
+    return {key: value for key, value in values.items() if not key.endswith(NOT_COMPARED) and key != "train_loss"}
+
+
+def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
+    """Same per-step losses, metrics (before and after training) and final weights, bit for bit."""
+    assert step_losses(resumed) == step_losses(uninterrupted)
+    assert len(step_losses(resumed)) == RUN["max_steps"]
+    assert results(resumed) == results(uninterrupted)
+    weights, reference = load_file(resumed / "model.safetensors"), load_file(uninterrupted / "model.safetensors")
+    assert weights.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(weights[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(base, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("uninterrupted") / "out"
+    run_finetuning(settings(base, folder))
+    return folder
+
+
+# A finetune.py run whose save of checkpoint-4 stops half-way (model and optimizer written, RNG states and
+# trainer_state.json not yet) for the test to SIGKILL it there.
+KILLED_WHILE_SAVING = """
+import pathlib, runpy, sys, time
+import transformers
+
+marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+original = transformers.Trainer._save_rng_state
+
+def _save_rng_state(self, output_dir):
+    if self.state.global_step == 4:
+        if self.is_world_process_zero():
+            marker.write_text("saving checkpoint 4")
+        time.sleep(300)  # the test kills us here
+    return original(self, output_dir)
+
+transformers.Trainer._save_rng_state = _save_rng_state
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process started by `pid`, its children's children included (from /proc: torchrun's workers run in
+    process groups of their own, so a group kill misses them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_while_saving(command: list[str], tmp_path: Path, **env: str) -> None:
+    """Run `command` (finetune.py under KILLED_WHILE_SAVING, possibly under a launcher) and SIGKILL it and every
+    process it started once it is in the middle of saving checkpoint-4, as a machine that loses power would."""
+    marker = tmp_path / "marker"
+    child = subprocess.Popen(
+        command,
+        env={**child_env(tmp_path), **env},
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = descendants(child.pid)
+    for pid in [child.pid, *workers]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _, stderr = child.communicate(timeout=60)
+    assert marker.exists(), stderr[-3000:]
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def assert_killed_while_saving(folder: Path) -> None:
+    """checkpoint-2 complete and the latest; checkpoint-4 only as Trainer's half-written hidden folder; no model."""
+    assert [path.name for path in list_checkpoints(folder)] == ["step-2"]
+    half = folder / CHECKPOINTS_DIR / ".saving" / "checkpoint-4"
+    assert (half / "model.safetensors").is_file() and not (half / "trainer_state.json").exists()
+    assert not (folder / "config.json").exists()
+
+
+@pytest.fixture(scope="module")
+def killed(base, tmp_path_factory) -> Path:
+    """A 1-process fine-tune SIGKILLed while saving checkpoint-4 (checkpoint-2 complete)."""
+    tmp_path = tmp_path_factory.mktemp("killed")
+    folder = tmp_path / "out"
+    command = [sys.executable, "-c", KILLED_WHILE_SAVING, str(tmp_path / "marker"), str(FINETUNE)]
+    kill_while_saving(command + flags(base, folder), tmp_path)
+    return folder
+
+
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_as_the_latest(killed):
+    assert_killed_while_saving(killed)
+    record = json.loads((killed / CHECKPOINTS_DIR / "step-2" / RUN_RECORD).read_text())
+    assert record["world_size"] == 1 and record["args"]["max_steps"] == RUN["max_steps"]
+    assert set(record["before"]) >= {"before_eval_loss", "before_eval_accuracy"}
+
+
+def test_resume_problems_are_refused_with_one_clear_message_each(base, killed, uninterrupted, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(killed, folder)
+    checkpoint = folder / CHECKPOINTS_DIR / "step-2"
+    cases = {
+        "changed settings": (
+            dict(resume_from_checkpoint="latest", max_steps=8, batch_size=2),
+            r"was trained with other settings \(differs in: batch_size, max_steps\); resume with the settings",
+        ),
+        "another task's checkpoint": (
+            dict(resume_from_checkpoint=str(checkpoint), task="multiple-choice", output_dir=str(tmp_path / "mc")),
+            r"differs in: task\)",
+        ),
+        "missing checkpoint": (
+            dict(resume_from_checkpoint=str(folder / CHECKPOINTS_DIR / "step-9")),
+            r"--resume-from-checkpoint '.*step-9' does not exist\.",
+        ),
+        "half-written checkpoint": (
+            dict(resume_from_checkpoint=str(folder / CHECKPOINTS_DIR / ".saving" / "checkpoint-4")),
+            r"is not a complete checkpoint folder \(no trainer_state.json\)",
+        ),
+        "a run folder without --resume": (
+            dict(),
+            r"already holds a run\. Pass --overwrite to replace it, or --resume-from-checkpoint latest to continue it",
+        ),
+    }
+    for overrides, message in cases.values():
+        with pytest.raises(FinetuningError, match=message):
+            run_finetuning(settings(base, overrides.pop("output_dir", folder), **overrides))
+    (folder / CHECKPOINTS_DIR / "step-2" / "trainer_state.json").unlink()  # no complete checkpoint left
+    with pytest.raises(FinetuningError, match=r"holds a run but no complete checkpoint under checkpoints/\. Pass"):
+        run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
+    with pytest.raises(FinetuningError, match=r"is the end of a finished run \(step 6 of 6\), whose model is in"):
+        run_finetuning(settings(base, uninterrupted, resume_from_checkpoint="latest"))
+    assert not (tmp_path / "mc").exists() and not (folder / "config.json").exists()  # nothing written
+
+
+def test_a_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_weights(base, killed, uninterrupted):
+    run_finetuning(settings(base, killed, resume_from_checkpoint="latest"))
+    assert_same_run(killed, uninterrupted)
+    # Its checkpoints are kept (the last 2) and its hidden leftover is gone.
+    assert [path.name for path in list_checkpoints(killed)] == ["step-4", "step-6"]
+    assert sorted(path.name for path in (killed / CHECKPOINTS_DIR).iterdir()) == ["step-4", "step-6"]
+
+
+def test_metrics_before_training_are_those_of_the_untrained_model(base, uninterrupted, tmp_path):
+    values = results(uninterrupted)
+    before = {key.removeprefix("before_"): value for key, value in values.items() if key.startswith("before_")}
+    assert set(before) == {"eval_loss", "eval_accuracy", "eval_precision", "eval_recall", "eval_f1"}
+    # Reference: the untrained model built independently (the same seeded head) and evaluated on the same split.
+    config = json.loads((uninterrupted / "config.json").read_text())
+    labels = {int(index): name for index, name in config["id2label"].items()}
+    set_seed(RUN["seed"])
+    model = AutoModelForSequenceClassification.from_pretrained(
+        base, num_labels=len(labels), id2label=labels, label2id={name: index for index, name in labels.items()}
+    )
+    model.save_pretrained(tmp_path / "untrained")
+    shutil.copy(base / "tokenizer.json", tmp_path / "untrained")
+    shutil.copy(base / "tokenizer_config.json", tmp_path / "untrained")
+    reference, _ = evaluate_folder(tmp_path / "untrained", settings(base, tmp_path / "unused"))
+    assert before == {key: reference[key] for key in before}
+    assert before["eval_loss"] != values["eval_loss"]  # and the after numbers are another model's
+    eval_results = json.loads((uninterrupted / "eval_results.json").read_text())
+    assert eval_results["before_eval_loss"] == values["before_eval_loss"]
+
+
+def test_the_evaluation_before_training_leaves_training_unchanged(base, uninterrupted, tmp_path, monkeypatch):
+    # Reference: the same run with Trainer's evaluation at the start turned off (and so no `before_` metrics).
+    original = finetuning._training_arguments
+    monkeypatch.setattr(
+        finetuning, "_training_arguments", lambda args, output_dir, _: original(args, output_dir, False)
+    )
+    reference = tmp_path / "without"
+    run_finetuning(settings(base, reference))
+    assert not any(key.startswith("before_") for key in results(reference))
+    assert step_losses(uninterrupted) == step_losses(reference)
+    assert results(uninterrupted)["eval_loss"] == results(reference)["eval_loss"]
+
+
+INTERRUPTED_AFTER_A_CHECKPOINT = """
+import pathlib, runpy, sys, time
+import transformers
+
+marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+original = transformers.Trainer.training_step
+
+def training_step(self, *args, **kwargs):
+    if self.state.global_step == 3:  # checkpoint-2 saved, step 3 done
+        marker.write_text("in step 4")
+        time.sleep(300)  # the test presses Ctrl-C here
+    return original(self, *args, **kwargs)
+
+transformers.Trainer.training_step = training_step
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_ctrl_c_after_a_checkpoint_hints_a_resume_that_works(base, uninterrupted, tmp_path):
+    folder, marker = tmp_path / "out", tmp_path / "marker"
+    command = [sys.executable, "-c", INTERRUPTED_AFTER_A_CHECKPOINT, str(marker), str(FINETUNE)]
+    child = subprocess.Popen(
+        command + flags(base, folder),
+        env=child_env(tmp_path),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    returncode, stderr = interrupt_at_marker(child, marker)
+    assert returncode == 130, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    hint = "continue with --resume-from-checkpoint latest (from its checkpoint at step 2)"
+    assert last == f"finetune.py: stopped at step 3; {hint}"
+    run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
+    assert_same_run(folder, uninterrupted)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch_two(script: list[str], tmp_path: Path) -> list[str]:
+    """`accelerate launch` of `script` on 2 CPU processes (gloo), on a port of its own."""
+    command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
+    return command + script
+
+
+@pytest.mark.slow
+def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_weights(base, tmp_path):
+    env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
+    wrapper = tmp_path / "killed_while_saving.py"
+    wrapper.write_text(KILLED_WHILE_SAVING)
+
+    reference = tmp_path / "uninterrupted"
+    command = launch_two([str(FINETUNE)] + flags(base, reference), tmp_path)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    folder = tmp_path / "out"
+    os.environ["ACCELERATE_USE_CPU"] = "1"
+    try:
+        kill_while_saving(
+            launch_two([str(wrapper), str(tmp_path / "marker"), str(FINETUNE)] + flags(base, folder), tmp_path),
+            tmp_path,
+        )
+    finally:
+        del os.environ["ACCELERATE_USE_CPU"]
+    assert_killed_while_saving(folder)
+    assert sorted(path.name for path in (folder / CHECKPOINTS_DIR / "step-2").glob("rng_state*")) == [
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+    ]
+    with pytest.raises(FinetuningError, match=r"differs in: processes\)"):  # 1 process cannot continue it exactly
+        run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
+
+    command = launch_two([str(FINETUNE)] + flags(base, folder, resume_from_checkpoint="latest"), tmp_path)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_same_run(folder, reference)
+
+
+KILLED_IN_THE_FINAL_SAVE = """
+import pathlib, runpy, sys, time
+import coreformer.training.finetuning
+
+marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+def save_with_pipeline(*args, **kwargs):  # trained, checkpointed and evaluated; the final folder is being written
+    marker.write_text("saving")
+    time.sleep(300)  # the test kills us here
+
+coreformer.training.finetuning.save_with_pipeline = save_with_pipeline
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_a_rerun_killed_in_its_final_save_keeps_the_previous_model_and_resumes_from_its_own_checkpoints(
+    base, uninterrupted, tmp_path
+):
+    folder = tmp_path / "out"
+    shutil.copytree(uninterrupted, folder)
+    previous = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json", "all_results.json")}
+    command = [sys.executable, "-c", KILLED_IN_THE_FINAL_SAVE, str(tmp_path / "marker"), str(FINETUNE)]
+    kill_while_saving(command + flags(base, folder, max_steps=4) + ["--overwrite"], tmp_path)
+
+    # The final model is still the previous run's; the checkpoints are the rerun's (its first save replaced them).
+    assert {name: (folder / name).read_bytes() for name in previous} == previous
+    assert [path.name for path in list_checkpoints(folder)] == ["step-2", "step-4"]
+    last = folder / CHECKPOINTS_DIR / "step-4"
+    assert json.loads((last / RUN_RECORD).read_text())["args"]["max_steps"] == 4
+    # Its end is not mistaken for a finished run (the final folder there is another run's): resuming writes it.
+    run_finetuning(settings(base, folder, max_steps=4, resume_from_checkpoint="latest"))
+    assert step_losses(folder) == step_losses(last) and len(step_losses(folder)) == 4
+    weights, reference = load_file(folder / "model.safetensors"), load_file(last / "model.safetensors")
+    assert all(torch.equal(weights[name], tensor) for name, tensor in reference.items())
+    assert not list(tmp_path.glob(".out.*"))  # the killed rerun's staging folder is cleaned up
+
+
+def test_fsdp_that_accelerate_does_not_set_up_is_refused_not_run_as_ddp():
+    # What Accelerate 1.15 sets up on CPU processes whatever the launch asked: MULTI_CPU (DDP).
+    with pytest.raises(FinetuningError, match=r"FSDP was asked for .* but Accelerate set up MULTI_CPU: on CPU"):
+        check_engine(DistributedType.MULTI_CPU, {"ACCELERATE_USE_FSDP": "true"})
+    check_engine(DistributedType.FSDP, {"ACCELERATE_USE_FSDP": "true"})  # asked and running
+    check_engine(DistributedType.MULTI_CPU, {})  # DDP asked (--multi_gpu) and running
+
+
+@pytest.mark.slow
+def test_an_fsdp_launch_on_cpu_processes_is_refused_in_one_line_with_nothing_written(base, tmp_path):
+    folder = tmp_path / "out"
+    command = [str(ACCELERATE), "launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["--main_process_port", str(_free_port()), str(FINETUNE)] + flags(base, folder)
+    env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode != 0
+    refusals = [line for line in result.stderr.splitlines() if line.startswith("finetune.py: error: FSDP was asked")]
+    assert len(refusals) == 2, result.stderr[-3000:]  # one line from each process
+    assert "FinetuningError" not in result.stderr  # no traceback of ours (the launcher prints its ChildFailedError)
+    assert not folder.exists() and not list(tmp_path.glob(".out.*"))
