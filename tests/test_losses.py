@@ -297,3 +297,21 @@ def test_compiled_head_gives_the_eager_fused_loss_and_gradients():
     torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name.removeprefix("_orig_mod.")], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(
+    "objective, family", [("causal-lm", "decoder"), ("masked-lm", "encoder"), ("denoising", "seq2seq")]
+)
+def test_pretraining_objectives_take_the_fused_loss_without_calling_the_projection(objective, family):
+    from coreformer.training.objectives import OBJECTIVES
+
+    model = lm_head_model(family)
+    ids, mask = padded_batch()
+    labels = ids.masked_fill(mask == 0, -100)
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    expected = model(**batch, num_items_in_batch=17).loss
+    projections = []
+    model.lm_head.register_forward_hook(lambda *_: projections.append(1))
+    loss = OBJECTIVES[objective].loss(model, batch, 17, int(mask.sum()))
+    assert projections == []  # the logits were never formed: the loss came from the fused path
+    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-6)
