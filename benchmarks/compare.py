@@ -2,8 +2,13 @@
 
 Each reference model is built by transformers, converted with `coreformer.convert_from_hf` (so both compute the same
 function: the outputs are compared before timing), and the two are timed in interleaved repeats (A B A B ...) so that
-machine noise hits both alike. Reported: median time, spread (min-max), throughput and the ratio coreformer/reference.
-Every path runs the way a user would run it by default (sdpa, dynamic cache); opt-in fast paths get their own rows.
+machine noise hits both alike. Reported: median time, spread (min-max), throughput and the ratio coreformer/reference;
+the share of the row's physical limit (training: model FLOP/s over the bf16 GEMM peak measured here; decoding: new
+tok/s over the weight-products floor); and each model's peak memory, the rise of resident memory during one call,
+measured in a fresh process per row (a count of bytes, so load on the machine does not change it). Every path runs the
+way a user would run it by default (sdpa, dynamic cache); coreformer's training rows take the loss as pretraining
+does (`skip_logits=True`, the projection fused with the loss); opt-in fast paths (static cache, bf16 weights,
+torch.compile with the same options for both models) get their own rows.
 
 Two larger measurements, on by default with `--device cuda` (`--large-rows` forces them, `--no-large-rows` drops them),
 get tables of their own: a GPT-2-small-shape (124M) bf16 training step with fused AdamW, with model FLOP utilisation
@@ -14,6 +19,7 @@ and forward+backward, under each attention backend transformers registers that r
     python benchmarks/compare.py --quick            # small shapes, under a minute
     python benchmarks/compare.py --device cuda      # every row on the GPU, plus the 124M training and attention tables
     python benchmarks/compare.py --tiny --large-rows   # toy shapes for every row and table: checks the harness
+    python benchmarks/compare.py --only "vocab 50,257" --no-compiled-rows   # some rows only
 """
 
 import argparse
@@ -826,15 +832,19 @@ def main() -> None:
     machine = f"{device}, torch {torch.__version__}"
     args.bf16_peak = bf16_gemm_peak(256 if args.tiny else 8192 if args.device.type == "cuda" else 2048, args.device)
     print(f"measured bf16 GEMM peak: {args.bf16_peak / 1e9:,.0f} GFLOP/s", flush=True)
-    rows = []
+    report = {"machine": machine, "device": device, "bf16_gemm_peak_flops": args.bf16_peak, "rows": []}
+    if args.label:
+        report["label"] = args.label
+    report["settings"] = {k: v for k, v in vars(args).items() if k != "output"}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    rows = report["rows"]
     for benchmark in benchmarks(args):
         if args.only and not any(text in benchmark.label for text in args.only):
             continue
         rows.append(run_benchmark(benchmark, args))
         print(f"  {benchmark.label}: {rows[-1]['speedup']:.2f}x, {peak_memory(rows[-1])}", flush=True)
-    report = {"machine": machine, "device": device, "bf16_gemm_peak_flops": args.bf16_peak, "rows": rows}
-    if args.label:
-        report["label"] = args.label
+        # Written after every row, so a long run that is stopped keeps the rows it finished.
+        args.output.write_text(json.dumps(report, indent=2, default=str))
     tables = [markdown(rows, machine, args.bf16_peak, args.label)]
     if args.large_rows:
         report["large_decoder_training"] = training = large_decoder_training(args)
@@ -842,8 +852,6 @@ def main() -> None:
         report["attention"] = attention = attention_core(args)
         tables += [training_markdown(training, device, args.bf16_peak), attention_markdown(attention, device)]
     print("\n" + "\n\n".join(tables))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    report["settings"] = {k: v for k, v in vars(args).items() if k != "output"}
     args.output.write_text(json.dumps(report, indent=2, default=str))
     print(f"\nwrote {args.output}")
 
