@@ -68,23 +68,62 @@ def test_long_context_decoder_prefill_mode_writes_its_own_results(tmp_path):
     assert not (tmp_path / "long_context.json").exists()
 
 
+def run_compare(tmp_path, *flags: str, timeout: float = 600) -> tuple[dict, str]:
+    output = tmp_path / "compare.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), *flags, "--output", str(output)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(output.read_text()), result.stdout
+
+
 @pytest.mark.slow
 def test_compare_harness_runs_and_checks_both_models_compute_the_same_function(tmp_path):
     # The harness refuses to time a pair whose outputs or generated tokens differ, so a clean exit means every
-    # path (training fp32/bf16, padded encoder, dynamic and static cache generation, seq2seq) matched.
-    output = tmp_path / "compare.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--tiny", "--output", str(output)]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    rows = json.loads(output.read_text())["rows"]
-    assert len(rows) == 7 and all(row["coreformer_per_s"] > 0 and row["reference_per_s"] > 0 for row in rows)
-    assert "| decoder training step (bf16) |" in result.stdout
-    bf16_row = next(row for row in rows if row["benchmark"] == "decoder training step (bf16)")
-    assert 0 < bf16_row["coreformer_peak_fraction"] and bf16_row["flops_per_token"] > 0
-    assert "of the measured bf16 GEMM peak" in result.stdout
+    # path (training fp32/bf16 at both vocabularies, fused and not, long sequences, padded encoder in fp32 and bf16,
+    # dynamic and static cache generation, bf16 weights, seq2seq) matched.
+    report, stdout = run_compare(tmp_path, "--tiny", "--no-compiled-rows", "--no-memory", "--label", "a tiny check")
+    rows = report["rows"]
+    assert len(rows) == 12 and all(row["coreformer_per_s"] > 0 and row["reference_per_s"] > 0 for row in rows)
+    assert report["label"] == "a tiny check" and "(a tiny check)" in stdout
+    assert "| decoder training step (bf16) |" in stdout and "| long-sequence training step" in stdout
+    training_rows = [row for row in rows if "bf16" in row["benchmark"] and "training" in row["benchmark"]]
+    assert len(training_rows) == 4
+    for row in training_rows:  # the share of the bf16 GEMM peak, in the JSON and in the table's column
+        assert 0 < row["coreformer_peak_fraction"] and row["flops_per_token"] > 0
+        assert f"| {row['reference_peak_fraction']:.0%} / {row['coreformer_peak_fraction']:.0%} |" in stdout
+    assert "of the measured bf16 GEMM peak" in stdout
     generation_rows = [row for row in rows if "generation" in row["benchmark"]]
-    assert len(generation_rows) == 4 and all(row["weight_products_floor_per_s"] > 0 for row in generation_rows)
-    assert "the weight products alone" in result.stdout
+    assert len(generation_rows) == 5 and all(row["weight_products_floor_per_s"] > 0 for row in generation_rows)
+    assert all(row["coreformer_floor_fraction"] > 0 for row in generation_rows)
+    assert "the weight products alone" in stdout
+    assert all(row["peak_memory_skipped"] == "not measured (--no-memory)" for row in rows)
+
+
+@pytest.mark.slow
+def test_compare_reports_peak_memory_of_each_model_in_every_row(tmp_path):
+    # --quick shapes: a few MiB per step. (At so few tokens the fused loss's one chunk holds every row, so it saves
+    # nothing here; what it saves at GPT-2's vocabulary is measured by the full run, and tests/test_losses.py checks
+    # that no tensor of the logits' size is formed.)
+    report, stdout = run_compare(
+        tmp_path, "--quick", "--repeats", "1", "--no-compiled-rows", "--only", "decoder training step (bf16, vocab"
+    )
+    fused, unfused = report["rows"]
+    assert "without the fused loss" in unfused["benchmark"] and "without" not in fused["benchmark"]
+    for row in (fused, unfused):
+        assert row["reference_peak_mib"] > 0 and row["coreformer_peak_mib"] > 0
+        assert f"{row['reference_peak_mib']:,.0f} / {row['coreformer_peak_mib']:,.0f}" in stdout
+
+
+@pytest.mark.slow
+def test_compare_compiled_rows_compile_both_models_with_the_same_options(tmp_path):
+    # The compiled generation rows check the tokens against the reference, so a clean exit means both compiled
+    # static-cache generate() calls produced the eager tokens.
+    # Inductor compiles six graphs at least (C++ on CPU): minutes on a quiet 2-core machine, far more on a busy one.
+    report, stdout = run_compare(tmp_path, "--tiny", "--no-memory", "--only", "compile", timeout=2400)
+    labels = [row["benchmark"] for row in report["rows"]]
+    assert len(labels) == 4 and sum("compiled static cache" in label for label in labels) == 3
+    assert any("torch.compile" in label for label in labels)
+    assert all(row["coreformer_per_s"] > 0 and row["reference_per_s"] > 0 for row in report["rows"])
 
 
 @pytest.mark.slow
@@ -103,13 +142,16 @@ def test_compare_large_rows_report_training_mfu_and_attention_flops_per_backend(
         "eager",
         "sdpa",
         "flash_attention_2",
+        "--only",
+        "decoder training step (fp32)",
+        "--no-memory",
         "--output",
         str(output),
     ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(output.read_text())
-    assert len(report["rows"]) == 7  # the default table is unchanged; the large rows have their own keys
+    assert len(report["rows"]) == 1  # --only: the large rows have their own keys
 
     training = report["large_decoder_training"]
     assert training["reference_per_s"] > 0 and training["coreformer_per_s"] > 0 and training["flops_per_token"] > 0

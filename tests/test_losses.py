@@ -2,11 +2,14 @@
 
 import pytest
 import torch
+from conftest import padded_batch, tiny_model
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
 
 import coreformer as cf
 from coreformer import losses
-from coreformer.losses import causal_lm_loss, token_loss
+from coreformer.losses import causal_lm_loss, fused_causal_lm_loss, fused_token_loss, token_loss
 
 VOCAB = 96
 
@@ -111,3 +114,204 @@ def test_language_model_heads_report_transformers_loss(family, head, reference_l
     output = model(input_ids=ids, labels=labels)
     expected = reference_loss(output.logits, labels, vocab_size=VOCAB)
     torch.testing.assert_close(output.loss, expected, rtol=0, atol=1e-5)
+
+
+# ---- the projection fused with the loss (skip_logits=True) ----
+
+HIDDEN = 16
+
+
+def projection_inputs(dtype: torch.dtype, *, bias: bool, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(3, 10, HIDDEN, generator=generator).to(dtype).requires_grad_()
+    weight = (torch.randn(VOCAB, HIDDEN, generator=generator) / 2).requires_grad_()
+    bias_ = (torch.randn(VOCAB, generator=generator) / 2).requires_grad_() if bias else None
+    labels = logits_and_labels(torch.float32, seed)[1]
+    return hidden, weight, bias_, labels
+
+
+def loss_and_grads(compute, hidden, weight, bias, labels, **kwargs) -> tuple[torch.Tensor, ...]:
+    leaves = [t for t in (hidden, weight, bias) if t is not None]
+    loss = compute(hidden, weight, bias, labels, **kwargs)
+    return (loss.detach(), *torch.autograd.grad(loss, leaves))
+
+
+def through_logits(reference):
+    """transformers' loss on the logits nn.Linear produces: what the fused loss must equal."""
+
+    def compute(hidden, weight, bias, labels, **kwargs):
+        return reference(nn.functional.linear(hidden, weight, bias), labels, vocab_size=VOCAB, **kwargs)
+
+    return compute
+
+
+def small_chunks(monkeypatch, rows: int = 7) -> None:
+    """7 rows per chunk: 30 rows in 5 chunks, the last one partial."""
+    monkeypatch.setitem(losses._CHUNK_BYTES, "cpu", rows * 4 * VOCAB)
+
+
+@pytest.mark.parametrize(
+    "fused, reference", [(fused_causal_lm_loss, ForCausalLMLoss), (fused_token_loss, ForMaskedLMLoss)]
+)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("num_items_in_batch", [None, torch.tensor(17)])
+def test_fused_loss_and_gradients_equal_transformers_loss_on_the_logits_in_fp32(
+    monkeypatch, fused, reference, bias, num_items_in_batch
+):
+    small_chunks(monkeypatch)
+    inputs = projection_inputs(torch.float32, bias=bias)
+    expected = loss_and_grads(through_logits(reference), *inputs, num_items_in_batch=num_items_in_batch)
+    result = loss_and_grads(fused, *inputs, num_items_in_batch=num_items_in_batch)
+    assert len(result) == len(expected) == (4 if bias else 3)  # loss, d hidden, d weight [, d bias]
+    for ours, theirs in zip(result, expected):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+
+
+def test_fused_loss_chunking_does_not_change_the_result(monkeypatch):
+    inputs = projection_inputs(torch.float32, bias=True)
+    one_chunk = loss_and_grads(fused_causal_lm_loss, *inputs)
+    small_chunks(monkeypatch, rows=4)
+    for ours, whole in zip(loss_and_grads(fused_causal_lm_loss, *inputs), one_chunk):
+        torch.testing.assert_close(ours, whole, rtol=0, atol=1e-6)
+
+
+def test_fused_loss_under_bf16_autocast_matches_the_autocast_logits_loss(monkeypatch):
+    # Both run the products in bf16 (autocast's dtype) and the log-sum-exp in fp32. The weight gradient differs by
+    # bf16 rounding: ours sums the chunks' bf16 products in fp32, autocast's one bf16 product rounds the whole sum.
+    small_chunks(monkeypatch)
+    inputs = projection_inputs(torch.float32, bias=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = loss_and_grads(through_logits(ForCausalLMLoss), *inputs)
+        result = loss_and_grads(fused_causal_lm_loss, *inputs)
+    assert [t.dtype for t in result] == [torch.float32] * 4  # gradients in the leaves' dtype
+    torch.testing.assert_close(result[0], expected[0], rtol=0, atol=1e-5)
+    for ours, theirs in zip(result[1:], expected[1:]):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-2 * theirs.abs().max().item())
+
+
+class LargestTensor(TorchDispatchMode):
+    """The most elements any op produced while active (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in torch.utils._pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+def test_fused_loss_never_forms_a_tensor_of_the_logits_size(monkeypatch):
+    small_chunks(monkeypatch)
+    hidden, weight, bias, labels = projection_inputs(torch.float32, bias=True)
+    logits_size = labels.numel() * VOCAB
+    # The check can fail: the loss on the logits forms (30, VOCAB) tensors forward and backward.
+    with LargestTensor() as unfused:
+        loss_and_grads(through_logits(ForCausalLMLoss), hidden, weight, bias, labels)
+    assert unfused.largest >= logits_size
+    with LargestTensor() as fused:
+        loss_and_grads(fused_causal_lm_loss, hidden, weight, bias, labels)
+    # The largest is the weight's gradient (VOCAB x 16) or one 7-row chunk of logits, both well under (30, VOCAB).
+    assert fused.largest <= max(weight.numel(), 7 * VOCAB) < logits_size
+
+
+LM_HEADS = {
+    "decoder": cf.CoreformerDecoderForCausalLM,
+    "encoder": cf.CoreformerEncoderForMaskedLM,
+    "seq2seq": cf.CoreformerSeq2SeqForConditionalGeneration,
+}
+
+
+def lm_head_model(family: str) -> torch.nn.Module:
+    # Every head piece the fused path must carry: BERT's transform and bias, BART's final_logits_bias.
+    overrides = dict(lm_head_transform=True, lm_head_bias=True)
+    if family == "seq2seq":
+        overrides["final_logits_bias"] = True
+    model = tiny_model(LM_HEADS[family], family, **overrides)
+    with torch.no_grad():
+        model.lm_head.bias.normal_()
+        if family == "seq2seq":
+            model.final_logits_bias.normal_()
+    return model
+
+
+def head_loss_and_grads(model, ids, labels, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    output = model(input_ids=ids, labels=labels, **kwargs)
+    output.loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return output.logits, output.loss.detach(), grads
+
+
+@pytest.mark.parametrize("family", list(LM_HEADS))
+def test_heads_skip_logits_give_the_same_loss_and_gradients_without_logits(family, monkeypatch):
+    small_chunks(monkeypatch, rows=5)
+    model = lm_head_model(family)
+    ids, _ = padded_batch()
+    labels = ids.clone()
+    labels[1, :3] = -100
+    logits, expected_loss, expected_grads = head_loss_and_grads(model, ids, labels)
+    assert logits is not None  # the default keeps transformers' contract
+    no_logits, loss, grads = head_loss_and_grads(model, ids, labels, skip_logits=True)
+    assert no_logits is None
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-6)
+    assert grads.keys() == expected_grads.keys() and "lm_head.bias" in grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_skip_logits_without_labels_says_what_to_pass():
+    model = lm_head_model("decoder")
+    with pytest.raises(ValueError, match="skip_logits=True returns only the loss: pass labels"):
+        model(input_ids=padded_batch()[0], skip_logits=True)
+
+
+def test_skip_logits_with_a_lora_adapted_head_keeps_the_adapter_in_the_loss():
+    # A LoRA head adds B·A·x to weight·x: the fused product of weight and bias alone would drop the adapter.
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        lm_head_model("decoder"), LoraConfig(r=4, target_modules=["lm_head"], init_lora_weights=False)
+    )
+    ids, _ = padded_batch()
+    with torch.no_grad():
+        expected = model(input_ids=ids, labels=ids).loss
+        output = model(input_ids=ids, labels=ids, skip_logits=True)
+        with model.disable_adapter():
+            without_adapter = model(input_ids=ids, labels=ids, skip_logits=True).loss
+    assert output.logits is None
+    torch.testing.assert_close(output.loss, expected, rtol=0, atol=1e-6)
+    assert (without_adapter - expected).abs() > 1e-3  # the adapter changes the loss, so the check above can fail
+
+
+@pytest.mark.slow
+def test_compiled_head_gives_the_eager_fused_loss_and_gradients():
+    model = lm_head_model("decoder").train()
+    ids, _ = padded_batch()
+    _, expected_loss, expected_grads = head_loss_and_grads(model, ids, ids, skip_logits=True)
+    compiled = torch.compile(model)
+    _, loss, grads = head_loss_and_grads(compiled, ids, ids, skip_logits=True)
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name.removeprefix("_orig_mod.")], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(
+    "objective, family", [("causal-lm", "decoder"), ("masked-lm", "encoder"), ("denoising", "seq2seq")]
+)
+def test_pretraining_objectives_take_the_fused_loss_without_calling_the_projection(objective, family):
+    from coreformer.training.objectives import OBJECTIVES
+
+    model = lm_head_model(family)
+    ids, mask = padded_batch()
+    labels = ids.masked_fill(mask == 0, -100)
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    expected = model(**batch, num_items_in_batch=17).loss
+    projections = []
+    model.lm_head.register_forward_hook(lambda *_: projections.append(1))
+    loss = OBJECTIVES[objective].loss(model, batch, 17, int(mask.sum()))
+    assert projections == []  # the logits were never formed: the loss came from the fused path
+    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-6)

@@ -1,8 +1,13 @@
 """Token-level cross-entropy for the language-model heads, without a full fp32 copy of the logits.
 
-causal_lm_loss       next-token loss (labels shifted inside), the decoder's LM head
-token_loss           loss per position as given (masked LM, seq2seq targets)
-TokenCrossEntropy    the autograd function both use: log-sum-exp in fp32, one block of rows at a time
+causal_lm_loss         next-token loss (labels shifted inside), the decoder's LM head
+token_loss             loss per position as given (masked LM, seq2seq targets)
+TokenCrossEntropy      the autograd function both use: log-sum-exp in fp32, one block of rows at a time
+fused_causal_lm_loss   the same losses from the final hidden states and the vocabulary projection's weight and
+fused_token_loss       bias, never forming the (tokens, vocab) logits (the heads' `skip_logits=True`, training)
+LinearCrossEntropy     the autograd function both use: projection + loss a chunk of rows at a time, backward
+                       recomputing each chunk's logits
+CAUSAL_LM_LOSS, TOKEN_LOSS   each head's pair (from logits, fused), which `language_model_outputs` picks from
 
 transformers' `ForCausalLMLoss` / `ForMaskedLMLoss` up-cast the whole (tokens, vocab) logits to fp32 before
 `cross_entropy`, so a bf16 step holds the bf16 logits, their fp32 copy and fp32 log-probabilities, and writes an fp32
@@ -10,7 +15,14 @@ gradient it then casts back. Here the logits stay in their own dtype; each block
 enough to stay in cache), so the loss is the same fp32 computation (same log-sum-exp, same picked logit) and the
 gradient, softmax minus one-hot, is formed in fp32 per block and stored once in the logits' dtype. Reductions follow
 transformers: mean over the non-ignored targets, or sum / `num_items_in_batch` when the Trainer passes it.
+
+The fused form goes one step further, as Liger-Kernel's fused linear cross-entropy does (Hsu et al. 2024): even in
+the logits' own dtype, (tokens, vocab) logits and their gradient are the largest tensors of a small model's step
+(2048 x 50,257 bf16: 206 MB each), so the projection is multiplied out one chunk of rows at a time inside the loss.
 """
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -69,6 +81,13 @@ def token_loss(
     """logits: (..., vocab); labels: (...) target ids, `ignore_index` where no loss is taken."""
     labels = labels.to(logits.device).reshape(-1)
     losses = TokenCrossEntropy.apply(logits.reshape(-1, vocab_size), labels, ignore_index)  # (N,)
+    return _token_mean(losses, labels, num_items_in_batch, ignore_index)
+
+
+def _token_mean(
+    losses: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None, ignore_index: int
+) -> torch.Tensor:
+    """transformers' reduction: the mean over non-ignored targets, or the sum over `num_items_in_batch`."""
     if num_items_in_batch is None:
         return losses.sum() / (labels != ignore_index).sum()
     if torch.is_tensor(num_items_in_batch):
@@ -88,3 +107,148 @@ def causal_lm_loss(
     if shift_labels is None:
         shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]  # (B, T)
     return token_loss(logits, shift_labels, vocab_size, ignore_index=ignore_index, **kwargs)
+
+
+# ---- the vocabulary projection fused with the loss ----
+
+# Rows per chunk of the fused loss: the chunk's logits, (rows, vocab) in the compute dtype plus their fp32 softmax, are
+# the only vocabulary-sized tensors alive at once. 32 MiB of fp32 (167 rows at vocabulary 50,257; 1,024 at 8,192)
+# keeps the products large enough to run at the GEMM rate on a CPU; a GPU takes larger chunks for the same reason.
+_CHUNK_BYTES = {"cpu": 32 * 2**20}
+_DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+
+def _rows_per_chunk(rows: int, vocab_size: int, device: torch.device) -> int:
+    budget = _CHUNK_BYTES.get(device.type, _DEFAULT_CHUNK_BYTES)
+    return max(1, min(rows, budget // (4 * vocab_size)))
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block: slice) -> torch.Tensor:
+    """(rows, hidden) @ (vocab, hidden)ᵀ [+ bias] -> (rows, vocab), in the inputs' (compute) dtype."""
+    return nn.functional.linear(hidden[block], weight, bias)
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Per-row cross-entropy of `hidden @ weightᵀ + bias` against targets, a chunk of rows at a time.
+
+        hidden (N, H) ──┐  chunk 0: rows 0..c      -> logits (c, V) -> log-sum-exp, target logit -> freed
+                        ├─ chunk 1: rows c..2c     -> logits (c, V) -> ...
+        weight (V, H) ──┘  ...
+        backward: each chunk's logits are recomputed, softmax - one-hot formed in fp32 and stored in the compute
+                  dtype, then grad_hidden[chunk] = g @ W and grad_W += gᵀ @ hidden[chunk] (accumulated in fp32).
+
+    The full (N, V) logits never exist, forward or backward: the peak is one chunk. `compute_dtype` is the dtype the
+    products run in (autocast's, decided by the caller); the inputs are cast to it here, so their gradients come back
+    in their own dtypes. Ignored rows give a loss of 0 and no gradient.
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        ignore_index: int,
+        compute_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        valid = targets != ignore_index
+        targets = targets.masked_fill(~valid, 0)
+        cast = (hidden.to(compute_dtype), weight.to(compute_dtype), None if bias is None else bias.to(compute_dtype))
+        rows = _rows_per_chunk(hidden.shape[0], weight.shape[0], hidden.device)
+        log_normalizer = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        target_logits = torch.empty_like(log_normalizer)
+        for start in range(0, hidden.shape[0], rows):
+            block = slice(start, start + rows)
+            logits = _chunk_logits(*cast, block)  # (rows, V)
+            log_normalizer[block] = torch.logsumexp(logits.float(), dim=-1)
+            target_logits[block] = logits.gather(1, targets[block, None]).squeeze(1).float()
+        ctx.save_for_backward(hidden, weight, bias, targets, valid, log_normalizer)
+        ctx.compute_dtype = compute_dtype
+        return (log_normalizer - target_logits) * valid
+
+    @staticmethod
+    def backward(ctx, grad_losses: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets, valid, log_normalizer = ctx.saved_tensors
+        cast_hidden, cast_weight = hidden.to(ctx.compute_dtype), weight.to(ctx.compute_dtype)
+        cast_bias = None if bias is None else bias.to(ctx.compute_dtype)
+        # d loss_i / d logits_i = grad_i * (softmax(logits_i) - onehot(target_i)), zero on ignored rows.
+        row_scale = (grad_losses.float() * valid)[:, None]  # (N, 1)
+        grad_hidden = torch.empty_like(cast_hidden) if ctx.needs_input_grad[0] else None
+        grad_weight, grad_bias = None, None
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, H)
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)  # (V,)
+        rows = _rows_per_chunk(hidden.shape[0], weight.shape[0], hidden.device)
+        for start in range(0, hidden.shape[0], rows):
+            block = slice(start, start + rows)
+            logits = _chunk_logits(cast_hidden, cast_weight, cast_bias, block)  # (rows, V), recomputed
+            probabilities = torch.exp(logits.float() - log_normalizer[block, None])
+            block_targets = targets[block, None]  # (rows, 1)
+            probabilities.scatter_add_(1, block_targets, probabilities.new_full(block_targets.shape, -1.0))
+            grad_logits = probabilities.mul_(row_scale[block]).to(ctx.compute_dtype)  # (rows, V)
+            if grad_hidden is not None:
+                grad_hidden[block] = grad_logits @ cast_weight  # (rows, H)
+            if grad_weight is not None:  # fp32 += the chunk's product in the compute dtype, converted on the fly
+                grad_weight.add_(grad_logits.T @ cast_hidden[block])  # (V, H)
+            if grad_bias is not None:
+                grad_bias.add_(grad_logits.sum(0, dtype=torch.float32))
+        return (
+            None if grad_hidden is None else grad_hidden.to(hidden.dtype),
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def fused_token_loss(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = -100,
+    **kwargs,
+) -> torch.Tensor:
+    """`token_loss(linear(hidden_states, weight, bias), labels)` without the (..., vocab) logits.
+
+    hidden_states: (..., hidden) what the vocabulary projection reads; weight: (vocab, hidden); bias: (vocab,) or
+    None; labels: (...) target ids. Under autocast the products run in autocast's dtype, as `nn.Linear` would.
+    """
+    labels = labels.to(hidden_states.device).reshape(-1)
+    device_type = hidden_states.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    compute_dtype = torch.get_autocast_dtype(device_type) if autocast else hidden_states.dtype
+    with torch.autocast(device_type, enabled=False):  # the dtype is decided above; the function casts explicitly
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, hidden)
+        losses = LinearCrossEntropy.apply(flat, weight, bias, labels, ignore_index, compute_dtype)  # (N,)
+    return _token_mean(losses, labels, num_items_in_batch, ignore_index)
+
+
+def fused_causal_lm_loss(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """`causal_lm_loss` from the hidden states (B, T, hidden) and the projection, without the logits."""
+    if shift_labels is None:
+        shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]  # (B, T)
+    return fused_token_loss(hidden_states, weight, bias, shift_labels, ignore_index=ignore_index, **kwargs)
+
+
+class LanguageModelLoss(NamedTuple):
+    """One head's loss in its two forms: from the logits, and fused with the projection (`skip_logits=True`)."""
+
+    from_logits: Callable[..., torch.Tensor]  # (logits, labels, vocab_size=..., **kwargs)
+    fused: Callable[..., torch.Tensor]  # (hidden_states, weight, bias, labels, **kwargs)
+
+
+CAUSAL_LM_LOSS = LanguageModelLoss(causal_lm_loss, fused_causal_lm_loss)  # labels shifted inside (decoder)
+TOKEN_LOSS = LanguageModelLoss(token_loss, fused_token_loss)  # labels per position (masked LM, seq2seq)

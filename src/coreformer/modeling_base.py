@@ -12,8 +12,8 @@ one mask per type present and decides once which layers run their sparse kernel,
 Hidden states and attentions are recorded by transformers' `capture_outputs` hooks (`_can_record_outputs`), not
 collected by hand; the stack is a `PreTrainedModel` for that (transformers' contract, as BART's encoder and decoder).
 
-Head pieces (`LMHeadTransform`, `ClassificationHead`, the pooling functions) and the token-classification head, which
-is the same for every family with a single stack, live here too.
+Head pieces (`LMHeadTransform`, `language_model_outputs`, `ClassificationHead`, the pooling functions) and the
+token-classification head, which is the same for every family with a single stack, live here too.
 """
 
 import copy
@@ -48,6 +48,7 @@ from .layers import (
     build_norm,
     sinusoidal_table,
 )
+from .losses import LanguageModelLoss
 
 
 class CoreformerPreTrainedModel(PreTrainedModel):
@@ -657,6 +658,38 @@ def build_lm_head(config: CoreformerConfig) -> tuple[LMHeadTransform | None, nn.
     """The optional MLM transform and the vocabulary projection (named `lm_head`, as transformers expects)."""
     transform = LMHeadTransform(config) if config.lm_head_transform else None
     return transform, nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
+
+
+def language_model_outputs(
+    hidden_states: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor | None,
+    loss: LanguageModelLoss,
+    *,
+    skip_logits: bool,
+    vocab_size: int,
+    logits_bias: torch.Tensor | None = None,
+    **loss_kwargs,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(loss, logits) of a language-model head from the states its projection reads, (B, T, hidden).
+
+    skip_logits=False: logits = lm_head(hidden_states) [+ logits_bias], (B, T, vocab), and the loss from them, as
+    transformers' heads return. skip_logits=True (training): the loss only, fused with the projection a chunk of rows
+    at a time (`losses.LinearCrossEntropy`), logits None. A head that is not a plain `nn.Linear` (a PEFT LoRA layer,
+    a quantized linear) computes more than weight and bias, so it is called as a module and its logits dropped.
+    """
+    if skip_logits and labels is None:
+        raise ValueError("skip_logits=True returns only the loss: pass labels, or leave skip_logits False for logits.")
+    if skip_logits and type(lm_head) is nn.Linear:
+        bias = lm_head.bias
+        if logits_bias is not None:  # (1, vocab): a buffer added to every row, BART's final_logits_bias
+            bias = logits_bias[0] if bias is None else bias + logits_bias[0]
+        return loss.fused(hidden_states, lm_head.weight, bias, labels, **loss_kwargs), None
+    logits = lm_head(hidden_states)  # (B, T, vocab)
+    if logits_bias is not None:
+        logits = logits + logits_bias.to(logits.dtype)  # (B, T, vocab) + (1, vocab)
+    value = None if labels is None else loss.from_logits(logits, labels, vocab_size=vocab_size, **loss_kwargs)
+    return value, None if skip_logits else logits
 
 
 class ClassificationHead(nn.Module):

@@ -16,13 +16,14 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerDecoderConfig
-from .losses import causal_lm_loss
+from .losses import CAUSAL_LM_LOSS
 from .modeling_base import (
     CoreformerPreTrainedModel,
     CoreformerSequenceClassifier,
     CoreformerStack,
     CoreformerTokenClassifier,
     build_lm_head,
+    language_model_outputs,
 )
 
 
@@ -98,11 +99,15 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        skip_logits: bool = False,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         """
         labels: (B, T) the input ids themselves (shifted inside the loss), -100 where no loss is taken.
         logits_to_keep: compute logits for the last N positions only (generation needs just the last one).
+        skip_logits: True returns the loss only (`logits` is None): the vocabulary projection is fused with the loss
+            a chunk of rows at a time and the (B, T, vocab) logits never exist. Pretraining passes True; the
+            default keeps transformers' contract (logits always returned).
         """
         outputs = self.model(
             input_ids,
@@ -117,10 +122,15 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         if self.lm_head_transform is not None:
             hidden_states = self.lm_head_transform(hidden_states)
-        logits = self.lm_head(hidden_states)  # (B, T_kept, vocab)
-        loss = None
-        if labels is not None:
-            loss = causal_lm_loss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        loss, logits = language_model_outputs(  # logits: (B, T_kept, vocab)
+            hidden_states,
+            self.lm_head,
+            labels,
+            CAUSAL_LM_LOSS,
+            skip_logits=skip_logits,
+            vocab_size=self.config.vocab_size,
+            **kwargs,
+        )
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

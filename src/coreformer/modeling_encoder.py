@@ -20,7 +20,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerEncoderConfig
-from .losses import token_loss
+from .losses import TOKEN_LOSS
 from .modeling_base import (
     ClassificationHead,
     CoreformerPreTrainedModel,
@@ -28,6 +28,7 @@ from .modeling_base import (
     CoreformerStack,
     CoreformerTokenClassifier,
     build_lm_head,
+    language_model_outputs,
 )
 
 
@@ -95,9 +96,12 @@ class CoreformerEncoderForMaskedLM(CoreformerEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        skip_logits: bool = False,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
-        """labels: (B, T) original ids at masked positions, -100 elsewhere."""
+        """labels: (B, T) original ids at masked positions, -100 elsewhere.
+        skip_logits: True returns the loss only (`logits` is None), the projection fused with the loss (pretraining
+            passes True); the default returns logits as transformers' heads do."""
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -109,10 +113,15 @@ class CoreformerEncoderForMaskedLM(CoreformerEncoderPreTrainedModel):
         hidden_states = outputs.last_hidden_state
         if self.lm_head_transform is not None:
             hidden_states = self.lm_head_transform(hidden_states)
-        logits = self.lm_head(hidden_states)  # (B, T, vocab)
-        loss = None
-        if labels is not None:
-            loss = token_loss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        loss, logits = language_model_outputs(  # logits: (B, T, vocab)
+            hidden_states,
+            self.lm_head,
+            labels,
+            TOKEN_LOSS,
+            skip_logits=skip_logits,
+            vocab_size=self.config.vocab_size,
+            **kwargs,
+        )
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

@@ -24,13 +24,14 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_coreformer import CoreformerSeq2SeqConfig
-from .losses import token_loss
+from .losses import TOKEN_LOSS
 from .modeling_base import (
     ClassificationHead,
     CoreformerCrossAttendingStack,
     CoreformerPreTrainedModel,
     CoreformerStack,
     build_lm_head,
+    language_model_outputs,
 )
 
 
@@ -193,10 +194,13 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        skip_logits: bool = False,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """labels: (B, T) target ids, -100 where no loss is taken. Decoder inputs default to labels shifted right,
-        so logits[:, t] already predicts labels[:, t]: the loss is taken without a second shift."""
+        so logits[:, t] already predicts labels[:, t]: the loss is taken without a second shift.
+        skip_logits: True returns the loss only (`logits` is None), the projection (and final_logits_bias) fused
+            with the loss (pretraining passes True); the default returns logits as transformers' heads do."""
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -216,12 +220,16 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         hidden_states = outputs.last_hidden_state
         if self.lm_head_transform is not None:
             hidden_states = self.lm_head_transform(hidden_states)
-        logits = self.lm_head(hidden_states)  # (B, T, vocab)
-        if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias.to(logits.dtype)  # (B, T, vocab) + (1, vocab)
-        loss = None
-        if labels is not None:
-            loss = token_loss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        loss, logits = language_model_outputs(  # logits: (B, T, vocab)
+            hidden_states,
+            self.lm_head,
+            labels,
+            TOKEN_LOSS,
+            skip_logits=skip_logits,
+            vocab_size=self.config.vocab_size,
+            logits_bias=self.final_logits_bias,
+            **kwargs,
+        )
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,

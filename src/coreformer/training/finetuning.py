@@ -157,6 +157,7 @@ class FinetuningArguments(RunSettings):
     warmup_steps: int = arg(0, "linear warmup steps")
     lr_scheduler_type: str = arg("linear", "transformers scheduler name (linear, cosine, constant, ...)")
     bf16: bool = arg(False, "bfloat16 mixed precision")
+    compile: bool = arg(False, "torch.compile the model (the Trainer's torch_compile; saved weights keep their names)")
     seed: int = arg(42, "seed of the head's initialisation, the data order and dropout")
     logging_steps: int = arg(10, "log the training loss every N steps")
     eval_steps: int = arg(0, "also evaluate every N steps (0: only at the end)")
@@ -520,6 +521,7 @@ def _training_arguments(args: FinetuningArguments, output_dir: Path, evaluate_fi
         num_train_epochs=args.num_train_epochs,
         max_steps=args.max_steps if args.max_steps is not None else -1,
         bf16=args.bf16,
+        torch_compile=args.compile,
         seed=args.seed,
         logging_steps=args.logging_steps,
         eval_strategy="steps" if args.eval_steps else "no",

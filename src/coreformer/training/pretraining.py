@@ -149,6 +149,11 @@ class PretrainingArguments(RunSettings):
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0 disables)")
     mixed_precision: str = arg("no", "autocast precision", choices=MIXED_PRECISION)
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    compile: bool = arg(
+        False,
+        "torch.compile the model in place (nn.Module.compile): same losses, checkpoint keys and resume as eager; the "
+        "first steps are slower while graphs compile",
+    )
     attn_implementation: str | None = arg(None, "attention backend (sdpa, eager, flex_attention, ...); default sdpa")
     seed: int = arg(0, "seed of the data order, masking, dropout and initialisation")
     # objectives
@@ -791,6 +796,10 @@ def build(run: _Run) -> _Training:
         model.set_attn_implementation(args.attn_implementation)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if args.compile:
+        # In place, not torch.compile(model): the module is not wrapped, so its state_dict keys (and so every checkpoint
+        # and the final folder) carry no `_orig_mod.` prefix, and a compiled run resumes from an eager one's checkpoint.
+        model.compile()
     num_parameters = sum(parameter.numel() for parameter in model.parameters())
     model, optimizer, scheduler = run.engine.setup(
         accelerator,

@@ -65,8 +65,9 @@ class Objective(ABC):
     ) -> torch.Tensor:
         """This micro-batch's share of the step's token-mean loss: its loss summed over tokens and divided by the
         step's token counts (all micro-batches, all processes), `label_tokens` (`label_count`) and `input_tokens`
-        (real input tokens). One count suits most objectives: transformers' `num_items_in_batch`."""
-        return model(**batch, num_items_in_batch=label_tokens).loss
+        (real input tokens). One count suits most objectives: transformers' `num_items_in_batch`. The language-model
+        heads compute it with `skip_logits=True`: the vocabulary projection fused with the loss, no logits formed."""
+        return model(**batch, num_items_in_batch=label_tokens, skip_logits=True).loss
 
     def loss_terms(
         self,
