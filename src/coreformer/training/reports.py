@@ -1,6 +1,6 @@
 """What a pretraining run reports: FLOPs per token (for MFU), the loss plot, and the final folder's model card.
 
-    flops_per_token(config, num_parameters, block_size)    training FLOPs per token (PaLM appendix B)
+    flops_per_token(config, num_parameters, block_size)    training FLOPs per token (flops.py, for MFU)
     plot_losses(history, path, title)                        loss.png: train and held-out loss against the step
     model_card_info(args, metrics) / render_model_card       README.md (model_cards/pretrained.md via model_card)
 
@@ -13,18 +13,11 @@ from typing import Any
 from ..model_card import ModelCardInfo, is_hub_id
 from ..model_card import render_model_card as render_card
 from .families import FAMILIES
+from .flops import flops_per_token  # noqa: F401  (re-exported: pretraining.py imports it from here)
 from .objectives import OBJECTIVES
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s) for the MFU estimate, by a substring of the CUDA device name.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
-
-
-def flops_per_token(config, num_parameters: int, block_size: int) -> float:
-    """Training FLOPs per token, forward + backward: 6 N for the weight matmuls (the tied embedding counts once, as
-    the LM head) plus 12 L d T for attention scores and values (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's
-    estimate_mfu). Exact for the decoder; for the seq2seq model each token passes one stack, so it overestimates."""
-    layers = sum(config.layer_counts().values())
-    return 6 * num_parameters + 12 * layers * config.hidden_size * block_size
 
 
 def plot_losses(history: dict[str, list[dict]], path: Path, title: str) -> None:
