@@ -40,6 +40,7 @@ class Objective(ABC):
     usage: str  # the card's code example after `model = ...` and `tokenizer = ...`
     required_tokens: tuple[str, ...]
     card_metrics: tuple[str, ...] = ("loss", "perplexity")  # held-out numbers the card's model-index reports
+    finetune_task: str = "sequence-classification"  # what to fine-tune the saved folder for next (finetune.py --task)
 
     # ---- data ----
     def examples(self, split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, args: Any) -> datasets.Dataset:
