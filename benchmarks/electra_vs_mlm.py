@@ -1,18 +1,37 @@
-"""ELECTRA vs masked-LM pretraining at equal wall time, each then fine-tuned the same way: accuracy against compute.
+"""ELECTRA vs masked-LM pretraining at equal compute, each then fine-tuned the same way: accuracy against compute.
 
-For each objective (masked-lm, electra) and each time budget (--budgets, seconds of training), one pretraining run
-of the same encoder (the encoder-tiny preset unless --tiny) on the embedded corpus, its step count set so that its
-training time matches the budget (seconds per step from a short calibration run of that objective first, then from
-the previous run). Each pretrained encoder, and a randomly initialised one (compute 0), is then fine-tuned for
-sequence classification on the embedded classification data (docstring -> package) with the same settings and
---seeds seeds, and evaluated on the validation split. Pretraining FLOPs are tokens seen x training FLOPs per token
-(6 N + 12 L d T per model, PaLM appendix B; ELECTRA counts its generator and its discriminator).
+For each objective (masked-lm, electra) and each budget, one pretraining run of the same encoder (the encoder-tiny
+preset unless --tiny) on the embedded corpus, its step count set so that it spends the budget:
 
-Writes results/electra_vs_mlm.json, electra_vs_mlm.png (accuracy against pretraining FLOPs and seconds) and a
-markdown table (stdout and electra_vs_mlm.md).
+    equal time   (--budgets S ...)        seconds of training; seconds per step from a short calibration run of
+                                          the objective, then from its previous run. Needs a quiet machine.
+    equal FLOPs  (--flops-budgets F ...)  training FLOPs; steps = F / (FLOPs per token x tokens per step + FLOPs
+                                          per step), tokens per step measured on the data (the same batches for
+                                          both objectives). Independent of machine load: wall time is recorded
+                                          but is a second axis, comparable only on a quiet machine.
 
-    python benchmarks/electra_vs_mlm.py                  # ~25 minutes on 2 CPU cores: budgets 75, 150, 300 s
-    python benchmarks/electra_vs_mlm.py --tiny           # seconds: a smoke run (the test runs it)
+Training FLOPs (`Objective.training_flops`, coreformer/training/flops.py), forward + backward of every network
+trained: 6 N_matmul + 12 L d T per token, N_matmul the weights and biases of the linear layers (an output layer
+tied to the embeddings counts as the (V, d) matmul it is; embedding lookups do not) and 12 L d T the attention
+scores and values (PaLM appendix B). Masked LM: the encoder and its vocabulary head at every position. ELECTRA:
+the generator (with its (V, d_g) head) plus the discriminator (with its one-logit head), plus once per step 6 x rows
+x d x d_g for projecting the shared embedding tables. A pretraining run's FLOPs are per token x tokens seen + per
+step x steps (checked against torch's FLOP counter in tests/test_objectives_electra.py).
+
+Each pretrained encoder, and a randomly initialised one (compute 0), is then loaded with
+AutoModelForSequenceClassification (its load report printed and recorded: only the new classifier may be missing),
+fine-tuned for sequence classification on the embedded classification data (docstring -> package) with the same
+settings and --seeds seeds, and evaluated on the validation split. Besides accuracy each row records the held-out
+masked-LM loss (for ELECTRA: its generator's, at 1/4 of the width) and, for ELECTRA, the discriminator's
+replaced-token-detection accuracy beside its base rate (always answering "original").
+
+Writes results/electra_vs_mlm.json (one section per kind of budget; a run replaces its own kind's section and keeps
+the other), electra_vs_mlm.png (accuracy against pretraining FLOPs and seconds) and the markdown tables (stdout and
+electra_vs_mlm.md).
+
+    python benchmarks/electra_vs_mlm.py                           # ~25 min on 2 quiet CPU cores: 75, 150, 300 s
+    python benchmarks/electra_vs_mlm.py --flops-budgets 3e12 6e12 1.2e13   # any load: ~12 min on 2 quiet cores
+    python benchmarks/electra_vs_mlm.py --tiny                    # seconds: a smoke run (the test runs it)
 """
 
 import argparse
@@ -26,21 +45,28 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+import transformers
+from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from coreformer.training.finetuning import FinetuningArguments, run_finetuning
-from coreformer.training.objectives.electra import GENERATOR_DIR
+from coreformer.training.objectives import OBJECTIVES as REGISTRY
 from coreformer.training.pretraining import resolve_arguments, run_pretraining
-from coreformer.training.reports import flops_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVES = ("masked-lm", "electra")
 TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+CLASSES = 4  # the embedded classification data's labels
+# The kinds of budget: (JSON section, what a budget is, the row key it is spent on)
+KINDS = {"equal-time": ("seconds of training", "train_time_s"), "equal-flops": ("training FLOPs", "pretraining_flops")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budgets", type=float, nargs="+", default=[75.0, 150.0, 300.0], help="training seconds")
+    parser.add_argument(
+        "--flops-budgets", type=float, nargs="+", help="training FLOPs (equal-FLOPs runs, instead of --budgets)"
+    )
+    parser.add_argument("--note", default="", help="how the machine was (e.g. 'under load from other jobs')")
     parser.add_argument("--calibration-steps", type=int, default=30, help="steps timed to set the first run's length")
     parser.add_argument("--finetune-steps", type=int, default=60, help="fine-tuning steps (3 epochs of 320)")
     parser.add_argument("--finetune-lr", type=float, default=1e-3)
@@ -50,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.tiny:
         args.budgets, args.calibration_steps, args.finetune_steps, args.seeds = [1.0, 2.0], 3, 4, 1
+        if args.flops_budgets:
+            args.flops_budgets = [5e8, 1e9]
+    args.kind = "equal-flops" if args.flops_budgets else "equal-time"
     return args
 
 
@@ -67,37 +96,39 @@ def pretraining_settings(objective: str, args: argparse.Namespace, output_dir: P
     )
 
 
-def model_flops_per_token(folder: Path, block_size: int) -> float:
-    """Training FLOPs per token of what a run trained: the encoder with its MLM head, or ELECTRA's discriminator and
-    generator (the generator's saved embeddings stand for its share of the shared matrix and the projection)."""
-    parts = [(AutoConfig.from_pretrained(folder), AutoModel.from_pretrained(folder))]
-    if (folder / GENERATOR_DIR).is_dir():
-        generator = AutoModelForMaskedLM.from_pretrained(folder / GENERATOR_DIR)
-        parts.append((generator.config, generator))
-    else:
-        masked_lm = AutoModelForMaskedLM.from_pretrained(folder)
-        parts = [(masked_lm.config, masked_lm)]
-    return sum(
-        flops_per_token(config, sum(p.numel() for p in model.parameters()), block_size) for config, model in parts
-    )
+def training_flops(objective: str, settings, config_folder: Path) -> tuple[float, float]:
+    """(FLOPs per token, FLOPs per step) of the module the objective trains, built from the run's settings and the
+    config of the tokenizer run (same vocabulary); see the module docstring."""
+    config = AutoConfig.from_pretrained(config_folder)
+    return REGISTRY[objective].training_flops(REGISTRY[objective].build_model(config, settings), settings.block_size)
 
 
-def pretrain(objective: str, budget: float, seconds_per_step: float, args, work: Path, tokenizer) -> dict:
-    """One run whose training time is about `budget` seconds at `seconds_per_step`."""
-    steps = max(2, round(budget / seconds_per_step))
-    folder = work / f"{objective}-{budget:g}s"
+def held_out_numbers(objective: str, final: dict) -> dict:
+    """The numbers of the last held-out evaluation that compare across objectives: the masked-LM loss (ELECTRA:
+    its generator's) and, for ELECTRA, what shows whether its discriminator learned beyond its base rate."""
+    if objective == "electra":
+        names = ("rtd_accuracy", "rtd_base_rate", "generator_accuracy", "replaced_share")
+        return {"mlm_loss": final["mlm_loss"], **{name: final[name] for name in names}}
+    return {"mlm_loss": final["loss"]}
+
+
+def pretrain(objective: str, budget: float, steps: int, args, work: Path, tokenizer) -> dict:
+    """One run of `steps` steps, meant to spend `budget` (seconds or FLOPs, after args.kind)."""
+    folder = work / f"{objective}-{budget:g}"
     settings = pretraining_settings(objective, args, folder, steps, tokenizer)
+    per_token, per_step = training_flops(objective, settings, tokenizer)
     metrics = run_pretraining(settings)
-    per_token = model_flops_per_token(folder, settings.block_size)
     return {
         "objective": objective,
-        "budget_s": budget,
+        "budget": budget,
         "steps": metrics["steps"],
         "train_time_s": metrics["train_time_s"],
         "tokens_seen": metrics["tokens_seen"],
         "flops_per_token": per_token,
-        "pretraining_flops": per_token * metrics["tokens_seen"],
+        "flops_per_step": per_step,
+        "pretraining_flops": per_token * metrics["tokens_seen"] + per_step * metrics["steps"],
         "final_eval_loss": metrics["final_eval_loss"],
+        **held_out_numbers(objective, metrics["history"]["eval"][-1]),
         "folder": str(folder),
     }
 
@@ -109,8 +140,47 @@ def seconds_per_step(objective: str, args: argparse.Namespace, work: Path, token
     return calibration["train_time_s"] / calibration["steps"]
 
 
+def budget_runs(objective: str, args, work: Path, tokenizer, tokens_per_step: float) -> list[dict]:
+    """The objective's runs at every budget, each run's length set from the rate its previous run measured."""
+    rows = []
+    if args.kind == "equal-time":
+        rate = seconds_per_step(objective, args, work, tokenizer)
+        for budget in args.budgets:
+            row = pretrain(objective, budget, max(2, round(budget / rate)), args, work, tokenizer)
+            rate = row["train_time_s"] / row["steps"]
+            rows.append(row)
+        return rows
+    for budget in args.flops_budgets:
+        settings = pretraining_settings(objective, args, work / "unused", 1, tokenizer)
+        per_token, per_step = training_flops(objective, settings, tokenizer)
+        steps = max(2, round(budget / (per_token * tokens_per_step + per_step)))
+        row = pretrain(objective, budget, steps, args, work, tokenizer)
+        tokens_per_step = row["tokens_seen"] / row["steps"]
+        rows.append(row)
+    return rows
+
+
+def load_report(folder: Path) -> list[str]:
+    """Print and return the modules AutoModelForSequenceClassification initialises anew from the pretrained folder;
+    anything beyond the classifier means the encoder's weights did not load, and stops the benchmark."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its own table of the same keys
+    try:
+        _, info = AutoModelForSequenceClassification.from_pretrained(
+            folder, num_labels=CLASSES, output_loading_info=True
+        )
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    missing = sorted({key.rsplit(".", 1)[0] for key in info["missing_keys"]})
+    print(f"{folder.name}: newly initialised {missing}; unused {sorted(info['unexpected_keys'])}", file=sys.stderr)
+    if any(not name.startswith("classifier.") for name in missing):
+        raise RuntimeError(f"{folder}: the encoder did not load (missing {missing})")
+    return missing
+
+
 def finetune(folder: Path, args: argparse.Namespace, work: Path) -> dict:
     """Sequence classification on the embedded data, the same settings for every encoder; accuracy per seed."""
+    newly_initialised = load_report(folder)
     accuracies = []
     for seed in range(args.seeds):
         finetuning = FinetuningArguments(
@@ -126,6 +196,7 @@ def finetune(folder: Path, args: argparse.Namespace, work: Path) -> dict:
         )
         accuracies.append(run_finetuning(finetuning)["eval_accuracy"])
     return {
+        "newly_initialised": newly_initialised,
         "accuracies": accuracies,
         "accuracy_mean": statistics.fmean(accuracies),
         "accuracy_std": statistics.pstdev(accuracies),
@@ -144,45 +215,64 @@ def random_encoder(folder: Path, like: Path) -> Path:
     return folder
 
 
-def markdown(results: list[dict], baseline: dict) -> str:
-    lines = [
-        "| objective | budget (s) | steps | training time (s) | tokens | pretraining FLOPs | "
-        "held-out loss (own objective) | fine-tuned accuracy (mean ± std) |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| none (random init) | 0 | 0 | 0 | 0 | 0 | — | {baseline['accuracy_mean']:.3f} ± "
-        f"{baseline['accuracy_std']:.3f} |",
-    ]
-    for row in results:
-        lines.append(
-            f"| {row['objective']} | {row['budget_s']:g} | {row['steps']} | {row['train_time_s']:.1f} | "
-            f"{row['tokens_seen']:,} | {row['pretraining_flops']:.3g} | {row['final_eval_loss']:.3f} | "
-            f"{row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+def _number(row: dict, key: str, form: str) -> str:
+    return format(row[key], form) if row.get(key) is not None else "—"
 
 
-def plot(results: list[dict], baseline: dict, path: Path) -> None:
+def markdown(sections: dict[str, dict]) -> str:
+    """One table per kind of budget, each under a line saying what its budgets are and how the machine was."""
+    blocks = []
+    for kind, section in sections.items():
+        baseline = section["baseline"]
+        lines = [
+            f"### {kind}: budgets in {KINDS[kind][0]}" + (f" ({section['note']})" if section.get("note") else ""),
+            "",
+            "| objective | budget | steps | training time (s) | tokens | pretraining FLOPs | held-out MLM loss "
+            "(ELECTRA: generator) | RTD accuracy / base rate | fine-tuned accuracy (mean ± std) |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| none (random init) | 0 | 0 | 0 | 0 | 0 | — | — | {baseline['accuracy_mean']:.3f} ± "
+            f"{baseline['accuracy_std']:.3f} |",
+        ]
+        for row in section["results"]:
+            rtd = "—"
+            if row.get("rtd_accuracy") is not None:
+                rtd = f"{row['rtd_accuracy']:.4f} / {row['rtd_base_rate']:.4f}"
+            lines.append(
+                f"| {row['objective']} | {row['budget']:g} | {row['steps']} | {row['train_time_s']:.1f} | "
+                f"{row['tokens_seen']:,} | {row['pretraining_flops']:.3g} | {_number(row, 'mlm_loss', '.3f')} | "
+                f"{rtd} | {row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f} |"
+            )
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
+def plot(sections: dict[str, dict], path: Path) -> None:
+    """Accuracy against pretraining FLOPs (every section) and against seconds (every section, labelled)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for objective in OBJECTIVES:
-        rows = sorted((r for r in results if r["objective"] == objective), key=lambda r: r["budget_s"])
-        for axis, key in zip(axes, ("pretraining_flops", "train_time_s"), strict=True):
-            axis.errorbar(
-                [0.0] + [r[key] for r in rows],
-                [baseline["accuracy_mean"]] + [r["accuracy_mean"] for r in rows],
-                yerr=[baseline["accuracy_std"]] + [r["accuracy_std"] for r in rows],
-                marker="o",
-                capsize=3,
-                label=objective,
-            )
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for kind, section in sections.items():
+        baseline, style = section["baseline"], "-" if kind == "equal-flops" else "--"
+        suffix = f"{kind}" + (f", {section['note']}" if section.get("note") else "")
+        for objective in OBJECTIVES:
+            rows = sorted((r for r in section["results"] if r["objective"] == objective), key=lambda r: r["budget"])
+            for axis, key in zip(axes, ("pretraining_flops", "train_time_s"), strict=True):
+                axis.errorbar(
+                    [0.0] + [r[key] for r in rows],
+                    [baseline["accuracy_mean"]] + [r["accuracy_mean"] for r in rows],
+                    yerr=[baseline["accuracy_std"]] + [r["accuracy_std"] for r in rows],
+                    marker="o",
+                    linestyle=style,
+                    capsize=3,
+                    label=f"{objective} ({suffix})",
+                )
     for axis, label in zip(axes, ("pretraining FLOPs", "pretraining time (s)"), strict=True):
         axis.set(xlabel=label, ylabel="fine-tuned accuracy (validation)")
         axis.grid(alpha=0.3)
-        axis.legend()
+        axis.legend(fontsize=7)
     figure.suptitle("ELECTRA vs masked LM: sequence classification after pretraining")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -197,30 +287,31 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         # One tokenizer for every run (WordPiece training is not reproducible): trained by a first short run.
-        run_pretraining(pretraining_settings("masked-lm", args, work / "tokenizer-run", 1, None))
+        first = run_pretraining(pretraining_settings("masked-lm", args, work / "tokenizer-run", 1, None))
         tokenizer = work / "tokenizer-run"
         results = []
         for objective in OBJECTIVES:
-            rate = seconds_per_step(objective, args, work, tokenizer)
-            for budget in args.budgets:
-                row = pretrain(objective, budget, rate, args, work, tokenizer)
-                rate = row["train_time_s"] / row["steps"]  # the latest run's rate sets the next run's length
+            for row in budget_runs(objective, args, work, tokenizer, first["tokens_seen"] / first["steps"]):
                 row.update(finetune(Path(row.pop("folder")), args, work))
                 results.append(row)
-                print(f"{objective} {budget:g}s: accuracy {row['accuracy_mean']:.3f}", file=sys.stderr)
+                print(f"{objective} {row['budget']:g}: accuracy {row['accuracy_mean']:.3f}", file=sys.stderr)
         baseline = finetune(random_encoder(work / "random-init", tokenizer), args, work)
-    table = markdown(results, baseline)
-    report = {
+    name = "electra_vs_mlm_tiny" if args.tiny else "electra_vs_mlm"
+    path = args.output_dir / f"{name}.json"
+    report = json.loads(path.read_text()) if path.is_file() else {"sections": {}}
+    report["sections"][args.kind] = {
         "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
+        "note": args.note,
         "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
         "baseline": baseline,
         "results": results,
         "wall_time_s": time.perf_counter() - started,
     }
-    name = "electra_vs_mlm_tiny" if args.tiny else "electra_vs_mlm"
-    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    sections = {kind: report["sections"][kind] for kind in KINDS if kind in report["sections"]}
+    table = markdown(sections)
+    path.write_text(json.dumps(report, indent=2) + "\n")
     (args.output_dir / f"{name}.md").write_text(table)
-    plot(results, baseline, args.output_dir / f"{name}.png")
+    plot(sections, args.output_dir / f"{name}.png")
     print(table)
     return 0
 

@@ -168,3 +168,15 @@ def test_bad_requests_give_one_clear_error(tokenizers, tmp_path):
     with pytest.raises(ValueError, match=r"holds no tokenizer .* tokenizer.save_pretrained"):
         save_attention_map(no_tokenizer, TEXT, tmp_path / "y.png")
     assert not (tmp_path / "y.png").exists()
+
+
+def test_module_command_line_names_a_missing_folder_before_any_hub_call(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()  # `outputs/nope` can only be meant as a local folder
+    assert main(["outputs/nope", "def f(): pass", "-o", str(tmp_path / "map.png")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("coreformer attention-map: error: no such folder: outputs/nope (looked for ")
+        and err.count("\n") == 1
+    ), err
+    assert not (tmp_path / "map.png").exists()

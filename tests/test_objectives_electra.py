@@ -31,10 +31,12 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceCl
 import coreformer as cf
 from coreformer.training.checkpoints import find_latest_checkpoint
 from coreformer.training.finetuning import FinetuningArguments, run_finetuning
+from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.objectives.electra import (
     ELECTRA,
     ElectraPretraining,
     electra_loss,
+    electra_loss_terms,
     generator_config,
     replaced_token_labels,
 )
@@ -130,6 +132,89 @@ def test_generator_is_a_quarter_as_wide_and_reads_the_discriminators_token_embed
     assert (third.hidden_size, third.num_attention_heads, third.intermediate_size) == (128, 4, 512)
 
 
+def test_generator_reads_the_discriminators_position_and_token_type_embeddings_through_the_projection():
+    # The paper shares token AND position embeddings; the generator once kept its own position table.
+    model, _ = tiny_electra()
+    names = {name for name, _ in model.named_parameters()}
+    tables = ("embed_tokens", "embed_positions", "token_type_embeddings")
+    assert not any(name.startswith("generator.") and name.split(".")[-2] in tables for name in names)
+    assert {f"discriminator.model.encoder.{table}.weight" for table in tables} <= names
+    ids = torch.tensor([[2, 5, 4, 3]])
+    outputs = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([[-100, -100, 6, -100]]))
+    stack, projection = model.generator.model.encoder, model.embedding_projection.weight  # (H_g, H)
+    discriminator = model.discriminator.model.encoder
+    torch.testing.assert_close(stack.embed_positions.weight, discriminator.embed_positions.weight @ projection.T)
+    torch.testing.assert_close(
+        stack.token_type_embeddings.weight, discriminator.token_type_embeddings.weight @ projection.T
+    )
+    outputs["generator_logits"][0, 2, 6].backward()
+    assert discriminator.embed_positions.weight.grad[:4].abs().sum() > 0  # the generator's positions are these
+    assert discriminator.token_type_embeddings.weight.grad[0].abs().sum() > 0
+
+
+def test_loss_terms_report_generator_accuracy_replaced_share_and_the_rtd_base_rate_by_hand():
+    original = torch.tensor([[2, 7, 9, 12, 3, 0]])
+    labels = torch.tensor([[-100, 7, -100, 12, -100, -100]])  # 2 masks
+    corrupted = torch.tensor([[2, 7, 9, 8, 3, 0]])  # mask 1 sampled back as 7 (original), mask 2 replaced by 8
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1, 0]])  # 5 real tokens: 4 original, 1 replaced
+    generator_logits = torch.zeros(1, 6, 20)
+    generator_logits[0, 1, 7] = generator_logits[0, 3, 5] = 9.0  # likeliest: 7 at mask 1 (right), 5 at mask 2
+    discriminator_logits = torch.tensor([[-3.0, 2.0, -3.0, 2.0, -3.0, 5.0]])  # says "replaced" at 1 and 3
+    outputs = dict(
+        generator_logits=generator_logits,
+        original=original,
+        corrupted=corrupted,
+        discriminator_logits=discriminator_logits,
+    )
+    terms = electra_loss_terms(outputs, labels, attention_mask, label_tokens=2, input_tokens=5, rtd_weight=50.0)
+    assert terms["generator_accuracy"].item() == pytest.approx(1 / 2)
+    assert terms["replaced_share"].item() == pytest.approx(1 / 2)
+    assert terms["rtd_base_rate"].item() == pytest.approx(4 / 5)
+    assert terms["rtd_accuracy"].item() == pytest.approx(4 / 5)  # right at 0, 2, 3, 4; wrong at 1 (a sampled original)
+    assert not any(terms[name].requires_grad for name in ("rtd_base_rate", "generator_accuracy", "replaced_share"))
+
+
+@pytest.mark.parametrize("objective", ["masked-lm", "electra"])
+def test_training_flops_match_torchs_flop_counter_on_a_forward_and_backward(objective):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = cf.CoreformerEncoderConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=64,
+    )  # fmt: skip
+    args = PretrainingArguments(family="encoder", objective=objective, output_dir="unused")
+    torch.manual_seed(0)
+    model = OBJECTIVES[objective].build_model(config, args)
+    model.set_attn_implementation("eager")  # attention as matmuls the counter sees
+    batch, length = 3, 16
+    input_ids = torch.randint(5, 96, (batch, length))
+    labels = torch.full_like(input_ids, -100)
+    labels[:, ::4] = input_ids[:, ::4]
+    inputs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels)
+    with FlopCounterMode(display=False) as counter:
+        OBJECTIVES[objective].loss(model, inputs, int((labels != -100).sum()), batch * length).backward()
+    per_token, per_step = OBJECTIVES[objective].training_flops(model, length)
+    counted = per_token * batch * length + per_step
+    # The counter sees matrix products only; our count adds 6 FLOPs per bias per token (the additions).
+    linear = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    biases = sum(module.out_features for module in linear if module.bias is not None)
+    assert counted - 6 * biases * batch * length == counter.get_total_flops()
+    assert (per_step > 0) == (objective == "electra")  # the projection of the shared tables, once per step
+
+
+def test_electra_costs_less_per_token_than_masked_lm_of_the_same_encoder():
+    # Masked LM runs a (V, H) vocabulary head at every position; ELECTRA's generator a (V, H / 4) one and its
+    # discriminator a one-logit head: the embedding lookup is not a matmul and is not counted.
+    config = cf.CoreformerEncoderConfig(
+        vocab_size=4096, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512
+    )
+    flops = {}
+    for name in ("masked-lm", "electra"):
+        args = PretrainingArguments(family="encoder", objective=name, output_dir="unused")
+        flops[name] = OBJECTIVES[name].training_flops(OBJECTIVES[name].build_model(config, args), 128)[0]
+    assert flops["electra"] < flops["masked-lm"]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Runs
 # ---------------------------------------------------------------------------------------------------------------------
@@ -165,6 +250,8 @@ def test_electra_run_lowers_its_held_out_loss_and_saves_an_encoder_and_its_gener
     final = metrics["history"]["eval"][-1]
     assert final["loss"] == pytest.approx(final["mlm_loss"] + 50 * final["rtd_loss"], rel=1e-6)
     assert 0.5 < final["rtd_accuracy"] <= 1.0  # most tokens are original: even "none replaced" is right on those
+    assert 0.5 < final["rtd_base_rate"] < 1.0 and 0.0 <= final["generator_accuracy"] <= 1.0
+    assert 0.0 < final["replaced_share"] <= 1.0
     assert f"rtd accuracy {final['rtd_accuracy']:.4f}" in card and "perplexity" not in card.split("---")[1]
     assert metrics["sample"].startswith("import [MASK] -> ")
 

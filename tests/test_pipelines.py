@@ -459,3 +459,17 @@ def test_custom_pipelines_refuse_bad_input_with_one_clear_error(saved, tokenizer
     classifier = saved["text-classification/seq2seq"][0]
     with pytest.raises(ValueError, match="cannot generate"):
         pipeline(TEXT2TEXT, model=classifier, tokenizer=tokenizers["seq2seq"])
+
+
+def test_fine_tuning_cards_tag_the_pipeline_of_their_heads_not_one_transformers_5_removed():
+    # A seq2seq card once said `pipeline_tag: summarization`; transformers 5 has no such pipeline (its error points
+    # to chat models). Each task's card tag is the Hub tag the family registry gives its Auto class.
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    from coreformer.families import FAMILIES
+    from coreformer.training.tasks import TASKS
+
+    tags = {head.auto_class: head.pipeline_tag for family in FAMILIES.values() for head in family.heads}
+    for task in TASKS.values():
+        assert task.pipeline_tag == tags[task.auto_class], task.name
+    assert "summarization" not in SUPPORTED_TASKS and TASKS["seq2seq"].pipeline_tag == "text2text-generation"

@@ -752,3 +752,28 @@ def test_objective_defaults_to_the_familys_and_one_that_trains_another_family_is
         tiny_args("encoder", tmp_path, objective="causal-lm")
     with pytest.raises(PretrainingError, match="`objective` must be one of masked-lm, causal-lm, denoising"):
         tiny_args("encoder", tmp_path, objective="electro")
+
+
+def test_run_summary_names_every_output_and_the_exact_next_commands(tmp_path):
+    from coreformer.training.reports import run_summary
+
+    output_dir = tmp_path / "demo"
+    for step in (400, 600):
+        (output_dir / "checkpoints" / f"step-{step}").mkdir(parents=True)
+        (output_dir / "checkpoints" / f"step-{step}" / "trainer_state.json").write_text("{}")
+    (output_dir / "logs").mkdir()
+    args = PretrainingArguments(family="decoder", output_dir=str(output_dir))
+    lines = run_summary(args, output_dir).splitlines()
+    assert f"  model        {output_dir}/  (AutoModelForCausalLM.from_pretrained('{output_dir}'))" in lines
+    assert f"  model card   {output_dir}/README.md" in lines
+    assert f"  metrics      {output_dir}/metrics.json, {output_dir}/loss.png, logs/ (TensorBoard)" in lines
+    assert (
+        f"  checkpoints  {output_dir}/checkpoints/ (step-400, step-600; go on with --resume-from-checkpoint latest)"
+        in lines
+    )
+    finetune = f"python training/finetune.py --task causal-lm --model {output_dir} --output-dir {output_dir}-causal-lm"
+    assert f"  fine-tune    {finetune}" in lines
+    assert f"  publish      python training/publish.py {output_dir} --repo-id YOUR_NAME/demo" in lines
+    encoder = PretrainingArguments(family="encoder", objective="electra", output_dir=str(tmp_path / "e"), save_every=0)
+    summary = run_summary(encoder, tmp_path / "e")
+    assert "checkpoints  none (--save-every 0)" in summary and "--task sequence-classification" in summary

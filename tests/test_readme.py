@@ -153,6 +153,10 @@ def test_quickstart_block_runs_with_a_tiny_demo(tmp_path):
     assert f"coreformer {coreformer.__version__}" in result.stdout
     assert "done: 3 steps" in result.stdout and "sample (AutoModelForCausalLM.from_pretrained(" in result.stdout
     assert (tmp_path / "quickstart" / "model.safetensors").is_file()
+    # the demo ends by saying where everything went and what to run next
+    folder = tmp_path / "quickstart"
+    assert "where everything went:" in result.stdout and f"  model card   {folder}/README.md" in result.stdout
+    assert f"python training/finetune.py --task causal-lm --model {folder} --output-dir" in result.stdout
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ when something is drawn.
 import argparse
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,7 +246,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    """`python -m coreformer.attention_maps`: a mistyped folder is named as such before any Hub call (as the
+    `coreformer attention-map` command line does), exit status 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        coreformer_cli.check_model_location(args.folder)
+    except coreformer_cli.NoSuchFolderError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return coreformer_cli.USAGE_ERROR
+    return run(args)
 
 
 if __name__ == "__main__":

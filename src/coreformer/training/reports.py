@@ -1,8 +1,9 @@
 """What a pretraining run reports: FLOPs per token (for MFU), the loss plot, and the final folder's model card.
 
-    flops_per_token(config, num_parameters, block_size)    training FLOPs per token (PaLM appendix B)
+    flops_per_token(config, num_parameters, block_size)    training FLOPs per token (flops.py, for MFU)
     plot_losses(history, path, title)                        loss.png: train and held-out loss against the step
     model_card_info(args, metrics) / render_model_card       README.md (model_cards/pretrained.md via model_card)
+    run_summary(args, output_dir)                            the run's last lines: what it wrote, what to run next
 
 The card's family facts come from families.py, its objective text from the run's objective (objectives/).
 """
@@ -12,19 +13,13 @@ from typing import Any
 
 from ..model_card import ModelCardInfo, is_hub_id
 from ..model_card import render_model_card as render_card
+from .checkpoints import list_checkpoints
 from .families import FAMILIES
+from .flops import flops_per_token  # noqa: F401  (re-exported: pretraining.py imports it from here)
 from .objectives import OBJECTIVES
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s) for the MFU estimate, by a substring of the CUDA device name.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
-
-
-def flops_per_token(config, num_parameters: int, block_size: int) -> float:
-    """Training FLOPs per token, forward + backward: 6 N for the weight matmuls (the tied embedding counts once, as
-    the LM head) plus 12 L d T for attention scores and values (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's
-    estimate_mfu). Exact for the decoder; for the seq2seq model each token passes one stack, so it overestimates."""
-    layers = sum(config.layer_counts().values())
-    return 6 * num_parameters + 12 * layers * config.hidden_size * block_size
 
 
 def plot_losses(history: dict[str, list[dict]], path: Path, title: str) -> None:
@@ -105,3 +100,29 @@ def render_model_card(args: Any, metrics: dict[str, Any], path_hint: str) -> str
     """README.md of the final folder: metadata (license, library, tags, datasets, model-index) + how to load + the
     numbers, from coreformer.model_card's "pretrained" template."""
     return str(render_card(model_card_info(args, metrics), path_hint))
+
+
+def run_summary(args: Any, output_dir: Path) -> str:
+    """The lines a finished run ends with: where everything went (the model and how to load it, the card, metrics,
+    checkpoints) and the commands to run next (fine-tune, publish), written for the folder as the user named it."""
+    objective, folder = OBJECTIVES[args.objective], str(output_dir)
+    checkpoints = [path.name for path in list_checkpoints(output_dir)]
+    kept = (
+        f"{folder}/checkpoints/ ({', '.join(checkpoints)}; go on with --resume-from-checkpoint latest)"
+        if checkpoints
+        else "none (--save-every 0)"
+    )
+    logs = ", logs/ (TensorBoard)" if (Path(output_dir) / "logs").is_dir() else ""
+    task = objective.finetune_task
+    return "\n".join(
+        [
+            "where everything went:",
+            f"  model        {folder}/  ({objective.auto_class}.from_pretrained({folder!r}))",
+            f"  model card   {folder}/README.md",
+            f"  metrics      {folder}/metrics.json, {folder}/loss.png{logs}",
+            f"  checkpoints  {kept}",
+            "what to run next:",
+            f"  fine-tune    python training/finetune.py --task {task} --model {folder} --output-dir {folder}-{task}",
+            f"  publish      python training/publish.py {folder} --repo-id YOUR_NAME/{Path(folder).name}",
+        ]
+    )

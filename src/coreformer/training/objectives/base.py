@@ -8,6 +8,7 @@
     Objective.loss(model, batch, label_tokens, input_tokens)   a micro-batch's share of the step's token-mean loss
     Objective.loss_terms(...)                      the loss and its reported parts (held-out evaluation)
     Objective.save(model, state_dict, tokenizer, folder)   what the final folder holds (a loadable folder)
+    Objective.training_flops(model, block_size)    training FLOPs (per token, per step) of the module trained
     Objective.sample(folder, prompt, seed)         what the saved folder makes of a prompt (--sample-prompt)
     description / auto_class / pipeline_tag / usage / card_metrics   what the model card says
 
@@ -26,6 +27,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..data import tokenize_dataset
 from ..families import head_class
+from ..flops import flops_per_token, matmul_parameters
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Objective(ABC):
     usage: str  # the card's code example after `model = ...` and `tokenizer = ...`
     required_tokens: tuple[str, ...]
     card_metrics: tuple[str, ...] = ("loss", "perplexity")  # held-out numbers the card's model-index reports
+    finetune_task: str = "sequence-classification"  # what to fine-tune the saved folder for next (finetune.py --task)
 
     # ---- data ----
     def examples(self, split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, args: Any) -> datasets.Dataset:
@@ -90,6 +93,11 @@ class Objective(ABC):
         """config (auto_map), weights, modeling code, generation config, and the tokenizer."""
         model.save_pretrained(folder, state_dict=state_dict)
         tokenizer.save_pretrained(folder)
+
+    def training_flops(self, model: torch.nn.Module, block_size: int) -> tuple[float, float]:
+        """(FLOPs per token, FLOPs per step beyond those) of one forward and backward of `model` (flops.py:
+        6 N_matmul + 12 L d T; a tied output layer counts as the matmul it is, embedding lookups do not)."""
+        return flops_per_token(model.config, matmul_parameters(model), block_size), 0.0
 
     def saved_parameters(self, model: torch.nn.Module) -> int:
         """Parameters of the model `save` writes (what the card counts)."""

@@ -120,6 +120,7 @@ CAUSAL_LM = CausalLM(
     description="next-token prediction on packed blocks (documents joined by </s>, no padding)",
     auto_class="AutoModelForCausalLM",
     pipeline_tag="text-generation",
+    finetune_task="causal-lm",
     usage='inputs = tokenizer("def ", return_tensors="pt")\n'
     "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40)[0]))",
     required_tokens=("eos_token",),

@@ -174,6 +174,7 @@ DENOISING = Denoising(
     description="BART denoising (text infilling with Poisson(3) spans, 30% of tokens; sentence permutation)",
     auto_class="AutoModelForSeq2SeqLM",
     pipeline_tag="text2text-generation",
+    finetune_task="seq2seq",
     usage='inputs = tokenizer("def <mask>(self):", return_tensors="pt")\n'
     "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40)[0]))",
     required_tokens=("pad_token", "mask_token", "bos_token", "eos_token"),

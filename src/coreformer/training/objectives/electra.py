@@ -1,7 +1,7 @@
 """ELECTRA (Clark et al. 2020): a small masked-LM generator fills the masks, the discriminator tells every token
 whether it was replaced; both train together, loss = L_MLM(generator) + 50 * L_RTD(discriminator).
 
-    masked ids ──> generator (width x fraction, token embeddings shared) ──> MLM loss at the masked positions
+    masked ids ──> generator (width x fraction, embedding tables shared) ──> MLM loss at the masked positions
                         │ sample one token per mask (no gradient through the sample)
                         v
     corrupted ids ──> discriminator (the encoder being pretrained) ──> one logit per token ──> RTD loss, all tokens
@@ -11,15 +11,22 @@ whether it was replaced; both train together, loss = L_MLM(generator) + 50 * L_R
     ElectraPretraining                                           generator + discriminator as one module
     ELECTRA                                                      the objective (registered in objectives/__init__.py)
 
-Embeddings. The paper shares token and position embeddings when generator and discriminator are the same width and
-gives a smaller generator a projection (as transformers' ELECTRA does with `embedding_size`). Here the discriminator
-owns the token embeddings E (V, H); the generator reads them through a learned projection P (H, H_g): its token
-matrix is E P, used for its input lookup and (tied) for its output logits, so a saved generator is an ordinary
-masked LM whose embeddings are E P. Its position embeddings are its own.
+Embeddings. The paper shares the token and position embeddings of generator and discriminator, a smaller generator
+reading them through a projection (as transformers' ELECTRA does with `embedding_size`). Here the discriminator owns
+every embedding table (tokens E (V, H), learned positions, token types: `SHARED_TABLES`); the generator reads each
+through one learned projection P (H, H_g): its token matrix is E P, used for its input lookup and (tied) for its
+output logits, its position table E_pos P, so a saved generator is an ordinary masked LM whose tables are the
+projected ones. Its embedding norm and everything above it are its own.
 
 Losses. Both are token means over the optimizer step: the MLM loss over the masked tokens (`label_tokens`), the RTD
 loss over every real token (`input_tokens`), a binary cross-entropy on the discriminator's logit D(x, t) =
-w^T h(x)_t (paper eq. 2; the sigmoid is in the loss).
+w^T h(x)_t (paper eq. 2; the sigmoid is in the loss). Reported beside them (held-out evaluation, not trained on):
+the generator's accuracy at the masks, the share of masked tokens its sample replaced, and the RTD base rate (the
+accuracy of always answering "original"): an RTD accuracy at the base rate means the discriminator learned nothing.
+
+FLOPs (`Electra.training_flops`): generator and discriminator each 6 N_matmul + 12 L d T per token (flops.py), the
+generator's N_matmul including its tied output layer (V x H_g) and the discriminator's its one-logit head; plus, once
+per step, the projection of the shared tables (6 x rows x H x H_g).
 
 What is saved: the discriminator's encoder (CoreformerEncoderModel, loads with AutoModel and fine-tunes with any
 encoder head), and `generator/`, the generator as a CoreformerEncoderForMaskedLM folder.
@@ -36,10 +43,19 @@ from transformers import PreTrainedTokenizerBase
 
 from ...losses import token_loss
 from ..families import head_class
+from ..flops import flops_per_token, matmul_parameters
 from .base import Objective
 from .masked_lm import MASKED_LM, MaskedLMCollator
 
 GENERATOR_DIR = "generator"
+SHARED_TABLES = ("embed_tokens", "embed_positions", "token_type_embeddings")  # nn.Embedding tables of the stack
+
+
+def embedding_tables(model: nn.Module) -> dict[str, nn.Embedding]:
+    """The learned embedding tables of an encoder head's stack, by name (absent or sinusoidal ones left out)."""
+    stack = model.model.encoder
+    tables = {name: getattr(stack, name, None) for name in SHARED_TABLES}
+    return {name: table for name, table in tables.items() if isinstance(table, nn.Embedding)}
 
 
 def generator_config(config: Any, fraction: float) -> Any:
@@ -75,20 +91,24 @@ class ElectraPretraining(nn.Module):
         hidden, small = discriminator.config.hidden_size, generator.config.hidden_size
         self.embedding_projection = nn.Linear(hidden, small, bias=False)  # P: (H) -> (H_g)
         nn.init.normal_(self.embedding_projection.weight, std=hidden**-0.5)
-        # The generator's own token matrix (tied to its lm_head) is replaced by E P at every forward: removed here,
-        # so that it is neither trained, nor saved, nor left without a gradient under DDP.
-        del self.generator.model.encoder.embed_tokens.weight
+        # The generator's own tables (its token matrix tied to its lm_head) are replaced by the projected ones at
+        # every forward: removed here, so that they are neither trained, nor saved, nor left without a gradient
+        # under DDP.
+        for table in embedding_tables(self.generator).values():
+            del table.weight
         del self.generator.lm_head.weight
 
-    def generator_embeddings(self) -> torch.Tensor:
-        """E P: (V, H_g)."""
-        return self.embedding_projection(self.discriminator.model.encoder.embed_tokens.weight)
+    def generator_embeddings(self) -> dict[str, torch.Tensor]:
+        """The generator's tables, each the discriminator's projected: {"embed_tokens": E P (V, H_g), ...}."""
+        tables = embedding_tables(self.discriminator)
+        return {name: self.embedding_projection(table.weight) for name, table in tables.items()}
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, **kwargs) -> dict:
         """Masked batch (B, T) -> generator logits (B, T, V), corrupted ids, the discriminator's logits (B, T)."""
         shared = self.generator_embeddings()
-        self.generator.model.encoder.embed_tokens.weight = shared
-        self.generator.lm_head.weight = shared
+        for name, table in embedding_tables(self.generator).items():
+            table.weight = shared[name]
+        self.generator.lm_head.weight = shared["embed_tokens"]
         generator_logits = self.generator(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         ).logits  # (B, T, V)
@@ -127,19 +147,36 @@ def electra_loss_terms(
     rtd_weight: float,
 ) -> dict[str, torch.Tensor]:
     """{"loss": L_MLM + rtd_weight * L_RTD (paper eq. 3), "mlm_loss": L_MLM summed over the masked tokens /
-    label_tokens, "rtd_loss": L_RTD summed over real tokens / input_tokens, "rtd_accuracy": the share of real tokens
-    the discriminator labels right, over input_tokens} (token means over the step)."""
+    label_tokens, "rtd_loss": L_RTD summed over real tokens / input_tokens} and, not differentiated, what tells a
+    learning discriminator from one at its base rate: "rtd_accuracy" (real tokens labelled right), "rtd_base_rate"
+    (real tokens that are original: the accuracy of always answering "original"), both over input_tokens;
+    "generator_accuracy" (masks whose original is the generator's likeliest token) and "replaced_share" (masks whose
+    sample differs from the original), both over label_tokens. All are token means over the step."""
     generator_logits = outputs["generator_logits"]
     mlm = token_loss(generator_logits, labels, generator_logits.shape[-1], num_items_in_batch=label_tokens)
     targets = replaced_token_labels(outputs["original"], outputs["corrupted"], attention_mask)
-    real = targets != -100
+    real, masked = targets != -100, labels != -100
     logits = outputs["discriminator_logits"][real].float()
     rtd = nn.functional.binary_cross_entropy_with_logits(logits, targets[real], reduction="sum")
-    right = ((logits > 0).float() == targets[real]).sum()
     if torch.is_tensor(input_tokens):
         input_tokens = input_tokens.to(rtd.device)
-    rtd, accuracy = rtd / input_tokens, right / input_tokens
-    return {"loss": mlm + rtd_weight * rtd, "mlm_loss": mlm, "rtd_loss": rtd, "rtd_accuracy": accuracy}
+    if torch.is_tensor(label_tokens):
+        label_tokens = label_tokens.to(rtd.device)
+    with torch.no_grad():
+        right = ((logits > 0).float() == targets[real]).sum()
+        original = (targets[real] == 0).sum()
+        predicted = (generator_logits[masked].argmax(-1) == labels[masked]).sum()
+        replaced = targets[masked].sum()
+    rtd = rtd / input_tokens
+    return {
+        "loss": mlm + rtd_weight * rtd,
+        "mlm_loss": mlm,
+        "rtd_loss": rtd,
+        "rtd_accuracy": right / input_tokens,
+        "rtd_base_rate": original / input_tokens,
+        "generator_accuracy": predicted / label_tokens,
+        "replaced_share": replaced / label_tokens,
+    }
 
 
 def electra_loss(outputs: dict[str, torch.Tensor], labels: torch.Tensor, attention_mask, **counts) -> torch.Tensor:
@@ -195,14 +232,26 @@ class Electra(Objective):
 
         model.discriminator.model.save_pretrained(folder, state_dict=part("discriminator.model."))
         projection = state_dict["embedding_projection.weight"]  # (H_g, H)
-        shared = state_dict["discriminator.model.encoder.embed_tokens.weight"] @ projection.T  # (V, H_g)
+        shared = {
+            f"model.encoder.{name}.weight": state_dict[f"discriminator.model.encoder.{name}.weight"] @ projection.T
+            for name in embedding_tables(model.discriminator)
+        }  # each (rows, H_g)
+        shared["lm_head.weight"] = shared["model.encoder.embed_tokens.weight"]
         generator = type(model.generator)(model.generator.config)
-        generator.load_state_dict(
-            {**part("generator."), "model.encoder.embed_tokens.weight": shared, "lm_head.weight": shared}
-        )
+        generator.load_state_dict({**part("generator."), **shared})
         generator.save_pretrained(folder / GENERATOR_DIR)
         for destination in (folder, folder / GENERATOR_DIR):
             tokenizer.save_pretrained(destination)
+
+    def training_flops(self, model: ElectraPretraining, block_size: int) -> tuple[float, float]:
+        """(per token, per step): both networks' forward and backward (see the module docstring)."""
+        per_token = sum(
+            flops_per_token(network.config, matmul_parameters(network), block_size)
+            for network in (model.generator, model.discriminator)
+        )
+        rows = sum(table.num_embeddings for table in embedding_tables(model.discriminator).values())
+        projection = model.embedding_projection
+        return per_token, 6.0 * rows * projection.in_features * projection.out_features
 
     def saved_parameters(self, model: ElectraPretraining) -> int:
         """The discriminator's encoder: the final folder's model (the generator is a side product)."""
@@ -222,5 +271,5 @@ ELECTRA = Electra(
     pipeline_tag="feature-extraction",
     usage='inputs = tokenizer("def read(path):", return_tensors="pt")\nhidden = model(**inputs).last_hidden_state',
     required_tokens=MASKED_LM.required_tokens,
-    card_metrics=("loss", "mlm_loss", "rtd_loss", "rtd_accuracy"),
+    card_metrics=("loss", "mlm_loss", "rtd_loss", "rtd_accuracy", "rtd_base_rate"),
 )
