@@ -148,3 +148,9 @@ def test_seq2seq_classification_still_names_a_row_without_eos_outside_export():
     ids[0, -1] = model.config.eos_token_id  # row 1 has none
     with pytest.raises(ValueError, match="Every input row needs an eos token"):
         model(ids, attention_mask=mask)
+
+
+def test_linear_attention_seq2seq_decoder_is_refused_naming_the_layer_type(tmp_path):
+    model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq", decoder_layer_types=["full", "linear"])
+    with pytest.raises(ValueError, match=r"\['linear'\] attention layers, whose cache is not keys and values"):
+        export_onnx(save(tmp_path, model), tmp_path / "onnx")
