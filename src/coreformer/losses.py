@@ -39,6 +39,31 @@ def _rows_per_block(logits: torch.Tensor) -> int:
     return max(1, budget // (4 * logits.shape[-1]))
 
 
+def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
+    """(N, V) logits of any float dtype -> (N,) fp32 log-sum-exp, up-cast one cache-sized block of rows at a time."""
+    result = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    rows = _rows_per_block(logits)
+    for start in range(0, logits.shape[0], rows):
+        result[start : start + rows] = torch.logsumexp(logits[start : start + rows].float(), dim=-1)
+    return result
+
+
+def logits_gradient(
+    logits: torch.Tensor, targets: torch.Tensor, log_normalizer: torch.Tensor, row_scale: torch.Tensor
+) -> torch.Tensor:
+    """row_scale * (softmax(logits) - onehot(targets)): (N, V) in the logits' dtype, formed in fp32 one cache-sized
+    block of rows at a time. row_scale: (N, 1) fp32, the gradient of each row's loss (0 on ignored rows)."""
+    grad_logits = torch.empty_like(logits)
+    rows = _rows_per_block(logits)
+    for start in range(0, logits.shape[0], rows):
+        block = slice(start, start + rows)
+        probabilities = torch.exp(logits[block].float() - log_normalizer[block, None])
+        block_targets = targets[block, None]  # (rows, 1)
+        probabilities.scatter_add_(1, block_targets, probabilities.new_full(block_targets.shape, -1.0))
+        grad_logits[block] = probabilities.mul_(row_scale[block])
+    return grad_logits
+
+
 class TokenCrossEntropy(torch.autograd.Function):
     """Per-row cross-entropy of (N, V) logits of any float dtype against (N,) targets; ignored rows give 0."""
 
@@ -46,28 +71,17 @@ class TokenCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
         valid = targets != ignore_index
         targets = targets.masked_fill(~valid, 0)
-        log_normalizer = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        rows = _rows_per_block(logits)
-        for start in range(0, logits.shape[0], rows):
-            log_normalizer[start : start + rows] = torch.logsumexp(logits[start : start + rows].float(), dim=-1)
+        normalizer = log_normalizer(logits)
         target_logits = logits.gather(1, targets[:, None]).squeeze(1).float()
-        ctx.save_for_backward(logits, targets, valid, log_normalizer)
-        return (log_normalizer - target_logits) * valid
+        ctx.save_for_backward(logits, targets, valid, normalizer)
+        return (normalizer - target_logits) * valid
 
     @staticmethod
     def backward(ctx, grad_losses: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        logits, targets, valid, log_normalizer = ctx.saved_tensors
+        logits, targets, valid, normalizer = ctx.saved_tensors
         # d loss_i / d logits_i = grad_i * (softmax(logits_i) - onehot(target_i)), zero on ignored rows.
         row_scale = (grad_losses.float() * valid)[:, None]  # (N, 1)
-        grad_logits = torch.empty_like(logits)
-        rows = _rows_per_block(logits)
-        for start in range(0, logits.shape[0], rows):
-            block = slice(start, start + rows)
-            probabilities = torch.exp(logits[block].float() - log_normalizer[block, None])
-            block_targets = targets[block, None]  # (rows, 1)
-            probabilities.scatter_add_(1, block_targets, probabilities.new_full(block_targets.shape, -1.0))
-            grad_logits[block] = probabilities.mul_(row_scale[block])
-        return grad_logits, None, None
+        return logits_gradient(logits, targets, normalizer, row_scale), None, None
 
 
 def token_loss(
@@ -111,9 +125,10 @@ def causal_lm_loss(
 
 # ---- the vocabulary projection fused with the loss ----
 
-# Rows per chunk of the fused loss: the chunk's logits, (rows, vocab) in the compute dtype plus their fp32 softmax, are
-# the only vocabulary-sized tensors alive at once. 32 MiB of fp32 (167 rows at vocabulary 50,257; 1,024 at 8,192)
-# keeps the products large enough to run at the GEMM rate on a CPU; a GPU takes larger chunks for the same reason.
+# Rows per chunk of the fused loss: the chunk's logits and their gradient, (rows, vocab) in the compute dtype, are the
+# only vocabulary-sized tensors alive at once (the fp32 work on them goes in cache-sized blocks, as above). A budget
+# of 32 MiB of fp32 (167 rows at vocabulary 50,257; 1,024 at 8,192) keeps the products large enough to run at the GEMM
+# rate on a CPU; a GPU takes larger chunks for the same reason.
 _CHUNK_BYTES = {"cpu": 32 * 2**20}
 _DEFAULT_CHUNK_BYTES = 256 * 2**20
 
@@ -156,20 +171,20 @@ class LinearCrossEntropy(torch.autograd.Function):
         targets = targets.masked_fill(~valid, 0)
         cast = (hidden.to(compute_dtype), weight.to(compute_dtype), None if bias is None else bias.to(compute_dtype))
         rows = _rows_per_chunk(hidden.shape[0], weight.shape[0], hidden.device)
-        log_normalizer = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        target_logits = torch.empty_like(log_normalizer)
+        normalizer = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        target_logits = torch.empty_like(normalizer)
         for start in range(0, hidden.shape[0], rows):
             block = slice(start, start + rows)
             logits = _chunk_logits(*cast, block)  # (rows, V)
-            log_normalizer[block] = torch.logsumexp(logits.float(), dim=-1)
+            normalizer[block] = log_normalizer(logits)
             target_logits[block] = logits.gather(1, targets[block, None]).squeeze(1).float()
-        ctx.save_for_backward(hidden, weight, bias, targets, valid, log_normalizer)
+        ctx.save_for_backward(hidden, weight, bias, targets, valid, normalizer)
         ctx.compute_dtype = compute_dtype
-        return (log_normalizer - target_logits) * valid
+        return (normalizer - target_logits) * valid
 
     @staticmethod
     def backward(ctx, grad_losses: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, bias, targets, valid, log_normalizer = ctx.saved_tensors
+        hidden, weight, bias, targets, valid, normalizer = ctx.saved_tensors
         cast_hidden, cast_weight = hidden.to(ctx.compute_dtype), weight.to(ctx.compute_dtype)
         cast_bias = None if bias is None else bias.to(ctx.compute_dtype)
         # d loss_i / d logits_i = grad_i * (softmax(logits_i) - onehot(target_i)), zero on ignored rows.
@@ -184,10 +199,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], rows):
             block = slice(start, start + rows)
             logits = _chunk_logits(cast_hidden, cast_weight, cast_bias, block)  # (rows, V), recomputed
-            probabilities = torch.exp(logits.float() - log_normalizer[block, None])
-            block_targets = targets[block, None]  # (rows, 1)
-            probabilities.scatter_add_(1, block_targets, probabilities.new_full(block_targets.shape, -1.0))
-            grad_logits = probabilities.mul_(row_scale[block]).to(ctx.compute_dtype)  # (rows, V)
+            grad_logits = logits_gradient(logits, targets[block], normalizer[block], row_scale[block])  # (rows, V)
             if grad_hidden is not None:
                 grad_hidden[block] = grad_logits @ cast_weight  # (rows, H)
             if grad_weight is not None:  # fp32 += the chunk's product in the compute dtype, converted on the fly
