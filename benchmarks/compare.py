@@ -195,7 +195,7 @@ def prepare_decoder_training(
 ) -> Prepared:
     """One AdamW step on (batch, seq) tokens, fp32 or under bf16 autocast. coreformer takes its loss as pretraining
     does, fused with the projection (`skip_logits=True`), unless `fused_loss=False`; `fused_adamw` picks torch's fused
-    AdamW kernel; `compiled` runs both models' forward through `torch.compile` with the same (default) options."""
+    AdamW kernel; `compiled` runs both models' forward through `torch.compile` with the same options (`--compile-backend`)."""
     vocab, batch, seq = vocab or args.vocab, batch or args.train_batch, seq or args.train_seq
     models = dict(zip(("reference", "coreformer"), gpt2_pair(args, vocab)))
     ids = torch.randint(0, vocab, (batch, seq), device=args.device)
@@ -205,7 +205,7 @@ def prepare_decoder_training(
     for name, model in models.items():
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw)
-        forward = torch.compile(model) if compiled else model
+        forward = torch.compile(model, backend=args.compile_backend) if compiled else model
 
         def step(forward=forward, optimizer=optimizer, options=loss_options[name]):
             with autocast:
@@ -313,7 +313,7 @@ def prepare_generation(
 def compile_settings(args: argparse.Namespace) -> dict:
     """generate() options of the compiled rows, the same for both models: a static cache and a compile config
     (`fullgraph=True`; transformers compiles only on CUDA/XPU unless told to compile on every device)."""
-    config = CompileConfig(fullgraph=True)
+    config = CompileConfig(fullgraph=True, backend=args.compile_backend)
     config._compile_all_devices = True  # transformers' own switch for devices it does not auto-compile on
     return dict(cache_implementation="static", compile_config=config)
 
@@ -724,6 +724,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="torch.compile rows: the training step, and static-cache generate() with a compile config",
+    )
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the compiled rows, the same for both models (the tests use aot_eager: it "
+        "traces the same graphs without inductor's C++ build)",
     )
     parser.add_argument(
         "--only", nargs="+", metavar="TEXT", help="run only the rows whose label contains one of these texts"
