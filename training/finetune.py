@@ -6,6 +6,11 @@
     python training/finetune.py --task causal-lm --model outputs/decoder-tiny --peft lora --output-dir out/clm-lora
     python training/finetune.py --task seq2seq --model outputs/seq2seq-tiny --max-steps 500 --output-dir out/sum
     python training/finetune.py --task multiple-choice --model outputs/electra-tiny --output-dir out/mc
+    python training/finetune.py --task seq2seq --model M --output-dir out/sum --resume-from-checkpoint latest
+
+Checkpoints go to OUTPUT_DIR/checkpoints/step-N every --save-every steps (500) and at the end, each written whole
+(Trainer's files renamed into place); --resume-from-checkpoint latest continues the newest one exactly, and starts
+the run when there is none.
 
 Tasks: sequence-classification (run_glue), token-classification (run_ner), question-answering (run_qa), causal-lm
 (run_clm), seq2seq (run_summarization), multiple-choice (run_swag). Without --dataset / --train-file each task trains
