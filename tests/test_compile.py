@@ -43,6 +43,6 @@ def test_compiled_pretraining_matches_eager_keeps_checkpoint_keys_and_resumes(tm
 
 def test_finetuning_compile_flag_turns_on_the_trainers_torch_compile(tmp_path):
     args = FinetuningArguments(task="sequence-classification", model="unused", compile=True)
-    assert _training_arguments(args, tmp_path).torch_compile
+    assert _training_arguments(args, tmp_path, evaluate_first=False).torch_compile
     args = FinetuningArguments(task="sequence-classification", model="unused")
-    assert not _training_arguments(args, tmp_path).torch_compile
+    assert not _training_arguments(args, tmp_path, evaluate_first=False).torch_compile
