@@ -48,6 +48,9 @@ ACCELERATE = Path(sys.executable).with_name("accelerate")
 RUN = dict(task="sequence-classification", max_steps=6, batch_size=4, eval_batch_size=8, max_train_examples=16)
 RUN.update(max_eval_examples=8, max_length=48, lr=3e-3, logging_steps=1, seed=0, save_every=2, save_total_limit=2)
 NOT_COMPARED = ("_runtime", "_per_second", "_time")  # wall-clock numbers
+# One worker runs the whole file: its module fixtures (the uninterrupted and the killed run) are built once, not once
+# per xdist worker.
+pytestmark = pytest.mark.xdist_group("finetuning_resume")
 
 
 @pytest.fixture(scope="module", autouse=True)
