@@ -34,8 +34,8 @@ COVERAGE: dict[str, list[str]] = {
         RUN,
     ],
     "Pretraining": [RUN, TEMPLATES],
-    "ELECTRA against masked LM, at equal training time": [
-        "a 25-minute benchmark; its own test runs the same script with --tiny"
+    "ELECTRA against masked LM, at equal compute": [
+        "a 25-minute benchmark; its own test runs the same script with --tiny (both kinds of budget)"
     ],
     "Fine-tuning": [RUN, "needs the network (conll2003, xsum from the Hub) or your own train.jsonl / dev.jsonl"],
     "Bring your own checkpoint": [
