@@ -30,7 +30,7 @@ the other), electra_vs_mlm.png (accuracy against pretraining FLOPs and seconds) 
 electra_vs_mlm.md).
 
     python benchmarks/electra_vs_mlm.py                           # ~25 min on 2 quiet CPU cores: 75, 150, 300 s
-    python benchmarks/electra_vs_mlm.py --flops-budgets 3e12 6e12 1.2e13   # any load: ~12 min on 2 quiet cores
+    python benchmarks/electra_vs_mlm.py --flops-budgets 1.25e12 5e12      # equal FLOPs: the same steps under any load
     python benchmarks/electra_vs_mlm.py --tiny                    # seconds: a smoke run (the test runs it)
 """
 
@@ -247,19 +247,21 @@ def markdown(sections: dict[str, dict]) -> str:
 
 
 def plot(sections: dict[str, dict], path: Path) -> None:
-    """Accuracy against pretraining FLOPs (every section) and against seconds (every section, labelled)."""
+    """Accuracy against pretraining FLOPs (every kind of budget) and against seconds (equal-time runs only: the
+    seconds of equal-FLOPs runs depend on the machine's load); each section's note in the caption."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure, axes = plt.subplots(1, 2, figsize=(12, 5))
     for kind, section in sections.items():
         baseline, style = section["baseline"], "-" if kind == "equal-flops" else "--"
-        suffix = f"{kind}" + (f", {section['note']}" if section.get("note") else "")
         for objective in OBJECTIVES:
             rows = sorted((r for r in section["results"] if r["objective"] == objective), key=lambda r: r["budget"])
             for axis, key in zip(axes, ("pretraining_flops", "train_time_s"), strict=True):
+                if key == "train_time_s" and kind != "equal-time":
+                    continue
                 axis.errorbar(
                     [0.0] + [r[key] for r in rows],
                     [baseline["accuracy_mean"]] + [r["accuracy_mean"] for r in rows],
@@ -267,14 +269,16 @@ def plot(sections: dict[str, dict], path: Path) -> None:
                     marker="o",
                     linestyle=style,
                     capsize=3,
-                    label=f"{objective} ({suffix})",
+                    label=f"{objective}, {kind}",
                 )
-    for axis, label in zip(axes, ("pretraining FLOPs", "pretraining time (s)"), strict=True):
+    for axis, label in zip(axes, ("pretraining FLOPs", "pretraining time (s), equal-time runs"), strict=True):
         axis.set(xlabel=label, ylabel="fine-tuned accuracy (validation)")
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
-    figure.suptitle("ELECTRA vs masked LM: sequence classification after pretraining")
-    figure.tight_layout()
+        axis.legend(fontsize=8)
+    notes = [f"{kind}: {section['note']}" for kind, section in sections.items() if section.get("note")]
+    figure.suptitle("ELECTRA vs masked LM: sequence classification after pretraining (compute 0: random init)")
+    figure.text(0.01, 0.01, "\n".join(notes), fontsize=7, va="bottom")
+    figure.tight_layout(rect=(0, 0.04 * len(notes), 1, 1))
     figure.savefig(path, dpi=120)
     plt.close(figure)
 

@@ -38,8 +38,8 @@ COVERAGE: dict[str, list[str]] = {
         "two launchers started together on a free port P; tests/test_distributed.py starts them with these flags "
         "(test_two_machines_of_one_process_equal_one_machine_of_two)"
     ],
-    "ELECTRA against masked LM, at equal training time": [
-        "a 25-minute benchmark; its own test runs the same script with --tiny"
+    "ELECTRA against masked LM, at equal compute": [
+        "a 25-minute benchmark; its own test runs the same script with --tiny (both kinds of budget)"
     ],
     "Fine-tuning": [
         RUN,
