@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PAD, tiny_model
+from transformers import AutoTokenizer
 
 import coreformer as cf
 from coreformer import cli
@@ -369,6 +370,24 @@ def test_onnx_and_gguf_dispatch_to_the_serve_functions(saved_decoder, tmp_path, 
     ]
     assert gguf_path(tmp_path / "model.gguf", "q8_0") == tmp_path / "model.gguf"
     assert not list((tmp_path / "gguf").iterdir())  # the temporary native export is gone
+
+
+@pytest.mark.slow
+def test_cli_exports_onnx_and_gguf_through_the_real_exporters(saved_decoder, tmp_path):
+    # The dispatch test above uses stand-ins; this one runs the real exporters and their checks end to end: ONNX of
+    # the GPT-2-shaped decoder, GGUF of a Llama-shaped one with the same trained tokenizer.
+    assert cli.main(["export", str(saved_decoder), str(tmp_path / "onnx"), "--to", "onnx", "--check"]) == 0
+    assert {"model.onnx", "decoder_with_past.onnx", "tokenizer.json"} <= {p.name for p in (tmp_path / "onnx").iterdir()}
+    llama = tmp_path / "llama"
+    config = cf.CoreformerDecoderConfig.from_pretrained(saved_decoder, **LLAMA, **WIDE)
+    torch.manual_seed(0)
+    cf.CoreformerDecoderForCausalLM(config).save_pretrained(llama)
+    AutoTokenizer.from_pretrained(saved_decoder).save_pretrained(llama)
+    gguf_file = tmp_path / "tiny.gguf"
+    command = ["export", str(llama), str(gguf_file), "--to", "gguf", "--gguf-dtype", "f16", "--check"]
+    assert cli.main(command) == 0
+    assert gguf_file.is_file() and gguf_file.stat().st_size > 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama", "onnx", "tiny.gguf"]  # no temporary left
 
 
 def test_export_to_refuses_unknown_targets(saved_decoder, tmp_path):
