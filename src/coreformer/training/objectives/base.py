@@ -96,8 +96,11 @@ class Objective(ABC):
 
     def training_flops(self, model: torch.nn.Module, block_size: int) -> tuple[float, float]:
         """(FLOPs per token, FLOPs per step beyond those) of one forward and backward of `model` (flops.py:
-        6 N_matmul + 12 L d T; a tied output layer counts as the matmul it is, embedding lookups do not)."""
-        return flops_per_token(model.config, matmul_parameters(model), block_size), 0.0
+        6 N_matmul + 12 L d T; a tied output layer counts as the matmul it is, embedding lookups do not), plus the
+        output layer's product once more: `loss` takes the fused loss, whose backward recomputes each chunk's logits."""
+        output_layer = model.get_output_embeddings()
+        recomputed = 2 * output_layer.weight.numel() if output_layer is not None else 0
+        return flops_per_token(model.config, matmul_parameters(model), block_size) + recomputed, 0.0
 
     def saved_parameters(self, model: torch.nn.Module) -> int:
         """Parameters of the model `save` writes (what the card counts)."""
