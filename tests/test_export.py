@@ -50,6 +50,9 @@ TARGETS = {
     "llama-biases": ("decoder", dict(LLAMA, attention_bias=True, mlp_bias=True, **WIDE)),
     "mistral": ("decoder", dict(LLAMA, layer_types=["sliding", "sliding"], sliding_window=3, **WIDE)),
     "qwen2": ("decoder", dict(LLAMA, layer_types=["sliding", "full"], sliding_window=3, **WIDE)),
+    # A GPT-2 block with rotary positions (the decoder presets); GPT-NeoX's attention biases are optional.
+    "gpt-neox": ("decoder", dict(position_embedding_type="rotary", rope_theta=500.0, **WIDE)),
+    "gpt-neox-no-attention-bias": ("decoder", dict(position_embedding_type="rotary", attention_bias=False, **WIDE)),
     "bert": ("encoder", {}),
     "roberta": ("encoder", dict(position_offset=PAD + 1, type_vocab_size=1, max_position_embeddings=62)),
     "bart": ("seq2seq", dict(position_offset=2, **WIDE)),
@@ -61,6 +64,8 @@ NATIVE_PREFIX = {
     "llama-biases": "Llama",
     "mistral": "Mistral",
     "qwen2": "Qwen2",
+    "gpt-neox": "GPTNeoX",
+    "gpt-neox-no-attention-bias": "GPTNeoX",
     "bert": "Bert",
     "roberta": "Roberta",
     "bart": "Bart",
@@ -86,12 +91,13 @@ SEQ2SEQ_HEADS = [
     cf.CoreformerSeq2SeqForSequenceClassification,
 ]
 HEADS = {"decoder": DECODER_HEADS, "encoder": ENCODER_HEADS, "seq2seq": SEQ2SEQ_HEADS}
-# Every head of GPT-2, Llama, BERT, RoBERTa and BART; the variants with their generative head and a classifier.
+# Every head of GPT-2, Llama, GPT-NeoX, BERT, RoBERTa and BART; the variants with their generative head and a
+# classifier.
 CASES = [
     (target, head)
     for target, (family, _) in TARGETS.items()
     for head in HEADS[family]
-    if target in ("gpt2", "llama", "bert", "roberta", "bart")
+    if target in ("gpt2", "llama", "gpt-neox", "bert", "roberta", "bart")
     or head.__name__.endswith(("ForCausalLM", "ForConditionalGeneration", "ForSequenceClassification"))
 ]
 CASE_IDS = [f"{target}-{head.__name__.removeprefix('Coreformer')}" for target, head in CASES]
@@ -167,12 +173,26 @@ def test_export_then_convert_is_the_identity(target, head):
 
 # Refusals: one per reason, each naming the differing fields (and the nearest native class).
 REFUSALS = {
-    "rotary positions in a GPT-2 block": (
+    "strided layers in a rotary GPT-2 block": (
         cf.CoreformerDecoderForCausalLM,
         "decoder",
-        dict(position_embedding_type="rotary"),  # the decoder-tiny / decoder-small presets
-        "GPT2LMHeadModel",
-        ["position_embedding_type='rotary'"],
+        dict(position_embedding_type="rotary", layer_types=["strided", "full"], stride=2),
+        "GPTNeoXForCausalLM",
+        ["layer_types=['strided', 'full']"],
+    ),
+    "grouped-query attention in a rotary GPT-2 block": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(position_embedding_type="rotary", num_key_value_heads=2),
+        "GPTNeoXForCausalLM",
+        ["num_key_value_heads=2 (GPT-NeoX has no GQA)"],
+    ),
+    "a rotary GPT-2 block without MLP biases": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(position_embedding_type="rotary", mlp_bias=False),
+        "GPTNeoXForCausalLM",
+        ["mlp_bias=False (GPT-NeoX has MLP biases)"],
     ),
     "grouped-query attention with learned positions": (
         cf.CoreformerDecoderForCausalLM,
@@ -262,6 +282,32 @@ def test_the_first_matching_target_is_chosen():
         cf.CoreformerDecoderForCausalLM, "decoder", **LLAMA, layer_types=["sliding", "sliding"], sliding_window=3
     )
     assert choose_target(sliding.config, "CoreformerDecoderForCausalLM")[1] == "MistralForCausalLM"
+    # Learned positions stay GPT-2's, rotary ones in the same block go to GPT-NeoX.
+    plain_decoder = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder")
+    assert choose_target(plain_decoder.config, "CoreformerDecoderForCausalLM")[1] == "GPT2LMHeadModel"
+    rotary = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary")
+    assert choose_target(rotary.config, "CoreformerDecoderForCausalLM")[1] == "GPTNeoXForCausalLM"
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_the_decoder_presets_export_to_gpt_neox(saved_decoder, preset):
+    """The Quickstart model (decoder-tiny) and decoder-small, built as pretraining builds them, have a native twin."""
+    from transformers import AutoTokenizer
+
+    from coreformer.training.pretraining import build_model_config, resolve_arguments
+
+    args = resolve_arguments(family="decoder", preset=preset)
+    config = build_model_config(args, AutoTokenizer.from_pretrained(saved_decoder))
+    assert config.position_embedding_type == "rotary"
+    assert choose_target(config, "CoreformerDecoderForCausalLM")[1] == "GPTNeoXForCausalLM"
+    if preset != "tiny":
+        return  # decoder-small's weights are too many to build here for one more equal comparison
+    torch.manual_seed(0)
+    model = cf.CoreformerDecoderForCausalLM(config).eval()
+    native = to_native(model)
+    ids = torch.randint(5, config.vocab_size, (2, 17))
+    with torch.no_grad():
+        assert (native(ids).logits - model(ids).logits).abs().max().item() <= CHECK_TOLERANCE
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -444,7 +490,7 @@ def test_a_run_whose_model_has_no_native_architecture_says_why_and_keeps_its_mod
 
     from coreformer.training.pretraining import run_pretraining
 
-    model = dict(position_embedding_type="rotary")  # the decoder-tiny preset's block: no native twin
+    model = dict(position_embedding_type="rotary", num_key_value_heads=2)  # GQA in a LayerNorm block: no native twin
     args = tiny_args("decoder", tmp_path / "run", max_steps=1, eval_every=0, warmup_steps=1, model=model)
     args.export = "native"
     run_pretraining(args)
