@@ -498,6 +498,47 @@ def test_a_run_whose_model_has_no_native_architecture_says_why_and_keeps_its_mod
     assert (tmp_path / "run" / "model.safetensors").is_file() and not (tmp_path / "run" / "native").exists()
 
 
+@pytest.mark.parametrize("second", ["no export", "a refused export"])
+def test_a_resumed_pretraining_run_never_keeps_the_previous_native_folder(tmp_path, monkeypatch, second):
+    """The second session's finish carries checkpoints and logs over from the folder, but not the first session's
+    native export: it holds the first session's weights."""
+    from test_pretraining import tiny_args
+
+    from coreformer.training.pretraining import run_pretraining
+
+    settings = dict(eval_every=0, warmup_steps=1, save_every=1)
+    run_pretraining(tiny_args("decoder", tmp_path / "run", max_steps=1, export="native", **settings))
+    assert (tmp_path / "run" / "native" / "config.json").is_file()
+    export, refusals = None, []
+    if second == "a refused export":
+        export = "native"
+
+        def refused(*args, **kwargs):
+            refusals.append("refused")
+            raise ValueError("cannot export (refused for this test)")
+
+        monkeypatch.setattr(export_module, "export_to", refused)
+    run_pretraining(
+        tiny_args("decoder", tmp_path / "run", max_steps=2, export=export, resume_from_checkpoint="latest", **settings)
+    )
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 2  # the resumed session's model
+    assert (tmp_path / "run" / "checkpoints").is_dir()  # what finish does carry over
+    assert not (tmp_path / "run" / "native").exists()
+    assert refusals == ([] if export is None else ["refused"])
+
+
+def test_a_finetuning_run_never_keeps_a_previous_runs_native_folder(saved_decoder, tmp_path):
+    from test_finetuning import tiny_args
+
+    from coreformer.training.finetuning import run_finetuning
+
+    out = tmp_path / "ft"
+    run_finetuning(tiny_args("sequence-classification", saved_decoder, out, max_steps=1, export="native"))
+    assert (out / "native" / "config.json").is_file()
+    run_finetuning(tiny_args("sequence-classification", saved_decoder, out, max_steps=1, overwrite=True))
+    assert (out / "model.safetensors").is_file() and not (out / "native").exists()
+
+
 def test_publish_pushes_an_exported_folder_that_loads_by_id_without_coreformer(saved_decoder, tmp_path):
     import subprocess
 
