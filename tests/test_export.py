@@ -140,6 +140,9 @@ def test_export_loads_in_plain_transformers_with_the_same_logits_and_greedy_toke
     config = json.loads((folder / "config.json").read_text())
     assert "auto_map" not in config and config["architectures"] == [expected]
     assert not any(path.suffix == ".py" for path in folder.iterdir())  # nothing for trust_remote_code to run
+    if target.startswith("gpt-neox"):  # also the pre-v5 rotary names, which llama.cpp's converter reads
+        assert config["use_parallel_residual"] is False and config["rope_parameters"]["partial_rotary_factor"] == 1.0
+        assert (config["rotary_pct"], config["rotary_emb_base"]) == (1.0, model.config.rope_theta)
 
 
 @pytest.mark.parametrize(("target", "head"), CASES, ids=CASE_IDS)

@@ -242,7 +242,7 @@ def _llama_fields(config: CoreformerConfig) -> dict:
 
 
 def _gpt_neox_config(config: CoreformerConfig) -> PreTrainedConfig:
-    return transformers.GPTNeoXConfig(
+    native = transformers.GPTNeoXConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
@@ -261,6 +261,11 @@ def _gpt_neox_config(config: CoreformerConfig) -> PreTrainedConfig:
         use_cache=config.use_cache,
         **_common_fields(config),
     )
+    # The pre-v5 names of the rotary fields, which transformers 5 no longer writes and llama.cpp's
+    # convert_hf_to_gguf.py reads from config.json for GPTNeoXForCausalLM; transformers reads rope_parameters first.
+    native.rotary_pct = 1.0
+    native.rotary_emb_base = config.rope_theta
+    return native
 
 
 def _transformers_window(config: CoreformerConfig) -> int:
