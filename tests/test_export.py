@@ -420,6 +420,16 @@ def test_onnx_and_gguf_dispatch_to_the_serve_functions(saved_decoder, tmp_path, 
     assert not list((tmp_path / "gguf").iterdir())  # the temporary native export is gone
 
 
+def test_gguf_refuses_a_gpt_neox_export_naming_it(tmp_path):
+    """transformers' GGUF loader has no gpt_neox, so `--to gguf` writes Llama and GPT-2 only (README: Serving)."""
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files (pip install gguf)")
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary")
+    model.save_pretrained(tmp_path / "rotary")
+    with pytest.raises(ValueError, match=r"holds a GPTNeoXForCausalLM \('gpt_neox'\); GGUF export takes"):
+        export_to(tmp_path / "rotary", tmp_path / "out", to="gguf")
+    assert not list((tmp_path / "out").glob("**/*.gguf"))
+
+
 def test_export_to_refuses_unknown_targets(saved_decoder, tmp_path):
     with pytest.raises(ValueError, match="unknown export target 'tflite'"):
         export_to(saved_decoder, tmp_path / "out", to="tflite")
