@@ -72,6 +72,15 @@ def qwen2_config(**overrides) -> transformers.Qwen2Config:
     return transformers.Qwen2Config(**{**llama_style_fields(), **sliding, "num_labels": 3, **overrides})
 
 
+def gpt_neox_config(**overrides) -> transformers.GPTNeoXConfig:
+    """The GPT-NeoX coreformer computes: sequential residual, rotary on whole heads."""
+    fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    fields.update(max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)
+    fields.update(use_parallel_residual=False)
+    rope = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 1.0}
+    return transformers.GPTNeoXConfig(**{**fields, "rope_parameters": rope, "num_labels": 3, **overrides})
+
+
 CONFIGS = {
     "Bert": bert_config,
     "Roberta": roberta_config,
@@ -80,6 +89,7 @@ CONFIGS = {
     "Llama": llama_config,
     "Mistral": mistral_config,
     "Qwen2": qwen2_config,
+    "GPTNeoX": gpt_neox_config,
 }
 # RoBERTa is exact only on right-padded batches (see convert_from_hf); decoders are tested the way they generate.
 PADDING_SIDE = {
@@ -90,6 +100,7 @@ PADDING_SIDE = {
     "Llama": "left",
     "Mistral": "left",
     "Qwen2": "left",
+    "GPTNeoX": "left",
 }
 
 
@@ -108,6 +119,10 @@ def tiny_model(name: str, attn_implementation: str = "sdpa", **overrides) -> tra
     if name.startswith("Qwen2"):
         for key, parameter in model.named_parameters():
             if key.endswith("_proj.bias"):  # zeros at init: make the q/k/v bias mapping visible
+                torch.nn.init.normal_(parameter.data)
+    if name.startswith("GPTNeoX"):
+        for key, parameter in model.named_parameters():
+            if key.endswith("bias"):  # zeros at init: make the per-head query_key_value bias layout visible
                 torch.nn.init.normal_(parameter.data)
     return model
 
@@ -175,6 +190,7 @@ def compare_outputs(ours, theirs, source_mask: torch.Tensor, target_mask: torch.
 
 CLASSES = list(SUPPORTED_ARCHITECTURES)
 BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel", "LlamaModel", "MistralModel", "Qwen2Model"}
+BASE_MODELS |= {"GPTNeoXModel"}
 
 
 @pytest.mark.parametrize("attn_implementation", ATTN_IMPLEMENTATIONS)
@@ -226,6 +242,7 @@ TRAINING_DROPOUT = {
     # Sliding layers: coreformer's band kernel draws attention dropout in its own layout, so it is off here.
     "Mistral": {},
     "Qwen2": {},
+    "GPTNeoX": dict(hidden_dropout=0.1, attention_dropout=0.1, classifier_dropout=0.1),
 }
 # Qwen2's trainable biases (q/k/v, none on o) are not coreformer's (all four, or none): the same function, other
 # parameters to train (see convert_from_hf), so its fine-tuning is not compared.
@@ -347,6 +364,12 @@ def test_generation_stops_at_eos_identically(name, num_beams):
         ("BartModel", {"decoder_attention_heads": 2}, "decoder_attention_heads"),
         ("BartModel", {"decoder_ffn_dim": 16}, "decoder_ffn_dim"),
         ("BartModel", {"normalize_before": True}, "normalize_before"),
+        ("GPTNeoXModel", {"use_parallel_residual": True}, "use_parallel_residual=True"),
+        (
+            "GPTNeoXModel",
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25}},
+            "partial_rotary_factor=0.25",
+        ),
     ],
 )
 def test_unsupported_option_raises_naming_it(name, overrides, option):

@@ -51,6 +51,9 @@ TARGETS = {
     "llama-biases": ("decoder", dict(LLAMA, attention_bias=True, mlp_bias=True, **WIDE)),
     "mistral": ("decoder", dict(LLAMA, layer_types=["sliding", "sliding"], sliding_window=3, **WIDE)),
     "qwen2": ("decoder", dict(LLAMA, layer_types=["sliding", "full"], sliding_window=3, **WIDE)),
+    # A GPT-2 block with rotary positions (the decoder presets); GPT-NeoX's attention biases are optional.
+    "gpt-neox": ("decoder", dict(position_embedding_type="rotary", rope_theta=500.0, **WIDE)),
+    "gpt-neox-no-attention-bias": ("decoder", dict(position_embedding_type="rotary", attention_bias=False, **WIDE)),
     "bert": ("encoder", {}),
     "roberta": ("encoder", dict(position_offset=PAD + 1, type_vocab_size=1, max_position_embeddings=62)),
     "bart": ("seq2seq", dict(position_offset=2, **WIDE)),
@@ -62,6 +65,8 @@ NATIVE_PREFIX = {
     "llama-biases": "Llama",
     "mistral": "Mistral",
     "qwen2": "Qwen2",
+    "gpt-neox": "GPTNeoX",
+    "gpt-neox-no-attention-bias": "GPTNeoX",
     "bert": "Bert",
     "roberta": "Roberta",
     "bart": "Bart",
@@ -87,12 +92,13 @@ SEQ2SEQ_HEADS = [
     cf.CoreformerSeq2SeqForSequenceClassification,
 ]
 HEADS = {"decoder": DECODER_HEADS, "encoder": ENCODER_HEADS, "seq2seq": SEQ2SEQ_HEADS}
-# Every head of GPT-2, Llama, BERT, RoBERTa and BART; the variants with their generative head and a classifier.
+# Every head of GPT-2, Llama, GPT-NeoX, BERT, RoBERTa and BART; the variants with their generative head and a
+# classifier.
 CASES = [
     (target, head)
     for target, (family, _) in TARGETS.items()
     for head in HEADS[family]
-    if target in ("gpt2", "llama", "bert", "roberta", "bart")
+    if target in ("gpt2", "llama", "gpt-neox", "bert", "roberta", "bart")
     or head.__name__.endswith(("ForCausalLM", "ForConditionalGeneration", "ForSequenceClassification"))
 ]
 CASE_IDS = [f"{target}-{head.__name__.removeprefix('Coreformer')}" for target, head in CASES]
@@ -135,6 +141,9 @@ def test_export_loads_in_plain_transformers_with_the_same_logits_and_greedy_toke
     config = json.loads((folder / "config.json").read_text())
     assert "auto_map" not in config and config["architectures"] == [expected]
     assert not any(path.suffix == ".py" for path in folder.iterdir())  # nothing for trust_remote_code to run
+    if target.startswith("gpt-neox"):  # also the pre-v5 rotary names, which llama.cpp's converter reads
+        assert config["use_parallel_residual"] is False and config["rope_parameters"]["partial_rotary_factor"] == 1.0
+        assert (config["rotary_pct"], config["rotary_emb_base"]) == (1.0, model.config.rope_theta)
 
 
 @pytest.mark.parametrize(("target", "head"), CASES, ids=CASE_IDS)
@@ -168,12 +177,26 @@ def test_export_then_convert_is_the_identity(target, head):
 
 # Refusals: one per reason, each naming the differing fields (and the nearest native class).
 REFUSALS = {
-    "rotary positions in a GPT-2 block": (
+    "strided layers in a rotary GPT-2 block": (
         cf.CoreformerDecoderForCausalLM,
         "decoder",
-        dict(position_embedding_type="rotary"),  # the decoder-tiny / decoder-small presets
-        "GPT2LMHeadModel",
-        ["position_embedding_type='rotary'"],
+        dict(position_embedding_type="rotary", layer_types=["strided", "full"], stride=2),
+        "GPTNeoXForCausalLM",
+        ["layer_types=['strided', 'full']"],
+    ),
+    "grouped-query attention in a rotary GPT-2 block": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(position_embedding_type="rotary", num_key_value_heads=2),
+        "GPTNeoXForCausalLM",
+        ["num_key_value_heads=2 (GPT-NeoX has no GQA)"],
+    ),
+    "a rotary GPT-2 block without MLP biases": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(position_embedding_type="rotary", mlp_bias=False),
+        "GPTNeoXForCausalLM",
+        ["mlp_bias=False (GPT-NeoX has MLP biases)"],
     ),
     "grouped-query attention with learned positions": (
         cf.CoreformerDecoderForCausalLM,
@@ -263,6 +286,32 @@ def test_the_first_matching_target_is_chosen():
         cf.CoreformerDecoderForCausalLM, "decoder", **LLAMA, layer_types=["sliding", "sliding"], sliding_window=3
     )
     assert choose_target(sliding.config, "CoreformerDecoderForCausalLM")[1] == "MistralForCausalLM"
+    # Learned positions stay GPT-2's, rotary ones in the same block go to GPT-NeoX.
+    plain_decoder = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder")
+    assert choose_target(plain_decoder.config, "CoreformerDecoderForCausalLM")[1] == "GPT2LMHeadModel"
+    rotary = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary")
+    assert choose_target(rotary.config, "CoreformerDecoderForCausalLM")[1] == "GPTNeoXForCausalLM"
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_the_decoder_presets_export_to_gpt_neox(saved_decoder, preset):
+    """The Quickstart model (decoder-tiny) and decoder-small, built as pretraining builds them, have a native twin."""
+    from transformers import AutoTokenizer
+
+    from coreformer.training.pretraining import build_model_config, resolve_arguments
+
+    args = resolve_arguments(family="decoder", preset=preset)
+    config = build_model_config(args, AutoTokenizer.from_pretrained(saved_decoder))
+    assert config.position_embedding_type == "rotary"
+    assert choose_target(config, "CoreformerDecoderForCausalLM")[1] == "GPTNeoXForCausalLM"
+    if preset != "tiny":
+        return  # decoder-small's weights are too many to build here for one more equal comparison
+    torch.manual_seed(0)
+    model = cf.CoreformerDecoderForCausalLM(config).eval()
+    native = to_native(model)
+    ids = torch.randint(5, config.vocab_size, (2, 17))
+    with torch.no_grad():
+        assert (native(ids).logits - model(ids).logits).abs().max().item() <= CHECK_TOLERANCE
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -390,6 +439,16 @@ def test_cli_exports_onnx_and_gguf_through_the_real_exporters(saved_decoder, tmp
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama", "onnx", "tiny.gguf"]  # no temporary left
 
 
+def test_gguf_refuses_a_gpt_neox_export_naming_it(tmp_path):
+    """transformers' GGUF loader has no gpt_neox, so `--to gguf` writes Llama and GPT-2 only (README: Serving)."""
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files (pip install gguf)")
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary")
+    model.save_pretrained(tmp_path / "rotary")
+    with pytest.raises(ValueError, match=r"holds a GPTNeoXForCausalLM \('gpt_neox'\); GGUF export takes"):
+        export_to(tmp_path / "rotary", tmp_path / "out", to="gguf")
+    assert not list((tmp_path / "out").glob("**/*.gguf"))
+
+
 def test_export_to_refuses_unknown_targets(saved_decoder, tmp_path):
     with pytest.raises(ValueError, match="unknown export target 'tflite'"):
         export_to(saved_decoder, tmp_path / "out", to="tflite")
@@ -463,12 +522,53 @@ def test_a_run_whose_model_has_no_native_architecture_says_why_and_keeps_its_mod
 
     from coreformer.training.pretraining import run_pretraining
 
-    model = dict(position_embedding_type="rotary")  # the decoder-tiny preset's block: no native twin
+    model = dict(position_embedding_type="rotary", num_key_value_heads=2)  # GQA in a LayerNorm block: no native twin
     args = tiny_args("decoder", tmp_path / "run", max_steps=1, eval_every=0, warmup_steps=1, model=model)
     args.export = "native"
     run_pretraining(args)
     assert "--export native skipped: cannot export CoreformerDecoderForCausalLM" in capsys.readouterr().err
     assert (tmp_path / "run" / "model.safetensors").is_file() and not (tmp_path / "run" / "native").exists()
+
+
+@pytest.mark.parametrize("second", ["no export", "a refused export"])
+def test_a_resumed_pretraining_run_never_keeps_the_previous_native_folder(tmp_path, monkeypatch, second):
+    """The second session's finish carries checkpoints and logs over from the folder, but not the first session's
+    native export: it holds the first session's weights."""
+    from test_pretraining import tiny_args
+
+    from coreformer.training.pretraining import run_pretraining
+
+    settings = dict(eval_every=0, warmup_steps=1, save_every=1)
+    run_pretraining(tiny_args("decoder", tmp_path / "run", max_steps=1, export="native", **settings))
+    assert (tmp_path / "run" / "native" / "config.json").is_file()
+    export, refusals = None, []
+    if second == "a refused export":
+        export = "native"
+
+        def refused(*args, **kwargs):
+            refusals.append("refused")
+            raise ValueError("cannot export (refused for this test)")
+
+        monkeypatch.setattr(export_module, "export_to", refused)
+    run_pretraining(
+        tiny_args("decoder", tmp_path / "run", max_steps=2, export=export, resume_from_checkpoint="latest", **settings)
+    )
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 2  # the resumed session's model
+    assert (tmp_path / "run" / "checkpoints").is_dir()  # what finish does carry over
+    assert not (tmp_path / "run" / "native").exists()
+    assert refusals == ([] if export is None else ["refused"])
+
+
+def test_a_finetuning_run_never_keeps_a_previous_runs_native_folder(saved_decoder, tmp_path):
+    from test_finetuning import tiny_args
+
+    from coreformer.training.finetuning import run_finetuning
+
+    out = tmp_path / "ft"
+    run_finetuning(tiny_args("sequence-classification", saved_decoder, out, max_steps=1, export="native"))
+    assert (out / "native" / "config.json").is_file()
+    run_finetuning(tiny_args("sequence-classification", saved_decoder, out, max_steps=1, overwrite=True))
+    assert (out / "model.safetensors").is_file() and not (out / "native").exists()
 
 
 def test_publish_pushes_an_exported_folder_that_loads_by_id_without_coreformer(saved_decoder, tmp_path):

@@ -1,5 +1,5 @@
-"""transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 models -> the matching coreformer models, with
-exact parity.
+"""transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX models -> the matching coreformer
+models, with exact parity.
 
     transformers class                      coreformer class
     BertModel, RobertaModel                 CoreformerEncoderModel (the pooler is dropped)
@@ -19,6 +19,12 @@ exact parity.
     Llama/Mistral/Qwen2ForCausalLM          CoreformerDecoderForCausalLM
     Llama/Mistral/Qwen2ForSequenceClass.    CoreformerDecoderForSequenceClassification (score -> classifier.out_proj)
     Llama/Mistral/Qwen2ForTokenClass.       CoreformerDecoderForTokenClassification (score -> classifier)
+    GPTNeoXModel                            CoreformerDecoderModel (rotary, LayerNorm pre-norm, biases; sequential
+                                            residual and full rotary only: use_parallel_residual=False,
+                                            partial_rotary_factor=1.0)
+    GPTNeoXForCausalLM                      CoreformerDecoderForCausalLM
+    GPTNeoXForSequenceClassification       CoreformerDecoderForSequenceClassification (score -> classifier.out_proj)
+    GPTNeoXForTokenClassification          CoreformerDecoderForTokenClassification
 
 `convert_from_hf` translates the config, renames every weight through a table of regular expressions and loads the
 result with `load_state_dict(strict=True)`: a source weight no rule claims, or a coreformer parameter no weight fills,
@@ -108,6 +114,18 @@ _LLAMA_BASE_RULES: list[Rule] = [
     (r"layers\.(\d+)\.post_attention_layernorm\.weight", r"decoder.layers.\1.mlp_norm.weight"),
     (rf"layers\.(\d+)\.mlp\.(gate|up|down)_proj\.{_WB}", r"decoder.layers.\1.mlp.\2_proj.\3"),
     (r"norm\.weight", "decoder.norm.weight"),
+]
+
+# GPT-NeoX after `_unfuse_gpt_neox`: the fused query_key_value split into q/k/v pseudo-names.
+_GPT_NEOX_BASE_RULES: list[Rule] = [
+    (r"embed_in\.weight", "decoder.embed_tokens.weight"),
+    (rf"layers\.(\d+)\.input_layernorm\.{_WB}", r"decoder.layers.\1.self_attn_norm.\2"),
+    (rf"layers\.(\d+)\.attention\.([qkv])_proj\.{_WB}", r"decoder.layers.\1.self_attn.\2_proj.\3"),
+    (rf"layers\.(\d+)\.attention\.dense\.{_WB}", r"decoder.layers.\1.self_attn.o_proj.\2"),
+    (rf"layers\.(\d+)\.post_attention_layernorm\.{_WB}", r"decoder.layers.\1.mlp_norm.\2"),
+    (rf"layers\.(\d+)\.mlp\.dense_h_to_4h\.{_WB}", r"decoder.layers.\1.mlp.up_proj.\2"),
+    (rf"layers\.(\d+)\.mlp\.dense_4h_to_h\.{_WB}", r"decoder.layers.\1.mlp.down_proj.\2"),
+    (rf"final_layer_norm\.{_WB}", r"decoder.norm.\1"),
 ]
 
 _STACK = r"(encoder|decoder)\.layers\.(\d+)"
@@ -237,6 +255,25 @@ def _llama_style_conversions(family: str, prefix: str) -> dict[str, _Conversion]
 
 for _family, _prefix in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2")):
     _CONVERSIONS.update(_llama_style_conversions(_family, _prefix))
+
+_CONVERSIONS.update(
+    {
+        "GPTNeoXModel": _Conversion("gpt_neox", CoreformerDecoderModel),
+        "GPTNeoXForCausalLM": _Conversion(
+            "gpt_neox", CoreformerDecoderForCausalLM, ((r"lm_head\.weight", "lm_head.weight"),)
+        ),
+        "GPTNeoXForSequenceClassification": _Conversion(
+            "gpt_neox",
+            CoreformerDecoderForSequenceClassification,
+            ((r"score\.weight", "classifier.out_proj.weight"),),
+            (("classifier_dropout", 0.0),),  # GPTNeoXForSequenceClassification: no dropout before `score`
+        ),
+        # Its dropout (config.classifier_dropout) and a biased `classifier`, as coreformer's token head.
+        "GPTNeoXForTokenClassification": _Conversion(
+            "gpt_neox", CoreformerDecoderForTokenClassification, _SAME_NAME_CLASSIFIER
+        ),
+    }
+)
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_CONVERSIONS)
 
@@ -490,6 +527,52 @@ def _qwen2_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerDecoderCo
     return _llama_config(config, is_mlm, "Qwen2", **_sliding_fields(config, list(config.layer_types)))
 
 
+def _gpt_neox_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerDecoderConfig:
+    """GPT-NeoX with a sequential residual and rotary positions on whole heads is a GPT-2 block with rotary positions:
+    LayerNorm pre-norm with a final norm, biased ungated MLP, optional attention biases, no embedding norm."""
+    if config.use_parallel_residual:
+        raise _unsupported(
+            "GPT-NeoX", "use_parallel_residual=True", "(attention and MLP read the same input, added in parallel)"
+        )
+    rope = dict(config.rope_parameters or {})
+    partial = rope.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise _unsupported(
+            "GPT-NeoX", f"rope_parameters.partial_rotary_factor={partial!r}", "(rotary on part of each head)"
+        )
+    return CoreformerDecoderConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=_check_activation("GPT-NeoX", config.hidden_act),
+        max_position_embeddings=config.max_position_embeddings,
+        position_embedding_type="rotary",
+        rope_theta=_rope_theta("GPT-NeoX", config),
+        type_vocab_size=0,
+        norm_type="layernorm",
+        norm_position="pre",
+        layer_norm_eps=config.layer_norm_eps,
+        embedding_layernorm=False,
+        final_norm=True,
+        attention_bias=config.attention_bias,
+        mlp_bias=True,  # GPTNeoXMLP's two Linear layers always have biases
+        hidden_dropout=config.hidden_dropout,
+        attention_dropout=config.attention_dropout,
+        classifier_dropout=config.classifier_dropout,
+        lm_head_transform=False,
+        lm_head_bias=False,
+        classifier_dense=False,
+        classifier_bias=False,
+        initializer_range=config.initializer_range,
+        tie_word_embeddings=config.tie_word_embeddings,
+        use_cache=config.use_cache,
+        **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id"),
+        **_label_fields(config),
+    )
+
+
 def _translate_config(model: PreTrainedModel, conversion: _Conversion) -> CoreformerConfig:
     is_mlm = conversion.target is CoreformerEncoderForMaskedLM
     translated = _SOURCES[conversion.family].translate_config(model.config, is_mlm)
@@ -535,6 +618,44 @@ def _fuse_gpt2(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> d
         if module in conv1d and kind == "weight":
             tensor = tensor.t()  # (out, in) -> (in, out)
         fused[f"{module}.{kind}"] = tensor
+    return fused
+
+
+_NEOX_QKV = re.compile(r"(.*\.attention\.)query_key_value\.(weight|bias)")
+_NEOX_SPLIT = re.compile(r"(.*\.attention\.)([qkv])_proj\.(weight|bias)")
+
+
+def _unfuse_gpt_neox(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GPT-NeoX's query_key_value rows are laid out per head, [heads, 3, head_dim] (its forward views the output as
+    (..., heads, 3 * head_dim) and chunks the last dim): split them into q/k/v pseudo-names of [heads, head_dim]."""
+    heads = model.config.num_attention_heads
+    unfused = {}
+    for name, tensor in state_dict.items():
+        match = _NEOX_QKV.fullmatch(name)
+        if match is None:
+            unfused[name] = tensor
+            continue
+        per_head = tensor.reshape(heads, 3, -1, *tensor.shape[1:])  # (3 * hidden, ...) -> (heads, 3, head_dim, ...)
+        for index, part in enumerate("qkv"):
+            unfused[f"{match[1]}{part}_proj.{match[2]}"] = per_head[:, index].reshape(-1, *tensor.shape[1:])
+    return unfused
+
+
+def _fuse_gpt_neox(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `_unfuse_gpt_neox` (export): q/k/v rows interleaved per head into query_key_value."""
+    heads = model.config.num_attention_heads
+    fused = {}
+    for name, tensor in state_dict.items():
+        match = _NEOX_SPLIT.fullmatch(name)
+        if match is None:
+            fused[name] = tensor
+            continue
+        if match[2] != "q":
+            continue  # gathered with q below
+        parts = [state_dict[f"{match[1]}{part}_proj.{match[3]}"] for part in "qkv"]
+        rest = tensor.shape[1:]
+        per_head = torch.stack([part.reshape(heads, -1, *rest) for part in parts], dim=1)  # (heads, 3, head_dim, ...)
+        fused[f"{match[1]}query_key_value.{match[3]}"] = per_head.reshape(-1, *rest)  # (3 * hidden, ...)
     return fused
 
 
@@ -584,6 +705,7 @@ _SOURCES: dict[str, _Source] = {
     "llama": _Source(_llama_config, _LLAMA_BASE_RULES),
     "mistral": _Source(_mistral_config, _LLAMA_BASE_RULES),
     "qwen2": _Source(_qwen2_config, _LLAMA_BASE_RULES, _qwen2_weights),
+    "gpt_neox": _Source(_gpt_neox_config, _GPT_NEOX_BASE_RULES, _unfuse_gpt_neox, _fuse_gpt_neox),
 }
 
 
@@ -651,7 +773,8 @@ def _fill_ties(model: CoreformerPreTrainedModel, state_dict: dict[str, torch.Ten
 
 
 def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
-    """The coreformer equivalent of a transformers BERT / RoBERTa / GPT-2 / BART model: same head, same weights.
+    """The coreformer equivalent of a transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX
+    model: same head, same weights.
 
     The returned model is in eval mode, on the source's device and dtype, with the source's attention backend
     (`config._attn_implementation`) and, for generative models, a copy of its `generation_config`.

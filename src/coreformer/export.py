@@ -15,6 +15,8 @@ requirements all hold is used; when none holds, the error names the closest targ
     llama      decoder   rotary, RMSNorm pre-norm, gated MLP, all layers full       Llama{Model,ForCausalLM,For...}
     mistral    decoder   as llama without biases, every layer sliding               Mistral...
     qwen2      decoder   as llama without biases, layers full or sliding            Qwen2... (q/k/v biases written 0)
+    gpt_neox   decoder   rotary, LayerNorm pre-norm, MLP biases, no GQA, all full    GPTNeoX{Model,ForCausalLM,For...}
+                         (a GPT-2 block with rotary positions: the decoder presets; sequential residual, full rotary)
     bert       encoder   learned positions from 0, LayerNorm post-norm, types       Bert{Model,ForMaskedLM,For...}
     roberta    encoder   as bert, positions from pad_token_id + 1                   Roberta...
     modernbert encoder   (refused: coreformer cannot drop the first layer's attention norm, see MODERNBERT_GAP)
@@ -237,6 +239,33 @@ def _llama_fields(config: CoreformerConfig) -> dict:
         "use_cache": config.use_cache,
         **_common_fields(config),
     }
+
+
+def _gpt_neox_config(config: CoreformerConfig) -> PreTrainedConfig:
+    native = transformers.GPTNeoXConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings,
+        layer_norm_eps=config.layer_norm_eps,
+        use_parallel_residual=False,  # coreformer's blocks add attention, then the MLP reads the sum
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta, "partial_rotary_factor": 1.0},
+        attention_bias=config.attention_bias,
+        hidden_dropout=config.hidden_dropout,
+        attention_dropout=config.attention_dropout,
+        classifier_dropout=_dropout(config),
+        initializer_range=config.initializer_range,
+        use_cache=config.use_cache,
+        **_common_fields(config),
+    )
+    # The pre-v5 names of the rotary fields, which transformers 5 no longer writes and llama.cpp's
+    # convert_hf_to_gguf.py reads from config.json for GPTNeoXForCausalLM; transformers reads rope_parameters first.
+    native.rotary_pct = 1.0
+    native.rotary_emb_base = config.rope_theta
+    return native
 
 
 def _transformers_window(config: CoreformerConfig) -> int:
@@ -467,6 +496,29 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
         _qwen2_config,
         _decoder_heads("Qwen2"),
         zero_filled=(r".*\.self_attn\.[qkv]_proj\.bias",),
+    ),
+    NativeTarget(
+        "gpt_neox",
+        "decoder",
+        (
+            equals("position_embedding_type", "rotary", "GPT-NeoX uses rotary positions"),
+            equals("norm_type", "layernorm", "GPT-NeoX uses LayerNorm"),
+            equals("norm_position", "pre", "GPT-NeoX is pre-norm"),
+            equals("final_norm", True, "GPT-NeoX has a final norm"),
+            equals("embedding_layernorm", False, "GPT-NeoX has no embedding norm"),
+            equals("scale_embedding", False, "GPT-NeoX does not scale embeddings"),
+            equals("gated_mlp", False, "GPT-NeoX's MLP has no gate"),
+            equals("mlp_bias", True, "GPT-NeoX has MLP biases"),
+            Requirement(
+                "num_key_value_heads", lambda value, config: value == config.num_attention_heads, "GPT-NeoX has no GQA"
+            ),
+            Requirement("head_dim", _standard_head_dim, "GPT-NeoX's heads are hidden_size / num_attention_heads wide"),
+            *_DECODER_COMMON,
+            *_heads_plain(False, False, "GPT-NeoX"),
+            *_classifier(False, "GPT-NeoX"),
+        ),
+        _gpt_neox_config,
+        _decoder_heads("GPTNeoX"),
     ),
     NativeTarget(
         "bert",

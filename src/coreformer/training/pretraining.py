@@ -1009,7 +1009,8 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
             write_json(staging / METRICS, metrics)
             export_run(args.export, staging)
             for entry in output_dir.iterdir():
-                if not (staging / entry.name).exists():
+                # A previous run's native export describes its model, not this one: never carried over.
+                if entry.name != arguments.EXPORT_FOLDER and not (staging / entry.name).exists():
                     link_into(entry, staging / entry.name)
         first, last = training.history["eval"][0], training.history["eval"][-1]
         speed = f"{metrics['tokens_per_second']:,.0f} tokens/s" if training.session_tokens else "no steps this session"
