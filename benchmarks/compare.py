@@ -195,7 +195,8 @@ def prepare_decoder_training(
 ) -> Prepared:
     """One AdamW step on (batch, seq) tokens, fp32 or under bf16 autocast. coreformer takes its loss as pretraining
     does, fused with the projection (`skip_logits=True`), unless `fused_loss=False`; `fused_adamw` picks torch's fused
-    AdamW kernel; `compiled` runs both models' forward through `torch.compile` with the same options (`--compile-backend`)."""
+    AdamW kernel; `compiled` runs both models' forward through `torch.compile` with the same options
+    (`--compile-backend`)."""
     vocab, batch, seq = vocab or args.vocab, batch or args.train_batch, seq or args.train_seq
     models = dict(zip(("reference", "coreformer"), gpt2_pair(args, vocab)))
     ids = torch.randint(0, vocab, (batch, seq), device=args.device)
