@@ -38,6 +38,7 @@ from coreformer.training.pretraining import (
     build_model_config,
     check_world_size,
     resolve_arguments,
+    resolve_resume,
     run_pretraining,
 )
 
@@ -777,3 +778,14 @@ def test_run_summary_names_every_output_and_the_exact_next_commands(tmp_path):
     encoder = PretrainingArguments(family="encoder", objective="electra", output_dir=str(tmp_path / "e"), save_every=0)
     summary = run_summary(encoder, tmp_path / "e")
     assert "checkpoints  none (--save-every 0)" in summary and "--task sequence-classification" in summary
+
+
+def test_resume_refusals_name_the_missing_checkpoint_and_the_run_without_one(tmp_path):
+    args = PretrainingArguments(family="decoder", output_dir=str(tmp_path), resume_from_checkpoint="latest")
+    assert resolve_resume(args, tmp_path / "new") is None  # nothing to resume yet: the same command starts the run
+    (tmp_path / "metrics.json").write_text("{}")  # a run's folder, without any checkpoint
+    with pytest.raises(PretrainingError, match=r"holds a run but no complete checkpoint under checkpoints/\. Pass"):
+        resolve_resume(args, tmp_path)
+    args.resume_from_checkpoint = str(tmp_path / "checkpoints" / "step-9")
+    with pytest.raises(PretrainingError, match=r"--resume-from-checkpoint '.*step-9' does not exist\."):
+        resolve_resume(args, tmp_path)

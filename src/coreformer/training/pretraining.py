@@ -58,7 +58,9 @@ from .checkpoints import (
     find_latest_checkpoint,
     read_trainer_state,
     remove_stale_temporaries,
+    requested_checkpoint,
     save_checkpoint,
+    stopped_message,
 )
 from .data import iter_texts, load_text_dataset
 from .engine import Engine, requested_engine, resolve_engine
@@ -422,23 +424,15 @@ def resolve_resume(args: PretrainingArguments, output_dir: Path) -> Path | None:
     if args.resume_from_checkpoint is None:
         check_output_dir(output_dir, args.overwrite)
         return None
-    if args.resume_from_checkpoint == "latest":
-        checkpoint = find_latest_checkpoint(output_dir)
-        if checkpoint is None:
-            if output_dir.is_dir() and arguments.holds_run(output_dir, _RUN_MARKERS):
-                raise PretrainingError(
-                    f"--resume-from-checkpoint latest: {str(output_dir)!r} holds a run but no complete checkpoint "
-                    f"under {CHECKPOINTS_DIR}/. Pass --overwrite without --resume-from-checkpoint to start over."
-                )
-            check_output_dir(output_dir, args.overwrite)
-            return None  # nothing to resume yet: the same command starts the run and restarts it after a crash
-    else:
-        checkpoint = Path(args.resume_from_checkpoint)
-        if not checkpoint.is_dir():
-            raise PretrainingError(f"--resume-from-checkpoint {str(checkpoint)!r} does not exist.")
-        if output_dir.resolve() not in checkpoint.resolve().parents:
-            check_output_dir(output_dir, args.overwrite)  # continuing another run's checkpoint in a new folder
-    state = read_trainer_state(checkpoint)
+    holds_run = output_dir.is_dir() and arguments.holds_run(output_dir, _RUN_MARKERS)
+    checkpoint, state = requested_checkpoint(
+        args.resume_from_checkpoint, output_dir, holds_run=holds_run, error=PretrainingError
+    )
+    if checkpoint is None:
+        check_output_dir(output_dir, args.overwrite)
+        return None  # nothing to resume yet: the same command starts the run and restarts it after a crash
+    if output_dir.resolve() not in checkpoint.resolve().parents:
+        check_output_dir(output_dir, args.overwrite)  # continuing another run's checkpoint in a new folder
     if state.get("family") != args.family:
         raise PretrainingError(
             f"Checkpoint {str(checkpoint)!r} belongs to a run of the {state.get('family')} family; this run trains the "
@@ -1030,17 +1024,6 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
     return metrics
 
 
-def stopped_message(output_dir: Path, step: int) -> str:
-    """What Ctrl-C at `step` leaves: the newest checkpoint to resume from, or none (then only a fresh start)."""
-    checkpoint = find_latest_checkpoint(output_dir)
-    if checkpoint is None:
-        return f"stopped at step {step}, before the first checkpoint; start again with --overwrite"
-    saved = read_trainer_state(checkpoint)["step"]
-    return (
-        f"stopped at step {step}; continue with --resume-from-checkpoint latest (from its checkpoint at step {saved})"
-    )
-
-
 def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
     """Train `args.objective` on `args.dataset` and write the run folder described in the module docstring.
 
@@ -1054,5 +1037,5 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
     try:
         train(run, training)
     except KeyboardInterrupt:
-        raise RunStoppedError(stopped_message(run.output_dir, training.step)) from None
+        raise RunStoppedError(stopped_message(run.output_dir, training.step, "start again with --overwrite")) from None
     return finish(run, training, session_start)
