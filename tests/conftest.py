@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -40,6 +41,14 @@ VARIANTS = {
     "sinusoidal_prenorm": dict(position_embedding_type="sinusoidal", norm_position="pre"),
     "no_positions_mqa": dict(position_embedding_type="none", num_key_value_heads=1),
 }
+
+
+def free_port() -> int:
+    """A port nothing listens on now: every multi-process test rendezvouses on its own, never on the launchers'
+    default 29500, which two tests running at once on the two xdist workers would share (and hang on)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def tiny_config(family: str, **overrides):

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ import psutil
 import pytest
 import torch
 from accelerate.utils import DistributedType
+from conftest import free_port
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -97,12 +97,6 @@ def cli_flags(settings: dict) -> list[str]:
         if key not in ("model", "family", "preset") and value is not None:
             flags += ["--" + key.replace("_", "-"), str(value)]
     return flags
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def train_losses(metrics: dict) -> list[float]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import interrupt_at_marker, kill_at_marker
+from conftest import free_port, interrupt_at_marker, kill_at_marker
 from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
@@ -715,7 +715,8 @@ def test_two_processes_write_one_complete_output_folder(bases, tmp_path):
     folder = tmp_path / "ddp"
     accelerate = Path(sys.executable).with_name("accelerate")
     command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(FINETUNE), "--task", "sequence-classification"]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    command += [str(FINETUNE), "--task", "sequence-classification"]
     command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--max-steps", "2"]
     command += ["--max-train-examples", "32", "--max-eval-examples", "8", "--max-length", "48"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

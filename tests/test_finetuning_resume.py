@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.utils import DistributedType
-from conftest import interrupt_at_marker
+from conftest import free_port, interrupt_at_marker
 from safetensors.torch import load_file
 from test_finetuning import _texts
 from transformers import AutoModelForSequenceClassification, set_seed
@@ -350,16 +349,10 @@ def test_ctrl_c_after_a_checkpoint_hints_a_resume_that_works(base, uninterrupted
     assert_same_run(folder, uninterrupted)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def launch_two(script: list[str], tmp_path: Path) -> list[str]:
     """`accelerate launch` of `script` on 2 CPU processes (gloo), on a port of its own."""
     command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     return command + script
 
 
@@ -448,7 +441,7 @@ def test_an_fsdp_launch_on_cpu_processes_is_refused_in_one_line_with_nothing_wri
     folder = tmp_path / "out"
     command = [str(ACCELERATE), "launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2"]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(_free_port()), str(FINETUNE)] + flags(base, folder)
+    command += ["--main_process_port", str(free_port()), str(FINETUNE)] + flags(base, folder)
     env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode != 0

@@ -14,7 +14,7 @@ import pytest
 import torch
 from accelerate import infer_auto_device_map
 from accelerate.utils import compute_module_sizes
-from conftest import padded_batch, tiny_model
+from conftest import free_port, padded_batch, tiny_model
 from torch import nn
 
 import coreformer as cf
@@ -235,7 +235,8 @@ def test_tensor_parallel_load_on_two_processes_matches_the_single_process_model(
     script = tmp_path / "child.py"
     script.write_text(TP_CHILD)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command += ["--master_port", str(free_port()), str(script)]
     result = subprocess.run([*command, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
@@ -288,7 +289,8 @@ def test_tensor_parallel_backward_gives_the_single_process_loss_and_gradients(tm
     script = tmp_path / "child.py"
     script.write_text(TP_TRAIN_CHILD)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command += ["--master_port", str(free_port()), str(script)]
     result = subprocess.run([*command, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()

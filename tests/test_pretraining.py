@@ -21,7 +21,7 @@ import datasets
 import pytest
 import torch
 from accelerate.utils.other import clean_state_dict_for_safetensors
-from conftest import interrupt_at_marker, kill_at_marker
+from conftest import free_port, interrupt_at_marker, kill_at_marker
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -278,7 +278,8 @@ def two_processes_and_one(settings: dict, tmp_path: Path) -> tuple[dict, dict]:
     config.write_text(json.dumps({"family": settings["family"], "model": settings["model"]}))
     two = tmp_path / "two-processes"
     command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(PRETRAIN), "--config", str(config)]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    command += [str(PRETRAIN), "--config", str(config)]
     command += cli_flags({**settings, "output_dir": str(two), "grad_accum": 1})
     env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
