@@ -51,6 +51,34 @@ def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_pa
     assert "imported []" in result.stdout, result.stdout  # before: coreformer.cli imported torch first (6.5 s)
 
 
+# A meta-path finder that refuses the heavy packages: a script that imports one before parsing its arguments fails
+# with ImportError (exit 1) instead of answering.
+BLOCKED_SCRIPT = """
+    import runpy, sys
+
+    class RefuseHeavyImports:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in {heavy!r}:
+                raise ImportError(f"{{name}} was imported before the arguments were parsed")
+
+    sys.meta_path.insert(0, RefuseHeavyImports())
+    sys.argv = [{script!r}, *{argv!r}]
+    runpy.run_path({script!r}, run_name="__main__")
+"""
+SCRIPTS = {"pretrain": "usage: pretrain.py", "finetune": "usage: finetune.py", "publish": "usage: publish.py"}
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_training_scripts_answer_help_and_version_without_importing_torch(tmp_path, script, flag):
+    path = ROOT / "training" / f"{script}.py"
+    heavy = (*HEAVY, "accelerate", "datasets")
+    result = run_python(BLOCKED_SCRIPT.format(heavy=heavy, script=str(path), argv=[flag]), tmp_path)
+    assert result.returncode == 0, result.stderr  # before: ImportError (the settings lived beside torch)
+    expected = SCRIPTS[script] if flag == "--help" else f"coreformer {coreformer.__version__}"
+    assert result.stdout.startswith(expected), result.stdout
+
+
 def test_version_is_the_package_version(capsys):
     with pytest.raises(SystemExit) as exit:
         coreformer_cli.main(["--version"])

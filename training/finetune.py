@@ -24,16 +24,10 @@ this file only parses the command line.
 import argparse
 import sys
 
-from coreformer.training.arguments import INTERRUPTED, RunStoppedError, add_flags
-from coreformer.training.finetuning import (
-    BEFORE,
-    FinetuningArguments,
-    FinetuningError,
-    argument_fields,
-    resolve_arguments,
-    run_finetuning,
-)
+# torch-free imports only (the package's run module, which imports torch, comes in main after parsing)
 from coreformer_cli import USAGE_ERROR, NoSuchFolderError, add_version_argument, check_model_location
+from coreformer_settings.base import INTERRUPTED, FinetuningError, RunStoppedError, add_flags
+from coreformer_settings.finetuning import FinetuningSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", metavar="FILE", help="a YAML/JSON file of settings (the flags' names as keys)")
     # --field-name, --field_name and the example scripts' names; only flags given override the config file
-    add_flags(parser, FinetuningArguments, argument_fields(), underscore_names=True)
+    add_flags(parser, FinetuningSettings, FinetuningSettings.cli_fields(), underscore_names=True)
     add_version_argument(parser)
     return parser
 
@@ -50,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     config = given.pop("config", None)
+    from coreformer.training.finetuning import BEFORE, resolve_arguments, run_finetuning  # torch: after parsing
+
     try:
         args = resolve_arguments(config_file=config, overrides=given)
         for location in (args.model, args.tokenizer):  # a mistyped folder: one line, before any Hub call

@@ -16,16 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from coreformer.training.arguments import INTERRUPTED, RunStoppedError, add_flags
-from coreformer.training.pretraining import (
-    PRESETS,
-    PretrainingArguments,
-    PretrainingError,
-    argument_fields,
-    preset_defaults,
-    resolve_arguments,
-    run_pretraining,
-)
+# torch-free imports only (the package's run module, which imports torch, comes in main after parsing)
 from coreformer_cli import (
     USAGE_ERROR,
     NoSuchFolderError,
@@ -33,6 +24,8 @@ from coreformer_cli import (
     check_local_folder,
     check_model_location,
 )
+from coreformer_settings.base import INTERRUPTED, PretrainingError, RunStoppedError, add_flags
+from coreformer_settings.pretraining import PRESETS, PretrainingSettings, preset_defaults
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -45,12 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--preset", choices=PRESETS, help="model + run settings from training/configs (default: tiny)")
     source.add_argument("--config", metavar="FILE", help="a YAML/JSON file of model + run settings")
     # only flags given override the preset / config; the help shows what each preset sets
-    add_flags(parser, PretrainingArguments, argument_fields(), default_text=preset_defaults(CONFIGS_DIR))
+    add_flags(parser, PretrainingSettings, PretrainingSettings.cli_fields(), default_text=preset_defaults(CONFIGS_DIR))
     add_version_argument(parser)
     return parser
 
 
-def check_locations(args: PretrainingArguments) -> None:
+def check_locations(args: PretrainingSettings) -> None:
     """A mistyped --tokenizer or --resume-from-checkpoint folder: one line, before any Hub call."""
     if args.tokenizer is not None:
         check_model_location(args.tokenizer)
@@ -62,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     preset, config = given.pop("preset", None), given.pop("config", None)
     family = given.pop("family", None)
+    from coreformer.training.pretraining import resolve_arguments, run_pretraining  # torch: only after parsing
+
     try:
         args = resolve_arguments(
             family=family, preset=preset, config_file=config, overrides=given, configs_dir=CONFIGS_DIR

@@ -5,13 +5,13 @@
 Checks the folder first (config.json, safetensors weights, a valid model card) and stops with one message when
 something is missing; then pushes config, safetensors weights, modeling code, tokenizer files and README.md in one
 commit. The Hub is huggingface_hub's endpoint: set HF_ENDPOINT to use another. The token comes from --token, HF_TOKEN
-or `hf auth login`. Exit codes: 0 pushed, 2 the folder cannot be published, 1 the Hub refused or failed.
+or `hf auth login`. Exit codes: 0 pushed, 2 the folder cannot be published, 1 the Hub refused or failed. The
+arguments are parsed before coreformer (and with it torch) is imported, so --help and --version answer at once.
 """
 
 import argparse
 import sys
 
-from coreformer.publishing import PublishError, publish_folder
 from coreformer_cli import add_version_argument
 
 
@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from coreformer.publishing import PublishError, publish_folder  # torch and transformers: only after parsing
+
     try:
         url = publish_folder(
             args.folder,

@@ -49,9 +49,12 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
+# the settings' torch-free declarations (beside the package, so that training/pretrain.py --help imports no torch)
+from coreformer_settings.pretraining import MIXED_PRECISION, PRESETS, REPORT_TO, PretrainingSettings, gather_settings
+
 from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged_folder
 from . import arguments
-from .arguments import PretrainingError, RunSettings, RunStoppedError, arg, export_arg, export_run, write_json
+from .arguments import PretrainingError, RunStoppedError, export_run, write_json
 from .batches import GlobalBatches, derive_seed, strided_loader
 from .checkpoints import (
     CHECKPOINTS_DIR,
@@ -71,9 +74,6 @@ from .reports import PEAK_FLOPS, flops_per_token, plot_losses, render_model_card
 from .tokenizer_training import token_config_kwargs, tokenizer_name, train_tokenizer
 
 FAMILIES = tuple(FAMILY_FACTS)
-PRESETS = ("tiny", "small", "base")
-MIXED_PRECISION = ("no", "bf16", "fp16")
-REPORT_TO = ("auto", "tensorboard", "none")
 
 RUN_CONFIG = "run_config.json"
 METRICS = "metrics.json"
@@ -99,92 +99,9 @@ __all__ = [
 
 
 @dataclass
-class PretrainingArguments(RunSettings):
-    """Every setting of a pretraining run. The CLI exposes each field as `--field-name` (see training/pretrain.py);
-    a preset or config file (training/configs/*.yaml) holds the same keys plus `model:`, the family config's fields.
-    """
-
-    error: typing.ClassVar[type[PretrainingError]] = PretrainingError
-
-    family: str = arg(  # no default in --help: a --config file may name the family
-        "decoder",
-        "model family: encoder (BERT-style), decoder (GPT-style), seq2seq (BART-style)",
-        choices=FAMILIES,
-        show_default=False,
-    )
-    objective: str | None = arg(
-        None,
-        f"pretraining objective: {', '.join(OBJECTIVES)}; default: the family's (encoder masked-lm, decoder "
-        "causal-lm, seq2seq denoising)",
-        choices=tuple(OBJECTIVES),
-        show_default=False,
-    )
-    preset: str | None = arg(None, "name of the preset or config file the settings came from (for the card)", cli=False)
-    model: dict = arg({}, "fields of the family config (hidden_size, num_hidden_layers, ...)", cli=False)
-    # data
-    dataset: str | None = arg(
-        None,
-        "training text: omitted = the embedded corpus (the Python standard library's source, no download); a local "
-        "file or glob (.txt/.json/.jsonl/.csv/.parquet); or a datasets Hub name (downloaded only then)",
-    )
-    dataset_config: str | None = arg(None, "configuration of a Hub dataset (e.g. wikitext-2-raw-v1)")
-    text_column: str = arg("text", "column holding the text")
-    max_documents: int | None = arg(None, "use at most this many training documents (quick runs)")
-    validation_fraction: float = arg(0.05, "held-out share of documents when the dataset has no validation split")
-    # tokenizer
-    tokenizer: str | None = arg(
-        None, "tokenizer folder or Hub name; omitted = train one on the training split and save it in --output-dir"
-    )
-    vocab_size: int = arg(8192, "vocabulary size of a trained tokenizer (special tokens included)")
-    pad_vocab_to_multiple_of: int = arg(64, "round the model's vocab_size up to a multiple of this (fast matmuls)")
-    block_size: int = arg(128, "tokens per example: packed block (decoder) or longest window (encoder, seq2seq)")
-    # optimisation
-    max_steps: int = arg(1000, "optimizer steps")
-    batch_size: int = arg(16, "examples per micro-batch on each process")
-    grad_accum: int = arg(1, "micro-batches accumulated per optimizer step")
-    lr: float = arg(1e-3, "peak learning rate (AdamW)")
-    warmup_steps: int = arg(100, "linear warmup steps before the cosine decay to 0 at --max-steps")
-    weight_decay: float = arg(0.1, "AdamW weight decay on matrices (biases, norms: none)")
-    adam_beta1: float = arg(0.9, "AdamW beta1")
-    adam_beta2: float = arg(0.95, "AdamW beta2")
-    adam_epsilon: float = arg(1e-8, "AdamW epsilon")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm (0 disables)")
-    mixed_precision: str = arg("no", "autocast precision", choices=MIXED_PRECISION)
-    gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
-    compile: bool = arg(
-        False,
-        "torch.compile the model in place (nn.Module.compile): same losses, checkpoint keys and resume as eager; the "
-        "first steps are slower while graphs compile",
-    )
-    attn_implementation: str | None = arg(None, "attention backend (sdpa, eager, flex_attention, ...); default sdpa")
-    seed: int = arg(0, "seed of the data order, masking, dropout and initialisation")
-    # objectives
-    mlm_probability: float = arg(0.15, "encoder: share of tokens selected for masking")
-    mask_ratio: float = arg(0.3, "seq2seq: share of tokens hidden by text infilling")
-    poisson_lambda: float = arg(3.0, "seq2seq: mean infilled span length")
-    generator_fraction: float = arg(
-        0.25, "electra: the generator's width as a share of the discriminator's (paper: 1/4 to 1/2 work best)"
-    )
-    rtd_weight: float = arg(50.0, "electra: weight of the replaced-token-detection loss (paper: 50)")
-    # run
-    output_dir: str = arg("outputs/pretrain", "run folder: checkpoints, logs, and the final model")
-    overwrite: bool = arg(False, "replace an output directory that holds another run")
-    save_every: int = arg(500, "save a checkpoint every N steps (0: none)")
-    keep_last: int = arg(2, "keep the last K checkpoints")
-    eval_every: int = arg(200, "held-out evaluation every N steps (also before the first step and at the end)")
-    eval_batches: int = arg(20, "batches in the held-out evaluation")
-    resume_from_checkpoint: str | None = arg(
-        None,
-        "'latest' (newest checkpoint in --output-dir; starts fresh when the folder is empty) or a checkpoint folder",
-    )
-    report_to: str = arg("auto", "tracker: tensorboard, none, or auto (tensorboard when installed)", choices=REPORT_TO)
-    num_workers: int = arg(0, "DataLoader worker processes")
-    sample_prompt: str | None = arg(
-        None,
-        "at the end, reload the final folder with its Auto class and print a sample for this prompt (generated text; "
-        "the encoder's top predictions for [MASK])",
-    )
-    export: str | None = export_arg()
+class PretrainingArguments(PretrainingSettings):
+    """Every setting of a pretraining run (declared in coreformer_settings.pretraining, so that --help needs no
+    torch), checked here against the registries: the objective's families, the family config's fields."""
 
     def __post_init__(self) -> None:
         self.check_choices(family=FAMILIES, mixed_precision=MIXED_PRECISION, report_to=REPORT_TO)
@@ -239,59 +156,6 @@ def _config_fields(family: str) -> set[str]:
     return {f.name for f in dataclasses.fields(FAMILY_FACTS[family].config_class)}
 
 
-def argument_fields() -> list[dataclasses.Field]:
-    """The fields the CLI exposes as flags, in declaration order."""
-    return PretrainingArguments.cli_fields()
-
-
-def default_configs_dir() -> Path:
-    """training/configs of the source checkout this module was installed from (editable install)."""
-    return Path(__file__).resolve().parents[3] / "training" / "configs"
-
-
-def preset_path(family: str, preset: str, configs_dir: str | Path | None = None) -> Path:
-    """training/configs/{family}-{preset}.yaml."""
-    if family not in FAMILIES:
-        raise PretrainingError(f"Unknown family {family!r}: expected one of {', '.join(FAMILIES)}.")
-    if preset not in PRESETS:
-        raise PretrainingError(f"Unknown preset {preset!r}: expected one of {', '.join(PRESETS)}.")
-    path = Path(configs_dir or default_configs_dir()) / f"{family}-{preset}.yaml"
-    if not path.is_file():
-        raise PretrainingError(f"Preset file {path} is missing; pass --config FILE instead.")
-    return path
-
-
-def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
-    """For --help: each setting some preset sets -> "from the preset: tiny 600, small 20000, ..." (a preset whose
-    families disagree is named per family), then the value a --config file that does not set it gets."""
-    values: dict[str, dict[str, Any]] = {}
-    for preset in PRESETS:
-        for family in FAMILIES:
-            path = Path(configs_dir or default_configs_dir()) / f"{family}-{preset}.yaml"
-            if path.is_file():
-                for name, value in load_config_file(path).items():
-                    values.setdefault(name, {})[f"{family}-{preset}"] = value
-    texts = {}
-    for spec in PretrainingArguments.cli_fields():
-        if spec.name not in values:
-            continue
-        shown = []
-        for preset in PRESETS:
-            found = {name: value for name, value in values[spec.name].items() if name.endswith(f"-{preset}")}
-            if len(set(map(str, found.values()))) == 1:
-                shown.append(f"{preset} {next(iter(found.values()))}")
-            else:
-                shown += [f"{name} {value}" for name, value in found.items()]
-        texts[spec.name] = f"from the preset: {', '.join(shown)}; a --config file without it: {spec.default}"
-    return texts
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """A YAML (.yaml/.yml) or JSON (.json) run config: PretrainingArguments keys plus `model:`. Top-level keys that
-    start with "_" are comments (JSON has no other kind) and are dropped."""
-    return arguments.load_config_file(path, error=PretrainingError)
-
-
 def resolve_arguments(
     *,
     family: str | None = None,
@@ -303,30 +167,9 @@ def resolve_arguments(
     """Dataclass defaults, then the preset (`--preset`, default "tiny") or `--config` file, then `overrides`
     (the flags given on the command line). A `model:` mapping in `overrides` updates the file's field by field.
     """
-    if preset is not None and config_file is not None:
-        raise PretrainingError("Pass either --preset or --config, not both.")
-    if config_file is not None:
-        values = load_config_file(config_file)
-        source = Path(config_file).name
-        if family is not None and values.get("family", family) != family:
-            raise PretrainingError(
-                f"Config file {source} is for the {values['family']} family, but --family is {family}."
-            )
-    else:
-        if family is None:
-            raise PretrainingError("Pass --family (encoder, decoder or seq2seq), or a --config file that names it.")
-        preset = preset or "tiny"
-        values = load_config_file(preset_path(family, preset, configs_dir))
-        source = preset
-        if values.get("family", family) != family:
-            raise PretrainingError(f"Preset {preset} of {family} names family {values['family']!r}.")
-    if family is not None:
-        values["family"] = family
-    overrides = dict(overrides or {})
-    model = {**(values.get("model") or {}), **(overrides.pop("model", None) or {})}
-    values.update(overrides)
-    values["model"] = model
-    values.setdefault("preset", source)
+    values, source = gather_settings(
+        family=family, preset=preset, config_file=config_file, overrides=overrides, configs_dir=configs_dir
+    )
     return PretrainingArguments.resolve(values, source=source)
 
 

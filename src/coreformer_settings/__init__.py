@@ -1,0 +1,11 @@
+"""Every run's settings, importable without torch or transformers (a package beside `coreformer`, not in it: importing
+anything inside `coreformer` registers its classes with transformers and so imports torch, about 5 s).
+
+    base.py          the settings base (RunSettings, arg, flags, config files, coercion) and the run errors
+    pretraining.py   PretrainingSettings, the presets and how a run's settings are gathered
+    finetuning.py    FinetuningSettings
+
+training/pretrain.py and finetune.py build their parsers from these, so `--help`, `--version` and a bad flag answer
+before torch is imported; the runs (`coreformer.training.pretraining` / `finetuning`) subclass the settings with the
+checks that need the registries.
+"""
