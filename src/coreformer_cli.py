@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from importlib import import_module, metadata
 from pathlib import Path
 
+from coreformer_settings.base import INTERRUPTED
+
 PACKAGE = "coreformer"
 USAGE_ERROR = 2  # argparse's exit code for a bad command line; a missing folder is one too
 CHECK_TOLERANCE = 1e-4  # `convert --check`: the largest output difference accepted
@@ -203,7 +205,8 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, check the folders, then import the handler and run it (exit codes: see coreformer.cli)."""
+    """Parse, check the folders, then import the handler and run it (exit codes: see coreformer.cli; 130 after
+    Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
         check_paths(args)
@@ -211,7 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coreformer {args.command}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     module, function = COMMANDS[args.command].handler.split(":")
-    return getattr(import_module(module), function)(args)
+    try:
+        return getattr(import_module(module), function)(args)
+    except KeyboardInterrupt:  # one line, not a traceback through torch's import or the model's forward
+        print(
+            f"coreformer {args.command}: stopped by Ctrl-C before it finished; run the same command again (convert "
+            f"and export write their output whole, at the end)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

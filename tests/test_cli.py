@@ -3,6 +3,7 @@
 token, and tests/hub_server.py --help."""
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -103,8 +104,17 @@ def _actions(parser: argparse.ArgumentParser):
             yield parser.prog, action
 
 
+def load_script(name: str):
+    """training/NAME.py as a module (a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "training" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 def test_every_flag_and_argument_has_help_text():
-    undocumented = [(prog, action.dest) for prog, action in _actions(coreformer_cli.build_parser()) if not action.help]
+    parsers = [coreformer_cli.build_parser(), *(load_script(name).build_parser() for name in SCRIPTS)]
+    undocumented = [(prog, action.dest) for parser in parsers for prog, action in _actions(parser) if not action.help]
     assert undocumented == []
 
 
@@ -175,6 +185,34 @@ def test_convert_without_a_tokenizer_says_so(tmp_path, capsys):
     assert len(notes) == 1 and "holds no tokenizer" in notes[0] and ".save_pretrained(" in notes[0], notes
     assert cli.main(["convert", str(source), str(tmp_path / "weights-only"), "--skip-tokenizer"]) == 0
     assert "tokenizer" not in capsys.readouterr().err  # asked for: nothing to say
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_a_command_is_one_line_exit_130_and_leaves_no_half_written_output(tmp_path, monkeypatch, capsys):
+    source = tmp_path / "bert"
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48
+    )
+    transformers.BertModel(config).save_pretrained(source)
+    monkeypatch.setattr(cli, "write_model_card", _interrupt)  # Ctrl-C while the converted folder is being written
+    assert coreformer_cli.main(["convert", str(source), str(tmp_path / "converted")]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("coreformer convert: stopped by Ctrl-C before it finished;"), err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert not (tmp_path / "converted").exists()  # before: a KeyboardInterrupt traceback
+
+
+def test_ctrl_c_while_publishing_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    import coreformer.publishing
+
+    script = load_script("publish")
+    monkeypatch.setattr(coreformer.publishing, "publish_folder", _interrupt)
+    assert script.main([str(tmp_path), "--repo-id", "me/model"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "publish: stopped by Ctrl-C" in err and "all of it or none of it" in err, err
 
 
 def test_staged_folder_gives_saved_files_the_umasks_mode(tmp_path):

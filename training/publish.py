@@ -5,14 +5,16 @@
 Checks the folder first (config.json, safetensors weights, a valid model card) and stops with one message when
 something is missing; then pushes config, safetensors weights, modeling code, tokenizer files and README.md in one
 commit. The Hub is huggingface_hub's endpoint: set HF_ENDPOINT to use another. The token comes from --token, HF_TOKEN
-or `hf auth login`. Exit codes: 0 pushed, 2 the folder cannot be published, 1 the Hub refused or failed. The
-arguments are parsed before coreformer (and with it torch) is imported, so --help and --version answer at once.
+or `hf auth login`. Exit codes: 0 pushed, 2 the folder cannot be published, 1 the Hub refused or failed, 130 stopped
+by Ctrl-C. The arguments are parsed before coreformer (and with it torch) is imported, so --help and --version answer
+at once.
 """
 
 import argparse
 import sys
 
 from coreformer_cli import add_version_argument
+from coreformer_settings.base import INTERRUPTED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     except PublishError as error:
         print(f"publish: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "publish: stopped by Ctrl-C before it finished; the folder goes up in one commit, so the repository holds "
+            "all of it or none of it; run the same command again",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
     except Exception as error:  # the Hub's answer (HfHubHTTPError, a refused token, no connection): say it once
         print(f"publish: the Hub did not take the upload: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
