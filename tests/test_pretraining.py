@@ -470,6 +470,10 @@ def test_resuming_a_finished_run_or_with_another_max_steps_says_so_in_one_line(t
     out = capsys.readouterr().out
     assert "note: the schedule changed on resume (--max-steps 4 -> 6, --warmup-steps 1 -> 1): from step 4" in out
     assert longer["steps"] == 6 and "tokens/s" in out.split("done:")[1]
+    timed = [line for line in out.splitlines() if line.startswith("time: ")]  # the run's wall time, what it counts
+    assert len(timed) == 1 and timed[0].endswith(
+        " for this run (data, tokenizer, steps, evaluations, final save; not counting imports)"
+    )
 
 
 def test_pretrain_help_shows_the_presets_values_not_the_overridden_dataclass_default():
@@ -779,6 +783,17 @@ def test_run_summary_names_every_output_and_the_exact_next_commands(tmp_path):
     encoder = PretrainingArguments(family="encoder", objective="electra", output_dir=str(tmp_path / "e"), save_every=0)
     summary = run_summary(encoder, tmp_path / "e")
     assert "checkpoints  none (--save-every 0)" in summary and "--task sequence-classification" in summary
+
+
+def test_time_line_says_minutes_and_seconds_and_whether_the_sample_is_counted():
+    from coreformer.training.reports import time_line
+
+    assert time_line(292.4, sampled=True) == (
+        "time: 4 min 52 s for this run (data, tokenizer, steps, evaluations, final save, sample; not counting imports)"
+    )
+    assert time_line(38.25, sampled=False).startswith(
+        "time: 38.2 s for this run (data, tokenizer, steps, evaluations, final save;"
+    )
 
 
 def test_resume_refusals_name_the_missing_checkpoint_and_the_run_without_one(tmp_path):

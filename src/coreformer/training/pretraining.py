@@ -70,7 +70,7 @@ from .engine import Engine, requested_engine, resolve_engine
 from .families import FAMILIES as FAMILY_FACTS
 from .families import longest_input
 from .objectives import OBJECTIVES, Objective
-from .reports import PEAK_FLOPS, flops_per_token, plot_losses, render_model_card, run_summary
+from .reports import PEAK_FLOPS, flops_per_token, plot_losses, render_model_card, run_summary, time_line
 from .tokenizer_training import token_config_kwargs, tokenizer_name, train_tokenizer
 
 FAMILIES = tuple(FAMILY_FACTS)
@@ -861,6 +861,7 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
             os.replace(output_dir / f".{METRICS}.tmp", output_dir / METRICS)
             accelerator.print(f"sample ({run.objective.auto_class}.from_pretrained({str(output_dir)!r})):")
             accelerator.print(metrics["sample"])
+        accelerator.print(time_line(time.perf_counter() - session_start, sampled=args.sample_prompt is not None))
         accelerator.print(run_summary(args, output_dir))
     accelerator.wait_for_everyone()
     accelerator.end_training()

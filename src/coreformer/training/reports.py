@@ -4,6 +4,7 @@
     plot_losses(history, path, title)                        loss.png: train and held-out loss against the step
     model_card_info(args, metrics) / render_model_card       README.md (model_cards/pretrained.md via model_card)
     run_summary(args, output_dir)                            the run's last lines: what it wrote, what to run next
+    time_line(seconds, sampled)                              the run's wall time and what it includes
 
 The card's family facts come from families.py, its objective text from the run's objective (objectives/).
 """
@@ -126,3 +127,11 @@ def run_summary(args: Any, output_dir: Path) -> str:
             f"  publish      python training/publish.py {folder} --repo-id YOUR_NAME/{Path(folder).name}",
         ]
     )
+
+
+def time_line(seconds: float, *, sampled: bool) -> str:
+    """ "time: 4 min 52 s ..." for a run that took `seconds` from its start (reading the data) to its end."""
+    minutes, rest = divmod(round(seconds), 60)
+    took = f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
+    sample = ", sample" if sampled else ""
+    return f"time: {took} for this run (data, tokenizer, steps, evaluations, final save{sample}; not counting imports)"
