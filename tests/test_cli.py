@@ -258,6 +258,32 @@ def test_hub_server_help_prints_usage_instead_of_serving():
     assert result.returncode == 0 and result.stdout.startswith("usage: python tests/hub_server.py"), result
 
 
+def test_every_folder_the_readmes_commands_write_in_the_clone_is_ignored_by_git():
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: there is no .gitignore to consult")
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S))
+    destinations = re.findall(r"--output-dir (\S+)", blocks) + re.findall(
+        r"coreformer (?:convert|export) \S+ (\S+)", blocks
+    )
+    # the clone-relative ones; placeholders (D, OUT, FOLDER, path/to/...) and absolute paths write nowhere in the clone
+    tops = {Path(path).parts[0] for path in destinations if re.fullmatch(r"[a-z][\w.-]*(/\S*)?", path)} - {"path"}
+    assert {"outputs", "out", "minilm-cf"} <= tops, tops
+    result = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--verbose", *(f"{top}/" for top in sorted(tops))],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    ignored = {line.split("\t")[-1].rstrip("/") for line in result.stdout.splitlines()}
+    assert ignored == tops, f"not in .gitignore: {sorted(tops - ignored)}"  # before: minilm-cf/ was not
+
+
+def test_make_demo_leaves_torch_every_core():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "training/pretrain.py" in recipe and "OMP_NUM_THREADS" not in recipe  # was OMP_NUM_THREADS=1
+
+
 def test_a_folder_named_coreformer_in_the_working_directory_does_not_shadow_the_package(tmp_path):
     (tmp_path / "coreformer" / "training").mkdir(parents=True)  # a clone named coreformer/, seen from its parent
     result = run_python("import coreformer; print(coreformer.__file__)", tmp_path)

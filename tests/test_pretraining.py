@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -467,7 +468,10 @@ def test_resuming_a_finished_run_or_with_another_max_steps_says_so_in_one_line(t
     assert "note: the checkpoint is at step 4 and --max-steps is 4: no step to train" in out
     assert "no steps this session" in out and "tokens/s" not in out.split("done:")[1]
     longer = run_pretraining(args_from(settings, tmp_path / "run", resume_from_checkpoint="latest", max_steps=6))
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    bar = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("decoder pretraining")][-1]
+    # the bar's last state: steps done, elapsed<ETA, steps/s, the loss and the throughput
+    assert re.match(r"decoder pretraining: 100%.* 6/6 \[[\d:]+<[\d:]+, .*step/s, loss=[\d.]+, .*tok_s=[\d,]+\]", bar)
     assert "note: the schedule changed on resume (--max-steps 4 -> 6, --warmup-steps 1 -> 1): from step 4" in out
     assert longer["steps"] == 6 and "tokens/s" in out.split("done:")[1]
     timed = [line for line in out.splitlines() if line.startswith("time: ")]  # the run's wall time, what it counts
