@@ -590,7 +590,7 @@ def test_script_fine_tunes_the_embedded_default_with_example_script_flag_names(b
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "done: {'eval_loss'" in result.stdout
+    assert "done: {'eval_loss'" in result.stdout and "(before training: {'eval_loss'" in result.stdout
     settings = json.loads((folder / "run_config.json").read_text())
     assert (settings["max_length"], settings["batch_size"], settings["lr"]) == (48, 8, 1e-3)
     results = json.loads((folder / "eval_results.json").read_text())
