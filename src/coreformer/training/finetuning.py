@@ -1,7 +1,8 @@
 """Fine-tuning on transformers' `Trainer`: every registered task (tasks/) over any coreformer folder, each with an
 offline default dataset.
 
-    FinetuningArguments                every run setting (a CLI flag per field, plus run_glue / run_qa style aliases)
+    FinetuningArguments                every run setting (a CLI flag per field, plus run_glue / run_qa style aliases;
+                                       declared in the torch-free coreformer_settings.finetuning)
     resolve_arguments(...)             dataclass defaults < --config file (YAML / JSON) < flags given
     TASKS                              task name -> Task (tasks/__init__.py: one file per task)
     embedded_dataset(task)             the offline default of a task, built from the Python standard library's source

@@ -1,6 +1,7 @@
 """Pretraining on Accelerate: one loop for every objective (objectives/), atomic checkpoints, exact resume.
 
-    PretrainingArguments             every run setting (a CLI flag per field), validated in __post_init__
+    PretrainingArguments             every run setting (a CLI flag per field; declared in the torch-free
+                                     coreformer_settings.pretraining), validated in __post_init__
     resolve_arguments(...)           dataclass defaults < preset or config file < explicit overrides
     run_pretraining(args) -> dict    prepare (checks) -> open_run_folder -> build (model, data) -> train -> finish
     find_latest_checkpoint(dir)      newest complete `checkpoints/step-N` (checkpoints.py)
