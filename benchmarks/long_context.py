@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-from compare import cpu_name  # this folder's other benchmark (sys.path[0] when run as a script)
 
 import coreformer as cf
 from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
@@ -224,6 +223,10 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args)))
         return
+
+    # compare.py (this folder's other benchmark, sys.path[0] when run as a script) imports transformers' GPT-2, BERT
+    # and BART: only the parent, which writes the report, pays for that, not each measuring child.
+    from compare import cpu_name
 
     machine = f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}"
     print(f"machine: {machine}")
