@@ -22,7 +22,7 @@ Trains the ELECTRA module exactly as `training/pretrain.py --family encoder --ob
 identity then says nothing about being replaced, only context does) and `uniform` (any token the text uses: rare
 tokens give the replacements away by identity alone). --temperature divides the generator's logits.
 
-    python benchmarks/electra_rtd_probe.py --steps 200 --sampler unigram      # ~4 min on 2 quiet cores
+    python benchmarks/electra_rtd_probe.py --steps 200 --sampler unigram      # 2-8 min under load from other jobs
 """
 
 import argparse
