@@ -1,7 +1,8 @@
 """benchmarks/electra_vs_mlm.py --tiny: one run at equal time and at equal FLOPs, both objectives at each budget, every
 encoder (and a random one) loads with only its new classifier missing and fine-tunes; the JSON, the markdown tables
 (with the seed-paired differences) and the plot are written with FLOPs that follow the tokens seen, and each
-equal-FLOPs run spends its budget. By hand: the paired differences, and a run replacing only its own kind's section."""
+equal-FLOPs run spends its budget. By hand: the paired differences, and a run replacing only its own kind's section.
+benchmarks/electra_rtd_probe.py: its AUC against counting the pairs, and its gradient groups."""
 
 import importlib.util
 import json
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK = ROOT / "benchmarks" / "electra_vs_mlm.py"
@@ -90,3 +92,34 @@ def test_a_run_replaces_its_own_kind_of_section_and_keeps_the_others():
     sections = benchmark.merge_section(report, "equal-flops", {"note": "new flops"})
     assert sections == {"equal-time": {"note": "quiet"}, "equal-flops": {"note": "new flops"}}  # in KINDS order
     assert report["sections"]["equal-time"] == {"note": "quiet"}
+
+
+def load_probe():
+    spec = importlib.util.spec_from_file_location("electra_rtd_probe", ROOT / "benchmarks" / "electra_rtd_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_probe_auc_is_the_share_of_replaced_original_pairs_ranked_right():
+    probe = load_probe()
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(200, generator=generator)
+    replaced = (torch.rand(200, generator=generator) < 0.3).float()
+    logits = logits + replaced  # some signal
+    pairs = logits[replaced == 1][:, None] > logits[replaced == 0][None, :]  # every (replaced, original) pair
+    assert probe.roc_auc(logits, replaced) == pytest.approx(pairs.float().mean().item())
+    assert probe.roc_auc(replaced * 5, replaced) == pytest.approx(1.0)
+
+
+def test_probe_gradient_groups_split_every_parameter_once():
+    from test_objectives_electra import tiny_electra
+
+    model, _ = tiny_electra()
+    groups = load_probe().parameter_groups(model)
+    grouped = [id(p) for parameters in groups.values() for p in parameters]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # each once, none left out
+    encoder = model.discriminator.model.encoder
+    tables = [encoder.embed_tokens, encoder.embed_positions, encoder.token_type_embeddings]  # all learned here
+    assert [id(p) for p in groups["shared_tables"]] == [id(table.weight) for table in tables]
+    assert [id(p) for p in groups["projection"]] == [id(model.embedding_projection.weight)]
