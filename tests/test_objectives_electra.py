@@ -94,6 +94,23 @@ def test_discriminator_targets_follow_the_generators_samples_including_the_origi
     assert outputs["discriminator_logits"].shape == (2, 5)
 
 
+def test_replacements_come_from_sample_replacements_which_a_probe_may_swap():
+    model, _ = tiny_electra()
+    input_ids = torch.tensor([[2, 4, 9, 4, 3]])  # 4 = [MASK]
+    labels = torch.tensor([[-100, 7, -100, 12, -100]])
+    seen = []
+
+    def draw_token_13(probabilities):  # (M, V) -> (M,)
+        seen.append(probabilities)
+        return torch.full((len(probabilities),), 13)
+
+    model.sample_replacements = draw_token_13  # benchmarks/electra_rtd_probe.py's unigram / uniform controls
+    outputs = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels)
+    assert outputs["corrupted"].tolist() == [[2, 13, 9, 13, 3]]
+    (probabilities,) = seen
+    assert probabilities.shape == (2, 40) and torch.allclose(probabilities.sum(-1), torch.ones(2))
+
+
 def test_loss_is_the_generators_mlm_mean_plus_50_times_the_discriminators_token_mean():
     model, _ = tiny_electra()
     input_ids = torch.tensor([[2, 4, 9, 4, 3, 0], [2, 10, 4, 11, 12, 3]])

@@ -116,7 +116,7 @@ class ElectraPretraining(nn.Module):
         original = torch.where(masked, labels, input_ids)
         with torch.no_grad():  # the generator is trained by its MLM loss only (paper section 2)
             probabilities = torch.softmax(generator_logits[masked].float(), dim=-1)  # (M, V)
-            sampled = torch.multinomial(probabilities, 1).squeeze(-1) if len(probabilities) else original[masked]
+            sampled = self.sample_replacements(probabilities) if len(probabilities) else original[masked]
         corrupted = original.masked_scatter(masked, sampled)
         discriminator_logits = self.discriminator(
             input_ids=corrupted, attention_mask=attention_mask, token_type_ids=token_type_ids
@@ -127,6 +127,11 @@ class ElectraPretraining(nn.Module):
             "corrupted": corrupted,
             "discriminator_logits": discriminator_logits,
         }
+
+    def sample_replacements(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """(M, V) the generator's distributions at the masks -> (M,) one token drawn from each (temperature 1, as
+        in the paper). A subclass may draw otherwise (benchmarks/electra_rtd_probe.py's controls)."""
+        return torch.multinomial(probabilities, 1).squeeze(-1)
 
     def set_attn_implementation(self, implementation: str) -> None:
         self.generator.set_attn_implementation(implementation)

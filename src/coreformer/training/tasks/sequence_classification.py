@@ -13,7 +13,9 @@ from ..corpora import EMBEDDED_PACKAGES, first_paragraph, seeded_sample, split_r
 from .base import Evaluation, Task, logits_of
 
 
-def _embedded_sequence_classification() -> datasets.DatasetDict:
+def package_docstrings(per_package: int | None = 100) -> list[dict[str, str]]:
+    """{"text": a docstring's first paragraph (4 words or more, each text once), "label": its package}, `per_package`
+    of each package (None: as many as the smallest package has, so the classes stay balanced), in a seeded order."""
     by_package: dict[str, list[str]] = {package: [] for package in EMBEDDED_PACKAGES}
     seen = set()
     for definition in stdlib_definitions():
@@ -21,10 +23,17 @@ def _embedded_sequence_classification() -> datasets.DatasetDict:
         if len(text.split()) >= 4 and text not in seen:
             seen.add(text)
             by_package[definition.package].append(text)
+    count = min(len(texts) for texts in by_package.values()) if per_package is None else per_package
     rows = [
-        {"text": text, "label": package} for package, texts in by_package.items() for text in seeded_sample(texts, 100)
+        {"text": text, "label": package}
+        for package, texts in by_package.items()
+        for text in seeded_sample(texts, count)
     ]
-    return split_rows(seeded_sample(rows, len(rows)))
+    return seeded_sample(rows, len(rows))
+
+
+def _embedded_sequence_classification() -> datasets.DatasetDict:
+    return split_rows(package_docstrings(100))
 
 
 def _classification_features(split, tokenizer, args, max_length: int, label_of: Callable) -> datasets.Dataset:
