@@ -12,6 +12,7 @@ batch 4 make 6 steps cross an epoch boundary, so the restored data order matters
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,10 +20,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from accelerate.utils import DistributedType
 from conftest import free_port, interrupt_at_marker
 from safetensors.torch import load_file
 from test_finetuning import _texts
@@ -34,8 +35,8 @@ from coreformer.training.checkpoints import CHECKPOINTS_DIR, list_checkpoints
 from coreformer.training.finetuning import (
     FinetuningArguments,
     FinetuningError,
-    check_engine,
     evaluate_folder,
+    run_engine,
     run_finetuning,
 )
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
@@ -428,24 +429,254 @@ def test_a_rerun_killed_in_its_final_save_keeps_the_previous_model_and_resumes_f
     assert not list(tmp_path.glob(".out.*"))  # the killed rerun's staging folder is cleaned up
 
 
-def test_fsdp_that_accelerate_does_not_set_up_is_refused_not_run_as_ddp():
-    # What Accelerate 1.15 sets up on CPU processes whatever the launch asked: MULTI_CPU (DDP).
-    with pytest.raises(FinetuningError, match=r"FSDP was asked for .* but Accelerate set up MULTI_CPU: on CPU"):
-        check_engine(DistributedType.MULTI_CPU, {"ACCELERATE_USE_FSDP": "true"})
-    check_engine(DistributedType.FSDP, {"ACCELERATE_USE_FSDP": "true"})  # asked and running
-    check_engine(DistributedType.MULTI_CPU, {})  # DDP asked (--multi_gpu) and running
+# ---------------------------------------------------------------------------------------------------------------------
+# FSDP2 on CPU processes (engine.py's CpuFsdp2Engine under Trainer: trainer_checkpoints.shard_with)
+# ---------------------------------------------------------------------------------------------------------------------
+
+ACCELERATE_CONFIGS = REPO / "training" / "configs" / "accelerate"
+# 2 FSDP2 processes reduce-scatter what 1 process with 2 accumulated micro-batches sums: the same numbers in another
+# order. Measured: per-step losses and final weights identical (difference 0.0); allowed: 1e-6.
+FSDP_TOLERANCE = 1e-6
+
+# finetune.py launched through this: each rank reports how FSDP holds every parameter once Trainer's model is sharded,
+# and with a marker path the run stops forever in the middle of saving checkpoint-4 (model and DCP shards written,
+# RNG states and trainer_state.json not) for the test to SIGKILL it there.
+FSDP_CHILD = """
+import json, pathlib, runpy, sys, time
+import transformers
+from coreformer.training import trainer_checkpoints
+
+report, marker, script = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+shard_with, save_rng_state = trainer_checkpoints._AtomicCheckpoints.shard_with, transformers.Trainer._save_rng_state
+
+def reporting_shard_with(self, engine):
+    shard_with(self, engine)
+    held = {name: [str(p.placements), p.to_local().numel(), list(p.shape)] for name, p in self.model.named_parameters()}
+    (report / f"rank{self.accelerator.process_index}.json").write_text(json.dumps(held))
+
+def stopping_save_rng_state(self, output_dir):
+    if marker != "-" and self.state.global_step == 4:
+        if self.is_world_process_zero():
+            pathlib.Path(marker).write_text("saving checkpoint 4")
+        time.sleep(300)  # the test kills us here
+    return save_rng_state(self, output_dir)
+
+trainer_checkpoints._AtomicCheckpoints.shard_with = reporting_shard_with
+transformers.Trainer._save_rng_state = stopping_save_rng_state
+sys.argv = [script] + sys.argv[4:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def launch_fsdp(child: Path, report: Path, marker: str, arguments: list[str]) -> list[str]:
+    """`accelerate launch` with the FSDP config users pass for GPUs, on 2 CPU processes, through FSDP_CHILD."""
+    command = [str(ACCELERATE), "launch", "--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"), "--num_processes"]
+    command += ["2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["--main_process_port", str(free_port())]
+    return command + [str(child), str(report), marker, str(FINETUNE)] + arguments
+
+
+@pytest.fixture(scope="module")
+def fsdp(base, tmp_path_factory):
+    """On a copy of `base` without dropout (2 processes draw other dropout masks than 1): an uninterrupted 2-process
+    FSDP2 fine-tune, one SIGKILLed while saving checkpoint-4 then resumed (`latest`), and the 1-process reference
+    with 2 accumulated micro-batches per step. The launches overlap the in-process reference."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    plain = tmp / "base"
+    shutil.copytree(base, plain)
+    config = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps({**config, "hidden_dropout": 0.0, "attention_dropout": 0.0}))
+    child = tmp / "fsdp_child.py"
+    child.write_text(FSDP_CHILD)
+    env = {**child_env(tmp), "ACCELERATE_USE_CPU": "1"}
+    for name in ("uninterrupted", "killed"):
+        (tmp / f"{name}-shards").mkdir()
+    uninterrupted, killed = tmp / "uninterrupted", tmp / "killed"
+    with open(tmp / "uninterrupted.log", "w") as log:
+        running = subprocess.Popen(
+            launch_fsdp(child, tmp / "uninterrupted-shards", "-", flags(plain, uninterrupted)),
+            env=env,
+            cwd=tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            marker = str(tmp / "marker")
+            kill_while_saving(launch_fsdp(child, tmp / "killed-shards", marker, flags(plain, killed)), tmp, **env)
+            killed_state = {
+                "checkpoints": [path.name for path in list_checkpoints(killed)],
+                "half": sorted(p.name for p in (killed / CHECKPOINTS_DIR / ".saving" / "checkpoint-4").iterdir()),
+                "final": (killed / "config.json").exists(),
+            }
+            resume = flags(plain, killed, resume_from_checkpoint="latest")
+            with open(tmp / "resumed.log", "w") as resumed_log:
+                resumed = subprocess.Popen(
+                    launch_fsdp(child, tmp / "killed-shards", "-", resume),
+                    env=env,
+                    cwd=tmp,
+                    stdout=resumed_log,
+                    stderr=subprocess.STDOUT,
+                )
+                one = tmp / "one"
+                run_finetuning(settings(plain, one, grad_accum=2))
+                assert resumed.wait(timeout=300) == 0, (tmp / "resumed.log").read_text()[-4000:]
+            assert running.wait(timeout=300) == 0, (tmp / "uninterrupted.log").read_text()[-4000:]
+        finally:
+            for launched in (running, locals().get("resumed")):
+                if launched is not None and launched.poll() is None:
+                    for pid in [launched.pid, *descendants(launched.pid)]:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    launched.wait(timeout=60)
+    shards = [json.loads((tmp / "uninterrupted-shards" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    log = (tmp / "uninterrupted.log").read_text()
+    return SimpleNamespace(
+        base=plain, uninterrupted=uninterrupted, killed=killed, one=one, state=killed_state, shards=shards, log=log
+    )
 
 
 @pytest.mark.slow
-def test_an_fsdp_launch_on_cpu_processes_is_refused_in_one_line_with_nothing_written(base, tmp_path):
-    folder = tmp_path / "out"
-    command = [str(ACCELERATE), "launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(free_port()), str(FINETUNE)] + flags(base, folder)
-    env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert result.returncode != 0
-    refusals = [line for line in result.stderr.splitlines() if line.startswith("finetune.py: error: FSDP was asked")]
-    assert len(refusals) == 2, result.stderr[-3000:]  # one line from each process
-    assert "FinetuningError" not in result.stderr  # no traceback of ours (the launcher prints its ChildFailedError)
-    assert not folder.exists() and not list(tmp_path.glob(".out.*"))
+def test_fsdp2_fine_tune_on_two_processes_matches_one_process_with_two_micro_batches(fsdp):
+    losses, reference = step_losses(fsdp.uninterrupted), step_losses(fsdp.one)
+    assert [step for step, _ in losses] == [step for step, _ in reference] == list(range(1, RUN["max_steps"] + 1))
+    assert max(abs(a - b) for (_, a), (_, b) in zip(losses, reference)) <= FSDP_TOLERANCE
+    weights, expected = load_file(fsdp.uninterrupted / "model.safetensors"), load_file(fsdp.one / "model.safetensors")
+    assert weights.keys() == expected.keys()
+    assert all(torch.allclose(weights[name], expected[name], atol=FSDP_TOLERANCE) for name in expected)
+    before = results(fsdp.uninterrupted)["before_eval_loss"]
+    assert before == pytest.approx(results(fsdp.one)["before_eval_loss"], abs=FSDP_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_fsdp2_fine_tune_shards_every_parameter_across_the_ranks(fsdp):
+    ranks = fsdp.shards
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 10
+    held, everything = 0, 0
+    for name, (placements, local, shape) in ranks[0].items():
+        assert placements == ranks[1][name][0] == "(Shard(dim=0),)", name
+        rows, total = shape[0], math.prod(shape)
+        # rows split as torch.chunk splits them: rank 0 the first ceil(rows / 2), rank 1 the rest
+        assert (local, ranks[1][name][1]) == (math.ceil(rows / 2) * total // rows, total - local), name
+        held, everything = held + local, everything + total
+    assert 0.5 <= held / everything < 0.51  # odd row counts leave rank 0 one row more
+
+
+@pytest.mark.slow
+def test_fsdp2_fine_tune_records_the_engine_that_ran(fsdp):
+    engine = json.loads((fsdp.uninterrupted / "all_results.json").read_text())["engine"]
+    assert engine == {
+        "distributed_type": "FSDP",
+        "world_size": 2,
+        "num_nodes": 1,
+        "sharding": "FSDP2 full shard",
+        "mixed_precision": "no",
+        "backend": "gloo",
+        "set_up_by": "coreformer",
+        "checkpoint_format": "dcp",
+        "requested": {"engine": "FSDP", "mixed_precision": "no"},
+    }
+    assert json.loads((fsdp.uninterrupted / "train_results.json").read_text())["engine"] == engine
+    line = "engine: FSDP (FSDP2 full shard, set up by coreformer's fully_shard inside Accelerate), 2 process(es) on 1"
+    assert line in fsdp.log
+    single = json.loads((fsdp.one / "all_results.json").read_text())["engine"]
+    assert (single["distributed_type"], single["sharding"], single["world_size"]) == ("NO", "none", 1)
+
+
+@pytest.mark.slow
+def test_fsdp2_final_folder_is_consolidated_and_loads_with_its_auto_class(fsdp):
+    folder = fsdp.uninterrupted
+    assert json.loads((folder / "config.json").read_text())["architectures"] == [
+        "CoreformerEncoderForSequenceClassification"
+    ]
+    assert not list(folder.rglob("_fsdp*.py"))  # FSDP's class never reaches save_pretrained's code copy
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    saved = load_file(folder / "model.safetensors")
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in saved.items())
+    metrics, _ = evaluate_folder(folder, settings(fsdp.base, folder))  # reloaded on 1 process: the same evaluation
+    assert metrics["eval_loss"] == pytest.approx(results(folder)["eval_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_fsdp2_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_weights(fsdp):
+    assert fsdp.state["checkpoints"] == ["step-2"] and not fsdp.state["final"]
+    assert {"model.safetensors", "dcp"} <= set(fsdp.state["half"]) and "trainer_state.json" not in fsdp.state["half"]
+    assert_same_run(fsdp.killed, fsdp.uninterrupted)
+    dcp = fsdp.killed / CHECKPOINTS_DIR / "step-6" / "dcp"
+    assert (dcp / ".metadata").is_file()
+    assert sorted(path.name for path in dcp.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+class FakeTrainer:
+    """What run_engine reads of a Trainer: its Accelerator's distributed type, process count and backend."""
+
+    def __init__(self, kind: str, processes: int = 2) -> None:
+        from accelerate.utils import DistributedType
+
+        state = SimpleNamespace(backend="gloo" if processes > 1 else None)
+        self.accelerator = SimpleNamespace(distributed_type=DistributedType(kind), num_processes=processes, state=state)
+        self.sharded = None
+
+    def shard_with(self, engine) -> None:
+        self.sharded = engine
+
+    def is_world_process_zero(self) -> bool:
+        return False
+
+
+FSDP_LAUNCH = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+
+@pytest.mark.parametrize(
+    "environ, kind, processes, overrides, message",
+    [
+        (
+            {**FSDP_LAUNCH, "FSDP_VERSION": "1"},
+            "MULTI_CPU",
+            2,
+            {},
+            r"version 1, which Accelerate does not set up on CPU",
+        ),
+        ({**FSDP_LAUNCH, "WORLD_SIZE": "1"}, "NO", 1, {}, r"asked for FSDP, but Accelerate set up a single process"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "WORLD_SIZE": "2"}, "MULTI_CPU", 2, {}, r"asked for DeepSpeed, but"),
+        (FSDP_LAUNCH, "MULTI_CPU", 2, {"peft": "lora"}, r"--peft lora under FSDP2 on CPU processes is not supported"),
+    ],
+    ids=["fsdp1-on-cpu", "fsdp-one-process", "deepspeed-on-cpu", "lora"],
+)
+def test_an_engine_asked_for_but_not_run_is_refused(
+    base, tmp_path, monkeypatch, environ, kind, processes, overrides, message
+):
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    trainer = FakeTrainer(kind, processes)
+    with pytest.raises(FinetuningError, match=message):
+        run_engine(trainer, settings(base, tmp_path / "out", **overrides), None)
+    assert trainer.sharded is None
+
+
+def test_fsdp2_on_cpu_processes_shards_and_ddp_stays_ddp(base, tmp_path, monkeypatch):
+    for name, value in FSDP_LAUNCH.items():
+        monkeypatch.setenv(name, value)
+    trainer = FakeTrainer("MULTI_CPU")
+    engine = run_engine(trainer, settings(base, tmp_path / "out"), None)
+    assert trainer.sharded is engine and (engine.set_up_by, engine.checkpoint_format) == ("coreformer", "dcp")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    ddp = FakeTrainer("MULTI_CPU")
+    assert run_engine(ddp, settings(base, tmp_path / "out"), None).sharding == "DDP" and ddp.sharded is None
+
+
+def test_a_checkpoint_of_another_engine_is_refused(base, tmp_path, monkeypatch):
+    # A DDP launch resuming an FSDP2 checkpoint (DCP shards, no optimizer.pt for Trainer to read), and the reverse.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    args = settings(base, tmp_path / "out", resume_from_checkpoint=str(tmp_path / "out" / "checkpoints" / "step-2"))
+    message = r"another engine's checkpoint format \(this run is MULTI_CPU, DDP\) \(differs in: checkpoint format\)"
+    with pytest.raises(FinetuningError, match=message):
+        run_engine(FakeTrainer("MULTI_CPU"), args, {"engine": {"checkpoint_format": "dcp"}})
+    for name, value in FSDP_LAUNCH.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(FinetuningError, match=r"differs in: checkpoint format"):
+        run_engine(FakeTrainer("MULTI_CPU"), args, {"engine": {"checkpoint_format": "accelerate"}})
+    with pytest.raises(FinetuningError, match=r"differs in: checkpoint format"):  # recorded before engines were
+        run_engine(FakeTrainer("MULTI_CPU"), args, {})

@@ -17,6 +17,21 @@ into place when every process is done, under the layout and names pretraining us
 
 Resuming goes through Trainer's own `train(resume_from_checkpoint=step-N)`: weights, optimizer, schedule, RNG of
 every process and the data position (it skips the batches already trained).
+
+FSDP2 on CPU processes (`shard_with(engine)`, engine.py's CpuFsdp2Engine): the model is sharded by `fully_shard` before
+training and handed to Trainer as a model "sharded at load time" (`is_distributed_loading_by_transformers`, the flag
+transformers 5.23 sets on `from_pretrained(distributed_config=...)` models): Trainer then leaves placement and
+gradient reduction to FSDP (no DDP wrap, `set_requires_gradient_sync(False)` while accumulating) and every rank joins
+`save_pretrained`'s gather. Trainer refuses checkpoints for such models (its `__init__`: "their optimizer state cannot
+be checkpointed"), because its `_save_optimizer_and_scheduler` pickles `optimizer.state_dict()` on the main process
+alone, which under FSDP2 holds only rank 0's shards. Here that one part is the engine's instead: every rank writes its
+shards of the model and optimizer as a torch.distributed.checkpoint folder (`dcp/`, as pretraining does) and reads
+them back on resume; Trainer still writes the gathered model.safetensors, the RNG states and trainer_state.json:
+
+    checkpoints/step-N/   config.json, model.safetensors (gathered)   Trainer's save_model
+                          dcp/.metadata, __0_0.distcp, __1_0.distcp   model + optimizer shards, one file per rank
+                          scheduler.pt, random_states_R.pkl           the engine's
+                          rng_state_R.pth, trainer_state.json         Trainer's (R: every rank)
 """
 
 import dataclasses
@@ -31,6 +46,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from ..folders import replace_folder
 from .arguments import FinetuningError, check_output_dir, holds_run, write_json
 from .checkpoints import check_unchanged, requested_checkpoint
+from .engine import CpuFsdp2Engine
 
 RUN_RECORD = "fine_tuning_run.json"  # {"args": settings, "world_size": processes, "before": metrics before training}
 _SAVING = ".saving"
@@ -67,6 +83,43 @@ class _AtomicCheckpoints:
     fresh_start: bool  # not resumed: older checkpoints under checkpoint_root belong to a previous run
     saved_checkpoints: int = 0
     _writing: bool = False
+    sharded_by: CpuFsdp2Engine | None = None  # FSDP2 applied here, its checkpoints DCP (module docstring)
+
+    def shard_with(self, engine: CpuFsdp2Engine) -> None:
+        """Shard the model in place with `engine` (one FSDP2 unit per block, then the root) before Trainer prepares
+        it, and have Trainer treat it as already distributed (module docstring)."""
+        engine.shard(self.model)
+        self.sharded_by = engine
+        self.is_distributed_loading_by_transformers = True  # read from here on by train / save (module docstring)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if self.sharded_by is None:
+            return super()._save(output_dir, state_dict)
+        # save_pretrained gathers FSDP2 shards only for models transformers sharded itself (config.distributed_config),
+        # and would write FSDP's own source files for this one's FSDP<Class> class: the main process saves an
+        # unsharded copy (its weights gathered on every process) through Trainer's own _save instead.
+        copy = self.sharded_by.unsharded_copy(self.accelerator, self.model)
+        if copy is not None:
+            sharded, self.model = self.model, copy
+            try:
+                super()._save(output_dir)
+            finally:
+                self.model = sharded
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if self.sharded_by is None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        self.sharded_by.save_state(self.accelerator, self.model, self.optimizer, self.lr_scheduler, Path(output_dir))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if self.sharded_by is None:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        # The weights come back with the optimizer, from the DCP shards, in _load_optimizer_and_scheduler.
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if self.sharded_by is None or checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        self.sharded_by.load_state(self.accelerator, self.model, self.optimizer, self.lr_scheduler, Path(checkpoint))
 
     def _get_output_dir(self, trial) -> str:
         # Trainer's "run folder" is where its checkpoints go; while saving, the hidden folder they are built in.
