@@ -261,6 +261,11 @@ def test_resume_problems_are_refused_with_one_clear_message_each(base, killed, u
     for overrides, message in cases.values():
         with pytest.raises(FinetuningError, match=message):
             run_finetuning(settings(base, overrides.pop("output_dir", folder), **overrides))
+    record = json.loads((checkpoint / RUN_RECORD).read_text())
+    (checkpoint / RUN_RECORD).write_text(json.dumps({**record, "world_size": 2}))  # as a 2-process run saves it
+    with pytest.raises(FinetuningError, match=r"saved by 2 process\(es\) and this run has 1: .* Resume with 2 proc"):
+        run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
+    (checkpoint / RUN_RECORD).write_text(json.dumps(record))
     (folder / CHECKPOINTS_DIR / "step-2" / "trainer_state.json").unlink()  # no complete checkpoint left
     with pytest.raises(FinetuningError, match=r"holds a run but no complete checkpoint under checkpoints/\. Pass"):
         run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
@@ -382,7 +387,7 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
         "rng_state_0.pth",
         "rng_state_1.pth",
     ]
-    with pytest.raises(FinetuningError, match=r"differs in: processes\)"):  # 1 process cannot continue it exactly
+    with pytest.raises(FinetuningError, match=r"saved by 2 process\(es\) and this run has 1: Trainer continues"):
         run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
 
     command = launch_two([str(FINETUNE)] + flags(base, folder, resume_from_checkpoint="latest"), tmp_path)

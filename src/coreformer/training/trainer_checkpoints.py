@@ -206,12 +206,23 @@ def resolve_resume(
     record = json.loads((checkpoint / RUN_RECORD).read_text())
     check_unchanged(
         checkpoint,
-        {**record["args"], "processes": record["world_size"]},
-        {**run_settings(args), "processes": world_size},
+        record["args"],
+        run_settings(args),
         what="other settings",
-        fix="resume with the settings (and number of processes) it was started with, listed in its " + RUN_RECORD,
+        fix="resume with the settings it was started with, listed in its " + RUN_RECORD,
         error=FinetuningError,
     )
+    if record["world_size"] != world_size:
+        # Trainer's resume skips the batches already trained counted per process (steps x batch x accumulation of
+        # THIS world size) and restores rng_state_R.pth by rank: on another number of processes it would train other
+        # examples from another random state. The weights (DDP: full; FSDP2: DCP, which reshards) would load.
+        raise FinetuningError(
+            f"Checkpoint {str(checkpoint)!r} was saved by {record['world_size']} process(es) and this run has "
+            f"{world_size}: Trainer continues the data order and random state exactly only on the same number of "
+            f"processes. Resume with {record['world_size']} process(es) (the launcher line it was started with), or "
+            f"fine-tune from the checkpoint's weights as a new run: --model {str(checkpoint)!r} without "
+            f"--resume-from-checkpoint."
+        )
     if state["global_step"] >= state["max_steps"] and _finished_here(output_dir, record, state, run_config):
         raise FinetuningError(
             f"Checkpoint {str(checkpoint)!r} is the end of a finished run (step {state['global_step']} of "
