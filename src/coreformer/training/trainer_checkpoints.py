@@ -88,7 +88,13 @@ class _AtomicCheckpoints:
     def shard_with(self, engine: CpuFsdp2Engine) -> None:
         """Shard the model in place with `engine` (one FSDP2 unit per block, then the root) before Trainer prepares
         it, and have Trainer treat it as already distributed (module docstring)."""
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
         engine.shard(self.model)
+        if hasattr(self.model, "generate"):
+            # generate() calls the encoder and the LM head without the root's forward, which is what all-gathers the
+            # root unit (embeddings, tied head): registered, it gathers too (as Trainer does under Accelerate's FSDP).
+            register_fsdp_forward_method(self.model, "generate")
         self.sharded_by = engine
         self.is_distributed_loading_by_transformers = True  # read from here on by train / save (module docstring)
 
