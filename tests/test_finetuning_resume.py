@@ -3,8 +3,10 @@
 A fine-tune SIGKILLed in the middle of a checkpoint save (after an earlier checkpoint is complete) leaves that earlier
 checkpoint as the latest and the interrupted one hidden; `--resume-from-checkpoint latest` then continues through
 Trainer's own resume to the same per-step losses, final weights and metrics as a run never interrupted, bit for bit,
-with 1 process and with 2 DDP processes (gloo). Resume problems get pretraining's messages; Ctrl-C's hint is true;
-the metrics before training are reported beside the ones after.
+with 1 process, with 2 DDP processes and with 2 FSDP2 processes (gloo; FSDP2 also equals 1 process with 2 accumulated
+micro-batches, shards every parameter, and leaves a folder that loads with its Auto class). Resume problems get
+pretraining's messages; Ctrl-C's hint is true; the metrics before training are reported beside the ones after; an
+engine asked for but not run is refused.
 
 The model is tiny (hidden 32, 2 layers) WITH dropout, so the restored RNG states matter; 16 training examples at
 batch 4 make 6 steps cross an epoch boundary, so the restored data order matters too.

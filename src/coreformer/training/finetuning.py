@@ -6,8 +6,10 @@ offline default dataset.
     TASKS                              task name -> Task (tasks/__init__.py: one file per task)
     embedded_dataset(task)             the offline default of a task, built from the Python standard library's source
     load_task_data(args)               train / validation splits: embedded default | Hub dataset | local files
-    run_finetuning(args) -> dict       prepare (checks, resume, data, labels, model + LoRA), train (evaluate before,
-                                       Trainer, evaluate after), finish (save the folder)
+    run_finetuning(args) -> dict       prepare (checks, resume, data, labels, model + LoRA), train (the engine,
+                                       evaluate before, Trainer, evaluate after), finish (save the folder)
+    run_engine(trainer, args, ...)     what runs: Accelerate's engine, or FSDP2 by fully_shard on CPU processes
+                                       (engine.py, as pretraining; trainer_checkpoints.shard_with)
     evaluate_folder(folder, args)      reload a saved folder with its Auto class and evaluate it on the same split
 
 Metrics come from the shipped offline `evaluate` modules through `coreformer.evaluation`'s builders; the model is
