@@ -21,14 +21,15 @@ every process and the data position (it skips the batches already trained).
 FSDP2 on CPU processes (`shard_with(engine)`, engine.py's CpuFsdp2Engine): the model is sharded by `fully_shard` before
 training and handed to Trainer as a model "sharded at load time" (`is_distributed_loading_by_transformers`, the flag
 transformers 5.23 sets on `from_pretrained(distributed_config=...)` models): Trainer then leaves placement and
-gradient reduction to FSDP (no DDP wrap, `set_requires_gradient_sync(False)` while accumulating) and every rank joins
-`save_pretrained`'s gather. Trainer refuses checkpoints for such models (its `__init__`: "their optimizer state cannot
-be checkpointed"), because its `_save_optimizer_and_scheduler` pickles `optimizer.state_dict()` on the main process
-alone, which under FSDP2 holds only rank 0's shards. Here that one part is the engine's instead: every rank writes its
+gradient reduction to FSDP (no DDP wrap, `set_requires_gradient_sync(False)` while accumulating) and calls its model
+save on every rank. Trainer refuses checkpoints for such models (its `__init__`: "their optimizer state cannot be
+checkpointed"), because its `_save_optimizer_and_scheduler` pickles `optimizer.state_dict()` on the main process
+alone, which under FSDP2 holds only rank 0's shards. Here that part is the engine's instead: every rank writes its
 shards of the model and optimizer as a torch.distributed.checkpoint folder (`dcp/`, as pretraining does) and reads
-them back on resume; Trainer still writes the gathered model.safetensors, the RNG states and trainer_state.json:
+them back on resume. Trainer's model save is given an unsharded copy with the gathered weights (`_save`); Trainer
+still writes the RNG states and trainer_state.json:
 
-    checkpoints/step-N/   config.json, model.safetensors (gathered)   Trainer's save_model
+    checkpoints/step-N/   config.json, model.safetensors (gathered)   Trainer's save_model, of the unsharded copy
                           dcp/.metadata, __0_0.distcp, __1_0.distcp   model + optimizer shards, one file per rank
                           scheduler.pt, random_states_R.pkl           the engine's
                           rng_state_R.pth, trainer_state.json         Trainer's (R: every rank)
