@@ -687,3 +687,46 @@ def test_a_checkpoint_of_another_engine_is_refused(base, tmp_path, monkeypatch):
         run_engine(FakeTrainer("MULTI_CPU"), args, {"engine": {"checkpoint_format": "accelerate"}})
     with pytest.raises(FinetuningError, match=r"differs in: checkpoint format"):  # recorded before engines were
         run_engine(FakeTrainer("MULTI_CPU"), args, {})
+
+
+def test_seq2seq_evaluation_gathers_generations_without_the_copies_that_fill_the_last_batch(tmp_path, monkeypatch):
+    # Seq2SeqTrainer gathers with accelerator.gather, which keeps the copies Accelerate's even_batches adds on every
+    # process but the first (2 processes: 8 validation examples came back as 16 prediction rows, DDP and FSDP2);
+    # gather_for_metrics drops them. One process here: the gather the trainer calls is what is checked.
+    from conftest import tiny_model
+    from transformers import Seq2SeqTrainingArguments
+
+    from coreformer.training.trainer_checkpoints import CheckpointingSeq2SeqTrainer
+
+    model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq")
+    rows = [{"input_ids": [5 + i, 6, 7, 2], "labels": [8, 9 + i, 2]} for i in range(3)]
+    training = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=2, predict_with_generate=True, generation_max_length=4
+    )
+    trainer = CheckpointingSeq2SeqTrainer(model=model, args=training, data_collator=_pad_rows)
+    gathered = []
+    original = trainer.accelerator.gather_for_metrics
+
+    def gather_for_metrics(data, *args, **kwargs):
+        gathered.append(tuple(data.shape))
+        return original(data, *args, **kwargs)
+
+    monkeypatch.setattr(trainer.accelerator, "gather_for_metrics", gather_for_metrics)
+    output = trainer.predict(rows)
+    assert output.predictions.shape[0] == 3
+    # the losses, generations and labels of each of the 2 batches went through gather_for_metrics
+    assert len(gathered) == 6, gathered
+
+
+def _pad_rows(rows: list[dict]) -> dict:
+    """input_ids padded with 0 (attention mask beside), labels with -100."""
+    longest = {key: max(len(row[key]) for row in rows) for key in ("input_ids", "labels")}
+    return {
+        "input_ids": torch.tensor(
+            [row["input_ids"] + [0] * (longest["input_ids"] - len(row["input_ids"])) for row in rows]
+        ),
+        "attention_mask": torch.tensor(
+            [[1] * len(row["input_ids"]) + [0] * (longest["input_ids"] - len(row["input_ids"])) for row in rows]
+        ),
+        "labels": torch.tensor([row["labels"] + [-100] * (longest["labels"] - len(row["labels"])) for row in rows]),
+    }

@@ -36,6 +36,7 @@ still writes the RNG states and trainer_state.json:
 """
 
 import dataclasses
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -163,7 +164,15 @@ class CheckpointingTrainer(_AtomicCheckpoints, transformers.Trainer):
 
 
 class CheckpointingSeq2SeqTrainer(_AtomicCheckpoints, transformers.Seq2SeqTrainer):
-    pass
+    def evaluation_loop(self, *args, **kwargs):
+        # Seq2SeqTrainer's evaluate / predict set gather_function to accelerator.gather ("we don't want to drop
+        # samples"), which keeps the copies Accelerate's even_batches adds to fill the last batch of every process:
+        # on 2 processes 8 validation examples came back as 16 generations (DDP and FSDP2 alike), one per prediction
+        # row and in the metrics. gather_for_metrics drops exactly those copies, as Trainer itself gathers.
+        self.gather_function = functools.partial(
+            self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
+        )
+        return super().evaluation_loop(*args, **kwargs)
 
 
 CHECKPOINTING_TRAINERS = {False: CheckpointingTrainer, True: CheckpointingSeq2SeqTrainer}  # by task.generates
