@@ -3,8 +3,10 @@
 A fine-tune SIGKILLed in the middle of a checkpoint save (after an earlier checkpoint is complete) leaves that earlier
 checkpoint as the latest and the interrupted one hidden; `--resume-from-checkpoint latest` then continues through
 Trainer's own resume to the same per-step losses, final weights and metrics as a run never interrupted, bit for bit,
-with 1 process and with 2 DDP processes (gloo). Resume problems get pretraining's messages; Ctrl-C's hint is true;
-the metrics before training are reported beside the ones after.
+with 1 process, with 2 DDP processes and with 2 FSDP2 processes (gloo; FSDP2 also equals 1 process with 2 accumulated
+micro-batches, shards every parameter, and leaves a folder that loads with its Auto class). Resume problems get
+pretraining's messages; Ctrl-C's hint is true; the metrics before training are reported beside the ones after; an
+engine asked for but not run is refused.
 
 The model is tiny (hidden 32, 2 layers) WITH dropout, so the restored RNG states matter; 16 training examples at
 batch 4 make 6 steps cross an epoch boundary, so the restored data order matters too.
@@ -12,6 +14,7 @@ batch 4 make 6 steps cross an epoch boundary, so the restored data order matters
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,10 +22,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from accelerate.utils import DistributedType
 from conftest import free_port, interrupt_at_marker
 from safetensors.torch import load_file
 from test_finetuning import _texts
@@ -34,8 +37,8 @@ from coreformer.training.checkpoints import CHECKPOINTS_DIR, list_checkpoints
 from coreformer.training.finetuning import (
     FinetuningArguments,
     FinetuningError,
-    check_engine,
     evaluate_folder,
+    run_engine,
     run_finetuning,
 )
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
@@ -260,6 +263,11 @@ def test_resume_problems_are_refused_with_one_clear_message_each(base, killed, u
     for overrides, message in cases.values():
         with pytest.raises(FinetuningError, match=message):
             run_finetuning(settings(base, overrides.pop("output_dir", folder), **overrides))
+    record = json.loads((checkpoint / RUN_RECORD).read_text())
+    (checkpoint / RUN_RECORD).write_text(json.dumps({**record, "world_size": 2}))  # as a 2-process run saves it
+    with pytest.raises(FinetuningError, match=r"saved by 2 process\(es\) and this run has 1: .* Resume with 2 proc"):
+        run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
+    (checkpoint / RUN_RECORD).write_text(json.dumps(record))
     (folder / CHECKPOINTS_DIR / "step-2" / "trainer_state.json").unlink()  # no complete checkpoint left
     with pytest.raises(FinetuningError, match=r"holds a run but no complete checkpoint under checkpoints/\. Pass"):
         run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
@@ -381,7 +389,7 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
         "rng_state_0.pth",
         "rng_state_1.pth",
     ]
-    with pytest.raises(FinetuningError, match=r"differs in: processes\)"):  # 1 process cannot continue it exactly
+    with pytest.raises(FinetuningError, match=r"saved by 2 process\(es\) and this run has 1: Trainer continues"):
         run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
 
     command = launch_two([str(FINETUNE)] + flags(base, folder, resume_from_checkpoint="latest"), tmp_path)
@@ -428,24 +436,297 @@ def test_a_rerun_killed_in_its_final_save_keeps_the_previous_model_and_resumes_f
     assert not list(tmp_path.glob(".out.*"))  # the killed rerun's staging folder is cleaned up
 
 
-def test_fsdp_that_accelerate_does_not_set_up_is_refused_not_run_as_ddp():
-    # What Accelerate 1.15 sets up on CPU processes whatever the launch asked: MULTI_CPU (DDP).
-    with pytest.raises(FinetuningError, match=r"FSDP was asked for .* but Accelerate set up MULTI_CPU: on CPU"):
-        check_engine(DistributedType.MULTI_CPU, {"ACCELERATE_USE_FSDP": "true"})
-    check_engine(DistributedType.FSDP, {"ACCELERATE_USE_FSDP": "true"})  # asked and running
-    check_engine(DistributedType.MULTI_CPU, {})  # DDP asked (--multi_gpu) and running
+# ---------------------------------------------------------------------------------------------------------------------
+# FSDP2 on CPU processes (engine.py's CpuFsdp2Engine under Trainer: trainer_checkpoints.shard_with)
+# ---------------------------------------------------------------------------------------------------------------------
+
+ACCELERATE_CONFIGS = REPO / "training" / "configs" / "accelerate"
+# 2 FSDP2 processes reduce-scatter what 1 process with 2 accumulated micro-batches sums: the same numbers in another
+# order. Measured: per-step losses and final weights identical (difference 0.0); allowed: 1e-6.
+FSDP_TOLERANCE = 1e-6
+
+# finetune.py launched through this: each rank reports how FSDP holds every parameter once Trainer's model is sharded,
+# and with a marker path the run stops forever in the middle of saving checkpoint-4 (model and DCP shards written,
+# RNG states and trainer_state.json not) for the test to SIGKILL it there.
+FSDP_CHILD = """
+import json, pathlib, runpy, sys, time
+import transformers
+from coreformer.training import trainer_checkpoints
+
+report, marker, script = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+shard_with, save_rng_state = trainer_checkpoints._AtomicCheckpoints.shard_with, transformers.Trainer._save_rng_state
+
+def reporting_shard_with(self, engine):
+    shard_with(self, engine)
+    held = {name: [str(p.placements), p.to_local().numel(), list(p.shape)] for name, p in self.model.named_parameters()}
+    (report / f"rank{self.accelerator.process_index}.json").write_text(json.dumps(held))
+
+def stopping_save_rng_state(self, output_dir):
+    if marker != "-" and self.state.global_step == 4:
+        if self.is_world_process_zero():
+            pathlib.Path(marker).write_text("saving checkpoint 4")
+        time.sleep(300)  # the test kills us here
+    return save_rng_state(self, output_dir)
+
+trainer_checkpoints._AtomicCheckpoints.shard_with = reporting_shard_with
+transformers.Trainer._save_rng_state = stopping_save_rng_state
+sys.argv = [script] + sys.argv[4:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def launch_fsdp(child: Path, report: Path, marker: str, arguments: list[str]) -> list[str]:
+    """`accelerate launch` with the FSDP config users pass for GPUs, on 2 CPU processes, through FSDP_CHILD."""
+    command = [str(ACCELERATE), "launch", "--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"), "--num_processes"]
+    command += ["2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["--main_process_port", str(free_port())]
+    return command + [str(child), str(report), marker, str(FINETUNE)] + arguments
+
+
+@pytest.fixture(scope="module")
+def fsdp(base, tmp_path_factory):
+    """On a copy of `base` without dropout (2 processes draw other dropout masks than 1): an uninterrupted 2-process
+    FSDP2 fine-tune, one SIGKILLed while saving checkpoint-4 then resumed (`latest`), and the 1-process reference
+    with 2 accumulated micro-batches per step. The launches overlap the in-process reference."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    plain = tmp / "base"
+    shutil.copytree(base, plain)
+    config = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps({**config, "hidden_dropout": 0.0, "attention_dropout": 0.0}))
+    child = tmp / "fsdp_child.py"
+    child.write_text(FSDP_CHILD)
+    env = {**child_env(tmp), "ACCELERATE_USE_CPU": "1"}
+    for name in ("uninterrupted", "killed"):
+        (tmp / f"{name}-shards").mkdir()
+    uninterrupted, killed = tmp / "uninterrupted", tmp / "killed"
+    with open(tmp / "uninterrupted.log", "w") as log:
+        running = subprocess.Popen(
+            launch_fsdp(child, tmp / "uninterrupted-shards", "-", flags(plain, uninterrupted)),
+            env=env,
+            cwd=tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            marker = str(tmp / "marker")
+            kill_while_saving(launch_fsdp(child, tmp / "killed-shards", marker, flags(plain, killed)), tmp, **env)
+            killed_state = {
+                "checkpoints": [path.name for path in list_checkpoints(killed)],
+                "half": sorted(p.name for p in (killed / CHECKPOINTS_DIR / ".saving" / "checkpoint-4").iterdir()),
+                "final": (killed / "config.json").exists(),
+            }
+            resume = flags(plain, killed, resume_from_checkpoint="latest")
+            with open(tmp / "resumed.log", "w") as resumed_log:
+                resumed = subprocess.Popen(
+                    launch_fsdp(child, tmp / "killed-shards", "-", resume),
+                    env=env,
+                    cwd=tmp,
+                    stdout=resumed_log,
+                    stderr=subprocess.STDOUT,
+                )
+                one = tmp / "one"
+                run_finetuning(settings(plain, one, grad_accum=2))
+                assert resumed.wait(timeout=300) == 0, (tmp / "resumed.log").read_text()[-4000:]
+            assert running.wait(timeout=300) == 0, (tmp / "uninterrupted.log").read_text()[-4000:]
+        finally:
+            for launched in (running, locals().get("resumed")):
+                if launched is not None and launched.poll() is None:
+                    for pid in [launched.pid, *descendants(launched.pid)]:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    launched.wait(timeout=60)
+    shards = [json.loads((tmp / "uninterrupted-shards" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    log = (tmp / "uninterrupted.log").read_text()
+    return SimpleNamespace(
+        base=plain, uninterrupted=uninterrupted, killed=killed, one=one, state=killed_state, shards=shards, log=log
+    )
 
 
 @pytest.mark.slow
-def test_an_fsdp_launch_on_cpu_processes_is_refused_in_one_line_with_nothing_written(base, tmp_path):
-    folder = tmp_path / "out"
-    command = [str(ACCELERATE), "launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(free_port()), str(FINETUNE)] + flags(base, folder)
-    env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert result.returncode != 0
-    refusals = [line for line in result.stderr.splitlines() if line.startswith("finetune.py: error: FSDP was asked")]
-    assert len(refusals) == 2, result.stderr[-3000:]  # one line from each process
-    assert "FinetuningError" not in result.stderr  # no traceback of ours (the launcher prints its ChildFailedError)
-    assert not folder.exists() and not list(tmp_path.glob(".out.*"))
+def test_fsdp2_fine_tune_on_two_processes_matches_one_process_with_two_micro_batches(fsdp):
+    losses, reference = step_losses(fsdp.uninterrupted), step_losses(fsdp.one)
+    assert [step for step, _ in losses] == [step for step, _ in reference] == list(range(1, RUN["max_steps"] + 1))
+    assert max(abs(a - b) for (_, a), (_, b) in zip(losses, reference)) <= FSDP_TOLERANCE
+    weights, expected = load_file(fsdp.uninterrupted / "model.safetensors"), load_file(fsdp.one / "model.safetensors")
+    assert weights.keys() == expected.keys()
+    assert all(torch.allclose(weights[name], expected[name], atol=FSDP_TOLERANCE) for name in expected)
+    before = results(fsdp.uninterrupted)["before_eval_loss"]
+    assert before == pytest.approx(results(fsdp.one)["before_eval_loss"], abs=FSDP_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_fsdp2_fine_tune_shards_every_parameter_across_the_ranks(fsdp):
+    ranks = fsdp.shards
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 10
+    held, everything = 0, 0
+    for name, (placements, local, shape) in ranks[0].items():
+        assert placements == ranks[1][name][0] == "(Shard(dim=0),)", name
+        rows, total = shape[0], math.prod(shape)
+        # rows split as torch.chunk splits them: rank 0 the first ceil(rows / 2), rank 1 the rest
+        assert (local, ranks[1][name][1]) == (math.ceil(rows / 2) * total // rows, total - local), name
+        held, everything = held + local, everything + total
+    assert 0.5 <= held / everything < 0.51  # odd row counts leave rank 0 one row more
+
+
+@pytest.mark.slow
+def test_fsdp2_fine_tune_records_the_engine_that_ran(fsdp):
+    engine = json.loads((fsdp.uninterrupted / "all_results.json").read_text())["engine"]
+    assert engine == {
+        "distributed_type": "FSDP",
+        "world_size": 2,
+        "num_nodes": 1,
+        "sharding": "FSDP2 full shard",
+        "mixed_precision": "no",
+        "backend": "gloo",
+        "set_up_by": "coreformer",
+        "checkpoint_format": "dcp",
+        "requested": {"engine": "FSDP", "mixed_precision": "no"},
+    }
+    assert json.loads((fsdp.uninterrupted / "train_results.json").read_text())["engine"] == engine
+    line = "engine: FSDP (FSDP2 full shard, set up by coreformer's fully_shard inside Accelerate), 2 process(es) on 1"
+    assert line in fsdp.log
+    single = json.loads((fsdp.one / "all_results.json").read_text())["engine"]
+    assert (single["distributed_type"], single["sharding"], single["world_size"]) == ("NO", "none", 1)
+
+
+@pytest.mark.slow
+def test_fsdp2_final_folder_is_consolidated_and_loads_with_its_auto_class(fsdp):
+    folder = fsdp.uninterrupted
+    assert json.loads((folder / "config.json").read_text())["architectures"] == [
+        "CoreformerEncoderForSequenceClassification"
+    ]
+    assert not list(folder.rglob("_fsdp*.py"))  # FSDP's class never reaches save_pretrained's code copy
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    saved = load_file(folder / "model.safetensors")
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in saved.items())
+    metrics, _ = evaluate_folder(folder, settings(fsdp.base, folder))  # reloaded on 1 process: the same evaluation
+    assert metrics["eval_loss"] == pytest.approx(results(folder)["eval_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_fsdp2_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_weights(fsdp):
+    assert fsdp.state["checkpoints"] == ["step-2"] and not fsdp.state["final"]
+    assert {"model.safetensors", "dcp"} <= set(fsdp.state["half"]) and "trainer_state.json" not in fsdp.state["half"]
+    assert_same_run(fsdp.killed, fsdp.uninterrupted)
+    dcp = fsdp.killed / CHECKPOINTS_DIR / "step-6" / "dcp"
+    assert (dcp / ".metadata").is_file()
+    assert sorted(path.name for path in dcp.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+class FakeTrainer:
+    """What run_engine reads of a Trainer: its Accelerator's distributed type, process count and backend."""
+
+    def __init__(self, kind: str, processes: int = 2) -> None:
+        from accelerate.utils import DistributedType
+
+        state = SimpleNamespace(backend="gloo" if processes > 1 else None)
+        self.accelerator = SimpleNamespace(distributed_type=DistributedType(kind), num_processes=processes, state=state)
+        self.sharded = None
+
+    def shard_with(self, engine) -> None:
+        self.sharded = engine
+
+    def is_world_process_zero(self) -> bool:
+        return False
+
+
+FSDP_LAUNCH = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+
+@pytest.mark.parametrize(
+    "environ, kind, processes, overrides, message",
+    [
+        (
+            {**FSDP_LAUNCH, "FSDP_VERSION": "1"},
+            "MULTI_CPU",
+            2,
+            {},
+            r"version 1, which Accelerate does not set up on CPU",
+        ),
+        ({**FSDP_LAUNCH, "WORLD_SIZE": "1"}, "NO", 1, {}, r"asked for FSDP, but Accelerate set up a single process"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "WORLD_SIZE": "2"}, "MULTI_CPU", 2, {}, r"asked for DeepSpeed, but"),
+        (FSDP_LAUNCH, "MULTI_CPU", 2, {"peft": "lora"}, r"--peft lora under FSDP2 on CPU processes is not supported"),
+    ],
+    ids=["fsdp1-on-cpu", "fsdp-one-process", "deepspeed-on-cpu", "lora"],
+)
+def test_an_engine_asked_for_but_not_run_is_refused(
+    base, tmp_path, monkeypatch, environ, kind, processes, overrides, message
+):
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    trainer = FakeTrainer(kind, processes)
+    with pytest.raises(FinetuningError, match=message):
+        run_engine(trainer, settings(base, tmp_path / "out", **overrides), None)
+    assert trainer.sharded is None
+
+
+def test_fsdp2_on_cpu_processes_shards_and_ddp_stays_ddp(base, tmp_path, monkeypatch):
+    for name, value in FSDP_LAUNCH.items():
+        monkeypatch.setenv(name, value)
+    trainer = FakeTrainer("MULTI_CPU")
+    engine = run_engine(trainer, settings(base, tmp_path / "out"), None)
+    assert trainer.sharded is engine and (engine.set_up_by, engine.checkpoint_format) == ("coreformer", "dcp")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    ddp = FakeTrainer("MULTI_CPU")
+    assert run_engine(ddp, settings(base, tmp_path / "out"), None).sharding == "DDP" and ddp.sharded is None
+
+
+def test_a_checkpoint_of_another_engine_is_refused(base, tmp_path, monkeypatch):
+    # A DDP launch resuming an FSDP2 checkpoint (DCP shards, no optimizer.pt for Trainer to read), and the reverse.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    args = settings(base, tmp_path / "out", resume_from_checkpoint=str(tmp_path / "out" / "checkpoints" / "step-2"))
+    message = r"another engine's checkpoint format \(this run is MULTI_CPU, DDP\) \(differs in: checkpoint format\)"
+    with pytest.raises(FinetuningError, match=message):
+        run_engine(FakeTrainer("MULTI_CPU"), args, {"engine": {"checkpoint_format": "dcp"}})
+    for name, value in FSDP_LAUNCH.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(FinetuningError, match=r"differs in: checkpoint format"):
+        run_engine(FakeTrainer("MULTI_CPU"), args, {"engine": {"checkpoint_format": "accelerate"}})
+    with pytest.raises(FinetuningError, match=r"differs in: checkpoint format"):  # recorded before engines were
+        run_engine(FakeTrainer("MULTI_CPU"), args, {})
+
+
+def test_seq2seq_evaluation_gathers_generations_without_the_copies_that_fill_the_last_batch(tmp_path, monkeypatch):
+    # Seq2SeqTrainer gathers with accelerator.gather, which keeps the copies Accelerate's even_batches adds on every
+    # process but the first (2 processes: 8 validation examples came back as 16 prediction rows, DDP and FSDP2);
+    # gather_for_metrics drops them. One process here: the gather the trainer calls is what is checked.
+    from conftest import tiny_model
+    from transformers import Seq2SeqTrainingArguments
+
+    from coreformer.training.trainer_checkpoints import CheckpointingSeq2SeqTrainer
+
+    model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq")
+    rows = [{"input_ids": [5 + i, 6, 7, 2], "labels": [8, 9 + i, 2]} for i in range(3)]
+    training = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=2, predict_with_generate=True, generation_max_length=4
+    )
+    trainer = CheckpointingSeq2SeqTrainer(model=model, args=training, data_collator=_pad_rows)
+    gathered = []
+    original = trainer.accelerator.gather_for_metrics
+
+    def gather_for_metrics(data, *args, **kwargs):
+        gathered.append(tuple(data.shape))
+        return original(data, *args, **kwargs)
+
+    monkeypatch.setattr(trainer.accelerator, "gather_for_metrics", gather_for_metrics)
+    output = trainer.predict(rows)
+    assert output.predictions.shape[0] == 3
+    # the losses, generations and labels of each of the 2 batches went through gather_for_metrics
+    assert len(gathered) == 6, gathered
+
+
+def _pad_rows(rows: list[dict]) -> dict:
+    """input_ids padded with 0 (attention mask beside), labels with -100."""
+    longest = {key: max(len(row[key]) for row in rows) for key in ("input_ids", "labels")}
+    return {
+        "input_ids": torch.tensor(
+            [row["input_ids"] + [0] * (longest["input_ids"] - len(row["input_ids"])) for row in rows]
+        ),
+        "attention_mask": torch.tensor(
+            [[1] * len(row["input_ids"]) + [0] * (longest["input_ids"] - len(row["input_ids"])) for row in rows]
+        ),
+        "labels": torch.tensor([row["labels"] + [-100] * (longest["labels"] - len(row["labels"])) for row in rows]),
+    }

@@ -7,6 +7,8 @@
                                                    Accelerate did not set up and coreformer does not take over
     Engine.record() / Engine.line()                what metrics.json and the start line say ran
     Engine.setup / save_state / load_state / full_state_dict / model_to_save
+    CpuFsdp2Engine.shard / unsharded_copy          fully_shard a model (fine-tuning shards Trainer's model with it);
+                                                   a plain copy with the gathered weights
                                                    the engine's part of build, checkpoints and the final save
 
 Two engines:
@@ -257,6 +259,24 @@ class CpuFsdp2Engine(Engine):
         # All-gathered from the shards onto rank 0's CPU memory; the other ranks get an empty dict.
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
+    def unsharded_copy(self, accelerator, model: torch.nn.Module) -> torch.nn.Module | None:
+        """A plain copy of the sharded `model` (its own class, config and generation config) holding every weight,
+        gathered from the shards into the main process's CPU memory; None on the other processes (a collective:
+        every process calls it). For writers that need a model with real weights, not a state dict beside a meta
+        model: fine-tuning's checkpoints (Trainer's save_model) and final folder (with its pipeline)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        state_dict = self.full_state_dict(accelerator, model)
+        if not accelerator.is_main_process:
+            return None
+        # fully_shard made the class FSDP<Class>(FSDPModule, Class): the first base that is not FSDP's
+        plain = next(cls for cls in type(model).__mro__[1:] if not issubclass(cls, FSDPModule))
+        copy = plain(model.config)
+        copy.load_state_dict(state_dict)
+        if hasattr(model, "generation_config"):
+            copy.generation_config = model.generation_config
+        return copy.eval()
+
     def model_to_save(self, accelerator, model, rebuild: Callable[[], torch.nn.Module]) -> torch.nn.Module:
         # fully_shard swaps the class for FSDP<Class>, a name save_pretrained would write into config.json: a copy
         # of the unsharded model, built on the meta device (no memory), gives the class, config and code files.
@@ -300,9 +320,12 @@ def _sharding(accelerator) -> str:
     return "DDP"
 
 
-def resolve_engine(accelerator, request: EngineRequest, mixed_precision: str) -> Engine:
-    """The engine that runs `request` under `accelerator`, or one PretrainingError naming what was asked, what
-    Accelerate set up instead and how to launch what was meant. Never a silent downgrade."""
+def resolve_engine(
+    accelerator, request: EngineRequest, mixed_precision: str, *, error: type[Exception] = PretrainingError
+) -> Engine:
+    """The engine that runs `request` under `accelerator`, or one `error` (PretrainingError; FinetuningError for
+    fine-tuning) naming what was asked, what Accelerate set up instead and how to launch what was meant. Never a silent
+    downgrade."""
     kind = accelerator.distributed_type.value
     backend = getattr(accelerator.state, "backend", None)
     world, nodes = accelerator.num_processes, request.num_nodes
@@ -313,7 +336,7 @@ def resolve_engine(accelerator, request: EngineRequest, mixed_precision: str) ->
     asked = f"The launcher asked for {request.engine}"
     if request.engine == FSDP and kind == "MULTI_CPU":  # Accelerate does not do FSDP on CPU: coreformer does
         if request.fsdp_version != 2:
-            raise PretrainingError(
+            raise error(
                 f"{asked} version {request.fsdp_version}, which Accelerate does not set up on CPU processes (it set up "
                 f"MULTI_CPU data parallel instead); coreformer shards CPU processes with FSDP2: set `fsdp_version: 2` "
                 f"in the accelerate config (training/configs/accelerate/fsdp.yaml)."
@@ -323,12 +346,12 @@ def resolve_engine(accelerator, request: EngineRequest, mixed_precision: str) ->
             ("fsdp_activation_checkpointing", request.activation_checkpointing, "pass --gradient-checkpointing"),
         ):
             if on:
-                raise PretrainingError(
+                raise error(
                     f"{asked} with {setting}: true, which FSDP2 on CPU processes does not do ({instead}); set "
                     f"{setting}: false in the accelerate config."
                 )
         if mixed_precision == "fp16":
-            raise PretrainingError(
+            raise error(
                 "FSDP2 on CPU processes runs in fp32 or bf16 (fp16 would need a gradient scaler over sharded "
                 "gradients); pass --mixed-precision bf16 or no."
             )
@@ -350,7 +373,7 @@ def resolve_engine(accelerator, request: EngineRequest, mixed_precision: str) ->
         "MULTI_CPU": "Accelerate set up MULTI_CPU data parallel (DDP) instead: it does not run this engine on CPU "
         "processes",
     }.get(kind, f"Accelerate set up {kind} instead")
-    raise PretrainingError(
+    raise error(
         f"{asked}, but {how}. Launch without that config (e.g. ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu "
         f"--num_processes N for DDP), or on machines where Accelerate runs {request.engine}."
     )

@@ -7,8 +7,10 @@ offline default dataset.
     TASKS                              task name -> Task (tasks/__init__.py: one file per task)
     embedded_dataset(task)             the offline default of a task, built from the Python standard library's source
     load_task_data(args)               train / validation splits: embedded default | Hub dataset | local files
-    run_finetuning(args) -> dict       prepare (checks, resume, data, labels, model + LoRA), train (evaluate before,
-                                       Trainer, evaluate after), finish (save the folder)
+    run_finetuning(args) -> dict       prepare (checks, resume, data, labels, model + LoRA), train (the engine,
+                                       evaluate before, Trainer, evaluate after), finish (save the folder)
+    run_engine(trainer, args, ...)     what runs: Accelerate's engine, or FSDP2 by fully_shard on CPU processes
+                                       (engine.py, as pretraining; trainer_checkpoints.shard_with)
     evaluate_folder(folder, args)      reload a saved folder with its Auto class and evaluate it on the same split
 
 Metrics come from the shipped offline `evaluate` modules through `coreformer.evaluation`'s builders; the model is
@@ -44,7 +46,6 @@ from typing import Any
 
 import datasets
 import transformers
-from accelerate.utils import DistributedType
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 # the settings' torch-free declarations (beside the package, so that training/finetune.py --help imports no torch)
@@ -54,8 +55,9 @@ from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged
 from ..model_card import ModelCardInfo, inherited_license, is_hub_id, write_model_card
 from ..pipelines import input_length_limit, save_with_pipeline
 from .arguments import FinetuningError, RunStoppedError, export_run, load_config_file, write_json
-from .checkpoints import CHECKPOINTS_DIR, stopped_message
+from .checkpoints import CHECKPOINTS_DIR, check_unchanged, stopped_message
 from .data import local_builder
+from .engine import CpuFsdp2Engine, Engine, requested_engine, resolve_engine
 from .families import family_of, longest_input
 from .tasks import TASKS, Evaluation, Task
 from .tasks.base import COLUMN_FLAGS
@@ -606,7 +608,7 @@ class _Run:
     num_parameters: int
     world_size: int
     resume: Path | None  # the checkpoint to continue from (--resume-from-checkpoint), None for a fresh start
-    before: dict[str, float] | None  # a resumed run's metrics before training, from its checkpoint
+    resume_record: dict[str, Any] | None  # the checkpoint's RUN_RECORD (its metrics before training, its engine)
 
 
 def _labels_for(args: FinetuningArguments, splits: datasets.DatasetDict, config) -> tuple[list[str] | None, Callable]:
@@ -678,8 +680,7 @@ def prepare(args: FinetuningArguments, world_size: int = 1) -> _Run:
     num_parameters = sum(parameter.numel() for parameter in model.parameters())
     if args.peft == "lora":
         model = _attach_lora(model, args)
-    before = record["before"] if record is not None else None
-    return _Run(args, family, tokenizer, model, prepared, data_description, num_parameters, world_size, resume, before)
+    return _Run(args, family, tokenizer, model, prepared, data_description, num_parameters, world_size, resume, record)
 
 
 BEFORE = "before_"  # the prefix of the metrics of the model before training: before_eval_accuracy, ...
@@ -745,19 +746,34 @@ def _shown(metrics: dict[str, float]) -> str:
     return ", ".join(f"{key.removeprefix(BEFORE)} {value:.4g}" for key, value in metrics.items())
 
 
-def check_engine(distributed_type, environ: Mapping[str, str] = os.environ) -> None:
-    """Refuse FSDP that was asked for (`accelerate launch --use_fsdp`, an FSDP config file) but not set up.
-
-    On CPU processes Accelerate 1.15 sets itself up as MULTI_CPU whatever the launch asked, and Trainer then trains
-    with DistributedDataParallel and unsharded parameters (checked with 2 gloo processes, with the launch flags and
-    with TrainingArguments(fsdp=...) alike): a run must never pretend to be sharded."""
-    asked = environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1", "yes")
-    if asked and distributed_type != DistributedType.FSDP:
-        raise FinetuningError(
-            f"FSDP was asked for (accelerate launch --use_fsdp or an FSDP config), but Accelerate set up "
-            f"{distributed_type.value}: on CPU processes it runs DistributedDataParallel, never FSDP, so the "
-            f"parameters would not be sharded. Launch with --multi_gpu for data parallelism on CPUs, or FSDP on GPUs."
+def run_engine(trainer, args: FinetuningArguments, resume_record: dict | None) -> Engine:
+    """The engine that runs, decided as pretraining decides it (engine.py): what Accelerate set up under Trainer, or
+    FSDP2 by `fully_shard` on CPU processes (an FSDP config that Accelerate 1.15 turns into DDP there), applied to
+    the model here, before Trainer prepares it (trainer_checkpoints: `shard_with`). An engine asked for but not set
+    up is refused with one FinetuningError, as is a checkpoint written in another engine's format. Printed in one
+    line; recorded in train_results.json / all_results.json and every checkpoint."""
+    engine = resolve_engine(
+        trainer.accelerator, requested_engine(), "bf16" if args.bf16 else "no", error=FinetuningError
+    )
+    if resume_record is not None:
+        check_unchanged(
+            Path(args.resume_from_checkpoint),
+            {"checkpoint format": resume_record.get("engine", {}).get("checkpoint_format", "accelerate")},
+            {"checkpoint format": engine.checkpoint_format},
+            what=f"another engine's checkpoint format (this run is {engine.distributed_type}, {engine.sharding})",
+            fix="resume with the launcher config the run was started with",
+            error=FinetuningError,
         )
+    if isinstance(engine, CpuFsdp2Engine):
+        if args.peft == "lora":
+            raise FinetuningError(
+                "--peft lora under FSDP2 on CPU processes is not supported (not built); launch with --multi_gpu for "
+                "data parallelism, or drop --peft."
+            )
+        trainer.shard_with(engine)
+    if trainer.is_world_process_zero():
+        print(engine.line())
+    return engine
 
 
 def _stopped(run: _Run, trainer) -> str:
@@ -769,12 +785,13 @@ def _stopped(run: _Run, trainer) -> str:
     return f"stopped at step {step}, {why}; run the command again to start over ({output_dir} is as it was before)"
 
 
-def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, float], list[dict]]:
-    """The evaluation before training, Trainer over the prepared data (from the resumed checkpoint, if any), then the
-    evaluation of the trained model: (trainer, train metrics, eval metrics with the `before_` ones, prediction rows)."""
+def train(run: _Run, staging: Path) -> tuple[Any, Engine, dict[str, float], dict[str, float], list[dict]]:
+    """The engine, the evaluation before training, Trainer over the prepared data (from the resumed checkpoint, if
+    any), then the evaluation of the trained model: (trainer, engine, train metrics, eval metrics with the `before_`
+    ones, prediction rows)."""
     record = {"args": run_settings(run.args), "world_size": run.world_size}
-    if run.before is not None:  # resumed: the metrics before training come from the checkpoint
-        record["before"] = run.before
+    if run.resume_record is not None:  # resumed: the metrics before training come from the checkpoint
+        record["before"] = run.resume_record["before"]
     trainer = build_trainer(
         run.args,
         run.model,
@@ -785,7 +802,8 @@ def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, fl
         run_record=record,
         evaluate_first=run.resume is None,
     )
-    check_engine(trainer.accelerator.distributed_type)
+    engine = run_engine(trainer, run.args, run.resume_record)
+    record["engine"] = engine.record()
     trainer.add_callback(MetricsBeforeTraining(run.args.spec, record, announce=trainer.is_world_process_zero()))
     try:
         train_output = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume is not None else None)
@@ -798,13 +816,24 @@ def train(run: _Run, staging: Path) -> tuple[Any, dict[str, float], dict[str, fl
     train_metrics.update(train_steps=float(trainer.state.global_step), train_samples=float(len(run.prepared.train)))
     eval_metrics, rows = _predict(trainer, run.args, run.prepared, run.tokenizer)
     trainer.log(eval_metrics)
-    return trainer, train_metrics, {**eval_metrics, **record.get("before", {})}, rows
+    return trainer, engine, train_metrics, {**eval_metrics, **record.get("before", {})}, rows
 
 
-def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float]], rows: list[dict]) -> None:
-    """The model (merged, with its adapter beside it under LoRA), tokenizer, results, predictions and cards."""
+def trained_model(trainer, engine: Engine):
+    """The trained model as the final folder saves it: Trainer's, or under FSDP2 on CPU processes an unsharded copy
+    on the main process (None elsewhere) with the weights gathered from every rank's shards (a collective: every
+    process calls it)."""
+    if isinstance(engine, CpuFsdp2Engine):
+        return engine.unsharded_copy(trainer.accelerator, trainer.model)
+    return trainer.model
+
+
+def finish(
+    run: _Run, trainer, engine: Engine, trained, staging: Path, metrics: dict[str, dict[str, float]], rows: list[dict]
+) -> None:
+    """The model (merged, with its adapter beside it under LoRA), tokenizer, results (with the engine that ran),
+    predictions and cards."""
     args, output_dir, everything = run.args, Path(run.args.output_dir), metrics["all"]
-    trained = trainer.model
     adapter_parameters = sum(p.numel() for p in trained.parameters() if p.requires_grad)  # LoRA + copied heads
     if args.peft == "lora":
         trained.save_pretrained(staging / ADAPTER_DIR)
@@ -815,7 +844,8 @@ def finish(run: _Run, trainer, staging: Path, metrics: dict[str, dict[str, float
         trained.generation_config.num_beams = args.num_beams
     save_with_pipeline(trained, run.tokenizer, staging)
     for split, values in metrics.items():
-        trainer.save_metrics(split, values, combined=split != "all")
+        recorded = {**values, "engine": engine.record()}  # what ran, as in pretraining's metrics.json
+        trainer.save_metrics(split, recorded, combined=split != "all")
     trainer.state.save_to_json(str(staging / "trainer_state.json"))
     checkpoints = Path(args.output_dir).expanduser().resolve() / CHECKPOINTS_DIR
     if checkpoints.is_dir() and (
@@ -852,10 +882,12 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
     main_process = int(os.environ.get("RANK", "0")) == 0
     launcher_pid = os.getppid() if multi_process else None
     with staged_folder(Path(args.output_dir), main_process=main_process, launcher_pid=launcher_pid) as staging:
-        trainer, train_metrics, eval_metrics, rows = train(run, staging)
+        trainer, engine, train_metrics, eval_metrics, rows = train(run, staging)
         everything = {**train_metrics, **eval_metrics, "epoch": float(trainer.state.epoch or 0.0)}
+        trained = trained_model(trainer, engine)
         if trainer.is_world_process_zero():
-            finish(run, trainer, staging, {"train": train_metrics, "eval": eval_metrics, "all": everything}, rows)
+            metrics = {"train": train_metrics, "eval": eval_metrics, "all": everything}
+            finish(run, trainer, engine, trained, staging, metrics, rows)
         trainer.accelerator.wait_for_everyone()  # the main process swaps only when every process is done
     return everything
 

@@ -492,14 +492,16 @@ def _accelerator(args: PretrainingArguments) -> tuple[Any, Engine, str | None, s
 
 def check_checkpoint_engine(checkpoint: Path, state: dict[str, Any], engine: Engine) -> None:
     """A checkpoint is read by the engine that writes its format: Accelerate's save_state folders by Accelerate's
-    engines, DCP shards by coreformer's FSDP2 (any number of processes: DCP reshards)."""
+    engines, DCP shards by coreformer's FSDP2 on any number of processes from 2 (DCP reshards: tested 2 -> 4)."""
     recorded = state.get("engine", {})  # absent in checkpoints of runs before engines were recorded: Accelerate's
     saved, writer = recorded.get("checkpoint_format", "accelerate"), recorded.get("sharding", "DDP or single-process")
     if saved != engine.checkpoint_format:
+        processes = f"saved by {state.get('world_size', '?')} process(es), this run has {engine.world_size}"
         raise PretrainingError(
             f"Checkpoint {str(checkpoint)!r} holds {saved} state (written by a {writer} run); "
             f"this run is {engine.distributed_type} ({engine.sharding}) and reads {engine.checkpoint_format} "
-            f"checkpoints. Resume with the launcher config the run was started with."
+            f"checkpoints ({processes}). Resume with the launcher config the run was started with"
+            + (" (FSDP2 shards of DCP checkpoints load on any number of processes from 2)." if saved == "dcp" else ".")
         )
 
 

@@ -17,9 +17,26 @@ into place when every process is done, under the layout and names pretraining us
 
 Resuming goes through Trainer's own `train(resume_from_checkpoint=step-N)`: weights, optimizer, schedule, RNG of
 every process and the data position (it skips the batches already trained).
+
+FSDP2 on CPU processes (`shard_with(engine)`, engine.py's CpuFsdp2Engine): the model is sharded by `fully_shard` before
+training and handed to Trainer as a model "sharded at load time" (`is_distributed_loading_by_transformers`, the flag
+transformers 5.23 sets on `from_pretrained(distributed_config=...)` models): Trainer then leaves placement and
+gradient reduction to FSDP (no DDP wrap, `set_requires_gradient_sync(False)` while accumulating) and calls its model
+save on every rank. Trainer refuses checkpoints for such models (its `__init__`: "their optimizer state cannot be
+checkpointed"), because its `_save_optimizer_and_scheduler` pickles `optimizer.state_dict()` on the main process
+alone, which under FSDP2 holds only rank 0's shards. Here that part is the engine's instead: every rank writes its
+shards of the model and optimizer as a torch.distributed.checkpoint folder (`dcp/`, as pretraining does) and reads
+them back on resume. Trainer's model save is given an unsharded copy with the gathered weights (`_save`); Trainer
+still writes the RNG states and trainer_state.json:
+
+    checkpoints/step-N/   config.json, model.safetensors (gathered)   Trainer's save_model, of the unsharded copy
+                          dcp/.metadata, __0_0.distcp, __1_0.distcp   model + optimizer shards, one file per rank
+                          scheduler.pt, random_states_R.pkl           the engine's
+                          rng_state_R.pth, trainer_state.json         Trainer's (R: every rank)
 """
 
 import dataclasses
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -31,6 +48,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from ..folders import replace_folder
 from .arguments import FinetuningError, check_output_dir, holds_run, write_json
 from .checkpoints import check_unchanged, requested_checkpoint
+from .engine import CpuFsdp2Engine
 
 RUN_RECORD = "fine_tuning_run.json"  # {"args": settings, "world_size": processes, "before": metrics before training}
 _SAVING = ".saving"
@@ -67,6 +85,49 @@ class _AtomicCheckpoints:
     fresh_start: bool  # not resumed: older checkpoints under checkpoint_root belong to a previous run
     saved_checkpoints: int = 0
     _writing: bool = False
+    sharded_by: CpuFsdp2Engine | None = None  # FSDP2 applied here, its checkpoints DCP (module docstring)
+
+    def shard_with(self, engine: CpuFsdp2Engine) -> None:
+        """Shard the model in place with `engine` (one FSDP2 unit per block, then the root) before Trainer prepares
+        it, and have Trainer treat it as already distributed (module docstring)."""
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        engine.shard(self.model)
+        if hasattr(self.model, "generate"):
+            # generate() calls the encoder and the LM head without the root's forward, which is what all-gathers the
+            # root unit (embeddings, tied head): registered, it gathers too (as Trainer does under Accelerate's FSDP).
+            register_fsdp_forward_method(self.model, "generate")
+        self.sharded_by = engine
+        self.is_distributed_loading_by_transformers = True  # read from here on by train / save (module docstring)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if self.sharded_by is None:
+            return super()._save(output_dir, state_dict)
+        # save_pretrained gathers FSDP2 shards only for models transformers sharded itself (config.distributed_config),
+        # and would write FSDP's own source files for this one's FSDP<Class> class: the main process saves an
+        # unsharded copy (its weights gathered on every process) through Trainer's own _save instead.
+        copy = self.sharded_by.unsharded_copy(self.accelerator, self.model)
+        if copy is not None:
+            sharded, self.model = self.model, copy
+            try:
+                super()._save(output_dir)
+            finally:
+                self.model = sharded
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if self.sharded_by is None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        self.sharded_by.save_state(self.accelerator, self.model, self.optimizer, self.lr_scheduler, Path(output_dir))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if self.sharded_by is None:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        # The weights come back with the optimizer, from the DCP shards, in _load_optimizer_and_scheduler.
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if self.sharded_by is None or checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        self.sharded_by.load_state(self.accelerator, self.model, self.optimizer, self.lr_scheduler, Path(checkpoint))
 
     def _get_output_dir(self, trial) -> str:
         # Trainer's "run folder" is where its checkpoints go; while saving, the hidden folder they are built in.
@@ -103,7 +164,15 @@ class CheckpointingTrainer(_AtomicCheckpoints, transformers.Trainer):
 
 
 class CheckpointingSeq2SeqTrainer(_AtomicCheckpoints, transformers.Seq2SeqTrainer):
-    pass
+    def evaluation_loop(self, *args, **kwargs):
+        # Seq2SeqTrainer's evaluate / predict set gather_function to accelerator.gather ("we don't want to drop
+        # samples"), which keeps the copies Accelerate's even_batches adds to fill the last batch of every process:
+        # on 2 processes 8 validation examples came back as 16 generations (DDP and FSDP2 alike), one per prediction
+        # row and in the metrics. gather_for_metrics drops exactly those copies, as Trainer itself gathers.
+        self.gather_function = functools.partial(
+            self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
+        )
+        return super().evaluation_loop(*args, **kwargs)
 
 
 CHECKPOINTING_TRAINERS = {False: CheckpointingTrainer, True: CheckpointingSeq2SeqTrainer}  # by task.generates
@@ -153,12 +222,23 @@ def resolve_resume(
     record = json.loads((checkpoint / RUN_RECORD).read_text())
     check_unchanged(
         checkpoint,
-        {**record["args"], "processes": record["world_size"]},
-        {**run_settings(args), "processes": world_size},
+        record["args"],
+        run_settings(args),
         what="other settings",
-        fix="resume with the settings (and number of processes) it was started with, listed in its " + RUN_RECORD,
+        fix="resume with the settings it was started with, listed in its " + RUN_RECORD,
         error=FinetuningError,
     )
+    if record["world_size"] != world_size:
+        # Trainer's resume skips the batches already trained counted per process (steps x batch x accumulation of
+        # THIS world size) and restores rng_state_R.pth by rank: on another number of processes it would train other
+        # examples from another random state. The weights (DDP: full; FSDP2: DCP, which reshards) would load.
+        raise FinetuningError(
+            f"Checkpoint {str(checkpoint)!r} was saved by {record['world_size']} process(es) and this run has "
+            f"{world_size}: Trainer continues the data order and random state exactly only on the same number of "
+            f"processes. Resume with {record['world_size']} process(es) (the launcher line it was started with), or "
+            f"fine-tune from the checkpoint's weights as a new run: --model {str(checkpoint)!r} without "
+            f"--resume-from-checkpoint."
+        )
     if state["global_step"] >= state["max_steps"] and _finished_here(output_dir, record, state, run_config):
         raise FinetuningError(
             f"Checkpoint {str(checkpoint)!r} is the end of a finished run (step {state['global_step']} of "
