@@ -7,7 +7,9 @@ fused_causal_lm_loss   the same losses from the final hidden states and the voca
 fused_token_loss       bias, never forming the (tokens, vocab) logits (the heads' `skip_logits=True`, training)
 LinearCrossEntropy     the autograd function both use: projection + loss a chunk of rows at a time, backward
                        recomputing each chunk's logits
-CAUSAL_LM_LOSS, TOKEN_LOSS   each head's pair (from logits, fused), which `language_model_outputs` picks from
+labelled_rows          the rows that take a loss: the fused loss projects only those
+next_token_targets, position_targets   the target of each position (labels shifted, or as given)
+CAUSAL_LM_LOSS, TOKEN_LOSS   each head's (loss from logits, targets), which `language_model_outputs` reads
 
 transformers' `ForCausalLMLoss` / `ForMaskedLMLoss` up-cast the whole (tokens, vocab) logits to fp32 before
 `cross_entropy`, so a bf16 step holds the bf16 logits, their fp32 copy and fp32 log-probabilities, and writes an fp32
@@ -118,9 +120,35 @@ def causal_lm_loss(
     **kwargs,
 ) -> torch.Tensor:
     """labels: (B, T) the input ids themselves; position t is scored against labels[:, t + 1] (or `shift_labels`)."""
-    if shift_labels is None:
-        shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]  # (B, T)
-    return token_loss(logits, shift_labels, vocab_size, ignore_index=ignore_index, **kwargs)
+    targets = next_token_targets(labels, ignore_index, shift_labels)
+    return token_loss(logits, targets, vocab_size, ignore_index=ignore_index, **kwargs)
+
+
+def next_token_targets(
+    labels: torch.Tensor, ignore_index: int = -100, shift_labels: torch.Tensor | None = None, **kwargs
+) -> torch.Tensor:
+    """(B, T) labels -> (B, T) the target of each position: labels[:, t + 1], `ignore_index` at the last position
+    (or `shift_labels` as given)."""
+    if shift_labels is not None:
+        return shift_labels
+    return nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]  # (B, T)
+
+
+def position_targets(labels: torch.Tensor, **kwargs) -> torch.Tensor:
+    """(...) labels -> the same: each position is scored against its own label (masked LM, seq2seq)."""
+    return labels
+
+
+def labelled_rows(
+    hidden_states: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows that take a loss: (..., hidden) states and (...) targets -> (N, hidden) and (N,), N the targets not
+    equal to `ignore_index`. A masked-LM batch labels ~15% of its positions, a padded seq2seq batch its real targets
+    only: the vocabulary product of the other rows would be thrown away. Rows are copied out (a data-dependent shape:
+    `torch.compile` breaks its graph here)."""
+    targets = targets.to(hidden_states.device).reshape(-1)
+    labelled = targets != ignore_index
+    return hidden_states.reshape(-1, hidden_states.shape[-1])[labelled], targets[labelled]
 
 
 # ---- the vocabulary projection fused with the loss ----
@@ -228,16 +256,16 @@ def fused_token_loss(
     """`token_loss(linear(hidden_states, weight, bias), labels)` without the (..., vocab) logits.
 
     hidden_states: (..., hidden) what the vocabulary projection reads; weight: (vocab, hidden); bias: (vocab,) or
-    None; labels: (...) target ids. Under autocast the products run in autocast's dtype, as `nn.Linear` would.
+    None; labels: (...) target ids. Only the labelled rows are projected (`labelled_rows`). Under autocast the
+    products run in autocast's dtype, as `nn.Linear` would.
     """
-    labels = labels.to(hidden_states.device).reshape(-1)
+    rows, targets = labelled_rows(hidden_states, labels, ignore_index)  # (N, hidden), (N,)
     device_type = hidden_states.device.type
     autocast = torch.is_autocast_enabled(device_type)
     compute_dtype = torch.get_autocast_dtype(device_type) if autocast else hidden_states.dtype
     with torch.autocast(device_type, enabled=False):  # the dtype is decided above; the function casts explicitly
-        flat = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, hidden)
-        losses = LinearCrossEntropy.apply(flat, weight, bias, labels, ignore_index, compute_dtype)  # (N,)
-    return _token_mean(losses, labels, num_items_in_batch, ignore_index)
+        losses = LinearCrossEntropy.apply(rows, weight, bias, targets, ignore_index, compute_dtype)  # (N,)
+    return _token_mean(losses, targets, num_items_in_batch, ignore_index)
 
 
 def fused_causal_lm_loss(
@@ -250,17 +278,17 @@ def fused_causal_lm_loss(
     **kwargs,
 ) -> torch.Tensor:
     """`causal_lm_loss` from the hidden states (B, T, hidden) and the projection, without the logits."""
-    if shift_labels is None:
-        shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]  # (B, T)
-    return fused_token_loss(hidden_states, weight, bias, shift_labels, ignore_index=ignore_index, **kwargs)
+    targets = next_token_targets(labels, ignore_index, shift_labels)
+    return fused_token_loss(hidden_states, weight, bias, targets, ignore_index=ignore_index, **kwargs)
 
 
 class LanguageModelLoss(NamedTuple):
-    """One head's loss in its two forms: from the logits, and fused with the projection (`skip_logits=True`)."""
+    """One head's loss: from the logits (`skip_logits=False`), and the target of each position, from which
+    `language_model_outputs` picks the labelled rows for the fused loss (`skip_logits=True`)."""
 
     from_logits: Callable[..., torch.Tensor]  # (logits, labels, vocab_size=..., **kwargs)
-    fused: Callable[..., torch.Tensor]  # (hidden_states, weight, bias, labels, **kwargs)
+    targets: Callable[..., torch.Tensor]  # (labels, **kwargs) -> (B, T) the target of each position
 
 
-CAUSAL_LM_LOSS = LanguageModelLoss(causal_lm_loss, fused_causal_lm_loss)  # labels shifted inside (decoder)
-TOKEN_LOSS = LanguageModelLoss(token_loss, fused_token_loss)  # labels per position (masked LM, seq2seq)
+CAUSAL_LM_LOSS = LanguageModelLoss(causal_lm_loss, next_token_targets)  # labels shifted inside (decoder)
+TOKEN_LOSS = LanguageModelLoss(token_loss, position_targets)  # labels per position (masked LM, seq2seq)
