@@ -220,6 +220,35 @@ def test_fused_loss_never_forms_a_tensor_of_the_logits_size(monkeypatch):
     assert fused.largest <= max(weight.numel(), 7 * VOCAB) < logits_size
 
 
+def test_fused_loss_runs_the_products_of_the_unfused_loss_and_no_more():
+    # Its gradients are formed in the forward pass: logits, d hidden, d weight, one product each, as the loss on the
+    # logits runs them. The check can fail: a backward that recomputes each chunk's logits runs a fourth.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    inputs = projection_inputs(torch.float32, bias=True)
+    counts = []
+    for compute in (through_logits(ForMaskedLMLoss), fused_token_loss):
+        with FlopCounterMode(display=False) as counter:
+            loss_and_grads(compute, *inputs)
+        counts.append(counter.get_total_flops())
+    labelled = int((inputs[3] != -100).sum())
+    assert counts[1] == 3 * 2 * labelled * HIDDEN * VOCAB  # the labelled rows only (see labelled_rows)
+    assert counts[1] < counts[0] == 3 * 2 * inputs[3].numel() * HIDDEN * VOCAB
+
+
+def test_fused_loss_without_gradients_gives_the_same_loss():
+    # Under no_grad (held-out evaluation) only the loss is computed; with gradients it is handed out once.
+    inputs = projection_inputs(torch.float32, bias=True)
+    expected = fused_causal_lm_loss(*inputs)
+    with torch.no_grad():
+        loss = fused_causal_lm_loss(*inputs)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, expected.detach(), rtol=0, atol=0)
+    expected.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="a second backward through it"):
+        expected.backward()
+
+
 LM_HEADS = {
     "decoder": cf.CoreformerDecoderForCausalLM,
     "encoder": cf.CoreformerEncoderForMaskedLM,

@@ -100,13 +100,10 @@ class Objective(ABC):
         """(FLOPs per token, FLOPs per step beyond those) of one forward and backward of `model` (flops.py:
         6 N_matmul + 12 L d T; a tied output layer counts as the matmul it is, embedding lookups do not). `loss`
         takes the fused loss, which runs the head (`head_parameters`) on the labelled tokens only, `label_share` of
-        them (masked LM: about its masking probability), and whose backward recomputes each chunk's logits (the
-        output layer's product once more)."""
+        them (masked LM: about its masking probability), with the same three products as an unfused head."""
         head = head_parameters(model)
-        output_layer = model.get_output_embeddings()
-        recomputed = 2 * output_layer.weight.numel() if output_layer is not None else 0
         body = flops_per_token(model.config, matmul_parameters(model) - head, block_size)
-        return body + label_share * (6 * head + recomputed), 0.0
+        return body + label_share * 6 * head, 0.0
 
     def saved_parameters(self, model: torch.nn.Module) -> int:
         """Parameters of the model `save` writes (what the card counts)."""
