@@ -7,6 +7,7 @@ fused_causal_lm_loss   the same losses from the final hidden states and the voca
 fused_token_loss       bias, never forming the (tokens, vocab) logits (the heads' `skip_logits=True`, training)
 LinearCrossEntropy     the autograd function both use: projection + loss + gradients a chunk of rows at a time
 labelled_rows          the rows that take a loss: the fused loss projects only those
+linear_cross_entropy   the fused loss of rows that all have a target (what the heads call after their transform)
 next_token_targets, position_targets   the target of each position (labels shifted, or as given)
 CAUSAL_LM_LOSS, TOKEN_LOSS   each head's (loss from logits, targets), which `language_model_outputs` reads
 
@@ -297,9 +298,21 @@ def fused_token_loss(
     products run in autocast's dtype, as `nn.Linear` would.
     """
     rows, targets = labelled_rows(hidden_states, labels, ignore_index)  # (N, hidden), (N,)
-    device_type = hidden_states.device.type
+    return linear_cross_entropy(rows, weight, bias, targets, num_items_in_batch)
+
+
+def linear_cross_entropy(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+) -> torch.Tensor:
+    """The token mean of `LinearCrossEntropy` over rows that all have a target: (N, hidden) rows, (N,) targets, as
+    `labelled_rows` returns them (the heads gather the rows before their transform, then call this)."""
+    device_type = rows.device.type
     autocast = torch.is_autocast_enabled(device_type)
-    compute_dtype = torch.get_autocast_dtype(device_type) if autocast else hidden_states.dtype
+    compute_dtype = torch.get_autocast_dtype(device_type) if autocast else rows.dtype
     leaves = (rows, weight) if bias is None else (rows, weight, bias)
     with_gradients = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in leaves)
     with torch.autocast(device_type, enabled=False):  # the dtype is decided above; the function casts explicitly

@@ -48,7 +48,7 @@ from .layers import (
     build_norm,
     sinusoidal_table,
 )
-from .losses import LanguageModelLoss, fused_token_loss, labelled_rows, token_loss
+from .losses import LanguageModelLoss, labelled_rows, linear_cross_entropy, token_loss
 
 
 class CoreformerPreTrainedModel(PreTrainedModel):
@@ -701,7 +701,8 @@ def language_model_outputs(
         bias = lm_head.bias
         if logits_bias is not None:  # (1, vocab): a buffer added to every row, BART's final_logits_bias
             bias = logits_bias[0] if bias is None else bias + logits_bias[0]
-        return fused_token_loss(rows, lm_head.weight, bias, targets, ignore_index=ignore_index, **loss_kwargs), None
+        num_items_in_batch = loss_kwargs.get("num_items_in_batch")
+        return linear_cross_entropy(rows, lm_head.weight, bias, targets, num_items_in_batch), None
     logits = lm_head(rows)  # (N, vocab)
     if logits_bias is not None:
         logits = logits + logits_bias.to(logits.dtype)
