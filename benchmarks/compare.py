@@ -713,7 +713,7 @@ def attention_markdown(attention: dict, device: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (about a minute)")
     parser.add_argument("--tiny", action="store_true", help="toy shapes, one repeat: checks the harness, times nothing")
@@ -757,7 +757,12 @@ def main() -> None:
         metavar="NAME",
         help=f"attention implementations to time, the first as the reference output (default: all of {backends})",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def resolve_device(args: argparse.Namespace) -> None:
+    """args.device becomes a torch.device (refused with the fix where CUDA is asked for and absent); the large tables
+    default to on where it is a GPU."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
             f"--device cuda: torch {torch.__version__} sees no CUDA device (CUDA build: {torch.version.cuda}). "
@@ -766,8 +771,11 @@ def main() -> None:
     args.device = torch.device(args.device)
     if args.large_rows is None:
         args.large_rows = args.device.type == "cuda"
-    # The issue's reference setting: 6 layers, 384 wide, vocab 8192, training batch 8 x 256.
-    shapes = dict(
+
+
+def reference_shapes(device: torch.device) -> dict:
+    """The issue's reference setting: 6 layers, 384 wide, vocab 8192, training batch 8 x 256."""
+    return dict(
         layers=6,
         width=384,
         heads=6,
@@ -786,64 +794,86 @@ def main() -> None:
             width=768,
             heads=12,
             vocab=50304,
-            train_batch=8 if args.device.type == "cuda" else 1,
+            train_batch=8 if device.type == "cuda" else 1,
             train_seq=1024,
         ),
-        attention_shape=(4, 12, 4096, 64) if args.device.type == "cuda" else (1, 12, 1024, 64),  # (B, H, L, D)
+        attention_shape=(4, 12, 4096, 64) if device.type == "cuda" else (1, 12, 1024, 64),  # (B, H, L, D)
         real_vocab=50257,  # GPT-2's own vocabulary, where the logits dominate a small model's memory
         long_batch=2,
         long_seq=1024,
     )
+
+
+# --quick: small shapes, under a minute; --tiny: toy shapes that check the harness and time nothing.
+QUICK_SHAPES = dict(
+    layers=2,
+    width=128,
+    heads=4,
+    vocab=1024,
+    train_batch=4,
+    train_seq=64,
+    encoder_batch=8,
+    encoder_seq=64,
+    prompt=8,
+    new_tokens=16,
+    seq2seq_batch=4,
+    real_vocab=4096,
+    long_batch=1,
+    long_seq=256,
+)
+TINY_SHAPES = dict(
+    layers=1,
+    width=32,
+    heads=2,
+    vocab=128,
+    train_batch=2,
+    train_seq=16,
+    encoder_batch=4,
+    encoder_seq=16,
+    prompt=8,
+    new_tokens=4,
+    seq2seq_batch=2,
+    large_decoder=dict(layers=2, width=64, heads=4, vocab=128, train_batch=2, train_seq=32),
+    attention_shape=(1, 2, 32, 8),
+    real_vocab=257,
+    long_batch=1,
+    long_seq=64,
+)
+
+
+def resolve_shapes(args: argparse.Namespace) -> None:
+    """The run's shapes and repeats onto args: the reference setting, or --quick's / --tiny's smaller ones."""
+    shapes = reference_shapes(args.device)
     if args.quick:
-        shapes.update(
-            layers=2,
-            width=128,
-            heads=4,
-            vocab=1024,
-            train_batch=4,
-            train_seq=64,
-            encoder_batch=8,
-            encoder_seq=64,
-            prompt=8,
-            new_tokens=16,
-            seq2seq_batch=4,
-            real_vocab=4096,
-            long_batch=1,
-            long_seq=256,
-        )
+        shapes.update(QUICK_SHAPES)
         args.repeats = min(args.repeats, 3)
     if args.tiny:
-        shapes.update(
-            layers=1,
-            width=32,
-            heads=2,
-            vocab=128,
-            train_batch=2,
-            train_seq=16,
-            encoder_batch=4,
-            encoder_seq=16,
-            prompt=8,
-            new_tokens=4,
-            seq2seq_batch=2,
-            large_decoder=dict(layers=2, width=64, heads=4, vocab=128, train_batch=2, train_seq=32),
-            attention_shape=(1, 2, 32, 8),
-            real_vocab=257,
-            long_batch=1,
-            long_seq=64,
-        )
+        shapes.update(TINY_SHAPES)
         args.repeats = 1
     vars(args).update(shapes)
     args.threads = torch.get_num_threads()
 
+
+def start_report(args: argparse.Namespace) -> dict:
+    """The machine, its measured bf16 GEMM peak (onto args, for the shares of the limit) and the settings."""
     device = device_name(args.device)
-    machine = f"{device}, torch {torch.__version__}"
     args.bf16_peak = bf16_gemm_peak(256 if args.tiny else 8192 if args.device.type == "cuda" else 2048, args.device)
     print(f"measured bf16 GEMM peak: {args.bf16_peak / 1e9:,.0f} GFLOP/s", flush=True)
-    report = {"machine": machine, "device": device, "bf16_gemm_peak_flops": args.bf16_peak, "rows": []}
+    report = {
+        "machine": f"{device}, torch {torch.__version__}",
+        "device": device,
+        "bf16_gemm_peak_flops": args.bf16_peak,
+        "rows": [],
+    }
     if args.label:
         report["label"] = args.label
     report["settings"] = {k: v for k, v in vars(args).items() if k != "output"}
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    return report
+
+
+def run_rows(args: argparse.Namespace, report: dict) -> str:
+    """Every selected row (`--only`) into report["rows"], the JSON rewritten after each; returns their table."""
     rows = report["rows"]
     for benchmark in benchmarks(args):
         if args.only and not any(text in benchmark.label for text in args.only):
@@ -852,12 +882,28 @@ def main() -> None:
         print(f"  {benchmark.label}: {rows[-1]['speedup']:.2f}x, {peak_memory(rows[-1])}", flush=True)
         # Written after every row, so a long run that is stopped keeps the rows it finished.
         args.output.write_text(json.dumps(report, indent=2, default=str))
-    tables = [markdown(rows, machine, args.bf16_peak, args.label)]
+    return markdown(rows, report["machine"], args.bf16_peak, args.label)
+
+
+def run_large_tables(args: argparse.Namespace, report: dict) -> list[str]:
+    """The 124M training step (MFU) and the attention core per backend, each with its table."""
+    report["large_decoder_training"] = training = large_decoder_training(args)
+    print(f"  {training['benchmark']}: {training['speedup']:.2f}x", flush=True)
+    report["attention"] = attention = attention_core(args)
+    return [
+        training_markdown(training, report["device"], args.bf16_peak),
+        attention_markdown(attention, report["device"]),
+    ]
+
+
+def main() -> None:
+    args = parse_arguments()
+    resolve_device(args)
+    resolve_shapes(args)
+    report = start_report(args)
+    tables = [run_rows(args, report)]
     if args.large_rows:
-        report["large_decoder_training"] = training = large_decoder_training(args)
-        print(f"  {training['benchmark']}: {training['speedup']:.2f}x", flush=True)
-        report["attention"] = attention = attention_core(args)
-        tables += [training_markdown(training, device, args.bf16_peak), attention_markdown(attention, device)]
+        tables += run_large_tables(args, report)
     print("\n" + "\n\n".join(tables))
     args.output.write_text(json.dumps(report, indent=2, default=str))
     print(f"\nwrote {args.output}")

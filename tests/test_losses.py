@@ -163,7 +163,9 @@ def test_fused_loss_and_gradients_equal_transformers_loss_on_the_logits_in_fp32(
     expected = loss_and_grads(through_logits(reference), *inputs, num_items_in_batch=num_items_in_batch)
     result = loss_and_grads(fused, *inputs, num_items_in_batch=num_items_in_batch)
     assert len(result) == len(expected) == (4 if bias else 3)  # loss, d hidden, d weight [, d bias]
-    for ours, theirs in zip(result, expected):
+    # The loss sums the labelled rows only, in another order than the reference's sum over all rows: a few ulp.
+    torch.testing.assert_close(result[0], expected[0], rtol=1e-6, atol=1e-6)
+    for ours, theirs in zip(result[1:], expected[1:]):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
 
@@ -218,6 +220,35 @@ def test_fused_loss_never_forms_a_tensor_of_the_logits_size(monkeypatch):
     assert fused.largest <= max(weight.numel(), 7 * VOCAB) < logits_size
 
 
+def test_fused_loss_runs_the_products_of_the_unfused_loss_and_no_more():
+    # Its gradients are formed in the forward pass: logits, d hidden, d weight, one product each, as the loss on the
+    # logits runs them. The check can fail: a backward that recomputes each chunk's logits runs a fourth.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    inputs = projection_inputs(torch.float32, bias=True)
+    counts = []
+    for compute in (through_logits(ForMaskedLMLoss), fused_token_loss):
+        with FlopCounterMode(display=False) as counter:
+            loss_and_grads(compute, *inputs)
+        counts.append(counter.get_total_flops())
+    labelled = int((inputs[3] != -100).sum())
+    assert counts[1] == 3 * 2 * labelled * HIDDEN * VOCAB  # the labelled rows only (see labelled_rows)
+    assert counts[1] < counts[0] == 3 * 2 * inputs[3].numel() * HIDDEN * VOCAB
+
+
+def test_fused_loss_without_gradients_gives_the_same_loss():
+    # Under no_grad (held-out evaluation) only the loss is computed; with gradients it is handed out once.
+    inputs = projection_inputs(torch.float32, bias=True)
+    expected = fused_causal_lm_loss(*inputs)
+    with torch.no_grad():
+        loss = fused_causal_lm_loss(*inputs)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, expected.detach(), rtol=0, atol=0)
+    expected.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="a second backward through it"):
+        expected.backward()
+
+
 LM_HEADS = {
     "decoder": cf.CoreformerDecoderForCausalLM,
     "encoder": cf.CoreformerEncoderForMaskedLM,
@@ -261,6 +292,40 @@ def test_heads_skip_logits_give_the_same_loss_and_gradients_without_logits(famil
     assert grads.keys() == expected_grads.keys() and "lm_head.bias" in grads
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=1e-6, msg=name)
+
+
+class VocabularyProducts(TorchDispatchMode):
+    """Rows of every matrix product whose output has `columns` columns (the vocabulary projection's)."""
+
+    def __init__(self, columns: int):
+        super().__init__()
+        self.columns, self.rows = columns, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and out.shape[-1] == self.columns:
+            self.rows.append(out.shape[0])
+        return out
+
+
+@pytest.mark.parametrize("family", list(LM_HEADS))
+def test_skip_logits_sends_only_the_labelled_rows_through_the_transform_and_the_projection(family):
+    model = lm_head_model(family)
+    ids, mask = padded_batch()
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 5], labels[2, 1] = 7, 8, 9  # three labelled rows of 30, as a masked-LM batch has
+    labelled = 3  # (the decoder shifts them to positions 1, 4 and 0)
+    transform_rows = []
+    model.lm_head_transform.register_forward_hook(lambda _, inputs, __: transform_rows.append(inputs[0].shape[0]))
+    # The check can fail: the default forward projects every one of the 30 rows.
+    with VocabularyProducts(model.config.vocab_size) as full:
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    assert full.rows and max(full.rows) == ids.numel()
+    transform_rows.clear()
+    with VocabularyProducts(model.config.vocab_size) as fused:
+        model(input_ids=ids, attention_mask=mask, labels=labels, skip_logits=True).loss.backward()
+    assert transform_rows == [labelled]
+    assert fused.rows and all(rows == labelled for rows in fused.rows)
 
 
 def test_skip_logits_without_labels_says_what_to_pass():

@@ -210,12 +210,18 @@ def test_training_flops_match_torchs_flop_counter_on_a_forward_and_backward(obje
     inputs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels)
     with FlopCounterMode(display=False) as counter:
         OBJECTIVES[objective].loss(model, inputs, int((labels != -100).sum()), batch * length).backward()
-    per_token, per_step = OBJECTIVES[objective].training_flops(model, length)
+    label_share = (labels != -100).float().mean().item()  # masked LM projects the labelled quarter only
+    per_token, per_step = OBJECTIVES[objective].training_flops(model, length, label_share=label_share)
     counted = per_token * batch * length + per_step
-    # The counter sees matrix products only; our count adds 6 FLOPs per bias per token (the additions).
-    linear = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
-    biases = sum(module.out_features for module in linear if module.bias is not None)
-    assert counted - 6 * biases * batch * length == counter.get_total_flops()
+
+    # The counter sees matrix products only; our count adds 6 FLOPs per bias per token it runs on (the additions):
+    # masked LM's head (transform and projection) runs on the labelled tokens only.
+    def biases(module):
+        return sum(m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None)
+
+    head_biases = sum(biases(m) for m in (model.lm_head_transform, model.lm_head)) if objective == "masked-lm" else 0
+    additions = 6 * batch * length * (biases(model) - head_biases + label_share * head_biases)
+    assert counted - additions == counter.get_total_flops()
     assert (per_step > 0) == (objective == "electra")  # the projection of the shared tables, once per step
 
 

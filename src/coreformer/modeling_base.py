@@ -48,7 +48,7 @@ from .layers import (
     build_norm,
     sinusoidal_table,
 )
-from .losses import LanguageModelLoss
+from .losses import LanguageModelLoss, labelled_rows, linear_cross_entropy, token_loss
 
 
 class CoreformerPreTrainedModel(PreTrainedModel):
@@ -668,28 +668,45 @@ def language_model_outputs(
     *,
     skip_logits: bool,
     vocab_size: int,
+    transform: nn.Module | None = None,
     logits_bias: torch.Tensor | None = None,
     **loss_kwargs,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(loss, logits) of a language-model head from the states its projection reads, (B, T, hidden).
+    """(loss, logits) of a language-model head from the final hidden states, (B, T, hidden).
 
-    skip_logits=False: logits = lm_head(hidden_states) [+ logits_bias], (B, T, vocab), and the loss from them, as
-    transformers' heads return. skip_logits=True (training): the loss only, fused with the projection a chunk of rows
-    at a time (`losses.LinearCrossEntropy`), logits None. A head that is not a plain `nn.Linear` (a PEFT LoRA layer,
-    a quantized linear) computes more than weight and bias, so it is called as a module and its logits dropped.
+    skip_logits=False: logits = lm_head(transform(hidden_states)) [+ logits_bias], (B, T, vocab), and the loss from
+    them, as transformers' heads return. skip_logits=True (training): the loss only, logits None. Only the rows that
+    take a loss go through the transform and the projection (`losses.labelled_rows`: ~15% of a masked-LM batch, the
+    real targets of a padded one), the projection fused with the loss a chunk of rows at a time
+    (`losses.LinearCrossEntropy`). A head that is not a plain `nn.Linear` (a PEFT LoRA layer, a quantized linear)
+    computes more than weight and bias, so it is called as a module on those rows and the loss taken from its logits.
     """
     if skip_logits and labels is None:
         raise ValueError("skip_logits=True returns only the loss: pass labels, or leave skip_logits False for logits.")
-    if skip_logits and type(lm_head) is nn.Linear:
+    if not skip_logits:
+        if transform is not None:
+            hidden_states = transform(hidden_states)
+        logits = lm_head(hidden_states)  # (B, T, vocab)
+        if logits_bias is not None:
+            logits = logits + logits_bias.to(logits.dtype)  # (B, T, vocab) + (1, vocab)
+        value = None if labels is None else loss.from_logits(logits, labels, vocab_size=vocab_size, **loss_kwargs)
+        return value, logits
+    ignore_index = loss_kwargs.pop("ignore_index", -100)
+    targets = loss.targets(labels, ignore_index=ignore_index, **loss_kwargs)  # (B, T) the target of each position
+    loss_kwargs.pop("shift_labels", None)  # applied above: the rows' targets are final
+    rows, targets = labelled_rows(hidden_states, targets, ignore_index)  # (N, hidden), (N,)
+    if transform is not None:
+        rows = transform(rows)
+    if type(lm_head) is nn.Linear:
         bias = lm_head.bias
         if logits_bias is not None:  # (1, vocab): a buffer added to every row, BART's final_logits_bias
             bias = logits_bias[0] if bias is None else bias + logits_bias[0]
-        return loss.fused(hidden_states, lm_head.weight, bias, labels, **loss_kwargs), None
-    logits = lm_head(hidden_states)  # (B, T, vocab)
+        num_items_in_batch = loss_kwargs.get("num_items_in_batch")
+        return linear_cross_entropy(rows, lm_head.weight, bias, targets, num_items_in_batch), None
+    logits = lm_head(rows)  # (N, vocab)
     if logits_bias is not None:
-        logits = logits + logits_bias.to(logits.dtype)  # (B, T, vocab) + (1, vocab)
-    value = None if labels is None else loss.from_logits(logits, labels, vocab_size=vocab_size, **loss_kwargs)
-    return value, None if skip_logits else logits
+        logits = logits + logits_bias.to(logits.dtype)
+    return token_loss(logits, targets, vocab_size, ignore_index=ignore_index, **loss_kwargs), None
 
 
 class ClassificationHead(nn.Module):

@@ -120,8 +120,6 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
             **kwargs,
         )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        if self.lm_head_transform is not None:
-            hidden_states = self.lm_head_transform(hidden_states)
         loss, logits = language_model_outputs(  # logits: (B, T_kept, vocab)
             hidden_states,
             self.lm_head,
@@ -129,6 +127,7 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
             CAUSAL_LM_LOSS,
             skip_logits=skip_logits,
             vocab_size=self.config.vocab_size,
+            transform=self.lm_head_transform,
             **kwargs,
         )
         return CausalLMOutputWithPast(

@@ -111,8 +111,6 @@ class CoreformerEncoderForMaskedLM(CoreformerEncoderPreTrainedModel):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
-        if self.lm_head_transform is not None:
-            hidden_states = self.lm_head_transform(hidden_states)
         loss, logits = language_model_outputs(  # logits: (B, T, vocab)
             hidden_states,
             self.lm_head,
@@ -120,6 +118,7 @@ class CoreformerEncoderForMaskedLM(CoreformerEncoderPreTrainedModel):
             TOKEN_LOSS,
             skip_logits=skip_logits,
             vocab_size=self.config.vocab_size,
+            transform=self.lm_head_transform,
             **kwargs,
         )
         return MaskedLMOutput(

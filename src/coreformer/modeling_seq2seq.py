@@ -218,8 +218,6 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
-        if self.lm_head_transform is not None:
-            hidden_states = self.lm_head_transform(hidden_states)
         loss, logits = language_model_outputs(  # logits: (B, T, vocab)
             hidden_states,
             self.lm_head,
@@ -227,6 +225,7 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
             TOKEN_LOSS,
             skip_logits=skip_logits,
             vocab_size=self.config.vocab_size,
+            transform=self.lm_head_transform,
             logits_bias=self.final_logits_bias,
             **kwargs,
         )

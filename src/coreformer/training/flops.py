@@ -2,6 +2,7 @@
 
     flops_per_token(config, num_parameters, block_size)    6 N + 12 L d T (PaLM appendix B)
     matmul_parameters(model)                                the N of a model: its linear layers' weights and biases
+    head_parameters(model)                                  the part of N that runs on labelled tokens only
 
 Used for MFU (pretraining.py, benchmarks/compare.py) and for equal-compute comparisons of objectives
 (`Objective.training_flops`, benchmarks/electra_vs_mlm.py). No import of the rest of the package.
@@ -28,3 +29,12 @@ def matmul_parameters(model: nn.Module) -> int:
         for module in model.modules()
         if isinstance(module, nn.Linear)
     )
+
+
+def head_parameters(model: nn.Module) -> int:
+    """The part of `matmul_parameters(model)` that a loss-only forward (`skip_logits=True`) runs on the labelled
+    tokens alone (`language_model_outputs`): the output layer and, where there is one, BERT's transform before it.
+    A masked-LM batch labels ~15% of its tokens, so its head costs 6 x this x 0.15 per token, not 6 x this."""
+    output_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    transform = getattr(model, "lm_head_transform", None)
+    return sum(matmul_parameters(module) for module in (transform, output_layer) if module is not None)

@@ -8,7 +8,7 @@
     Objective.loss(model, batch, label_tokens, input_tokens)   a micro-batch's share of the step's token-mean loss
     Objective.loss_terms(...)                      the loss and its reported parts (held-out evaluation)
     Objective.save(model, state_dict, tokenizer, folder)   what the final folder holds (a loadable folder)
-    Objective.training_flops(model, block_size)    training FLOPs (per token, per step) of the module trained
+    Objective.training_flops(model, block_size, label_share)   training FLOPs (per token, per step) of the module
     Objective.sample(folder, prompt, seed)         what the saved folder makes of a prompt (--sample-prompt)
     description / auto_class / pipeline_tag / usage / card_metrics   what the model card says
 
@@ -27,7 +27,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..data import tokenize_dataset
 from ..families import head_class
-from ..flops import flops_per_token, matmul_parameters
+from ..flops import flops_per_token, head_parameters, matmul_parameters
 
 
 @dataclass(frozen=True)
@@ -94,13 +94,16 @@ class Objective(ABC):
         model.save_pretrained(folder, state_dict=state_dict)
         tokenizer.save_pretrained(folder)
 
-    def training_flops(self, model: torch.nn.Module, block_size: int) -> tuple[float, float]:
+    def training_flops(
+        self, model: torch.nn.Module, block_size: int, *, label_share: float = 1.0
+    ) -> tuple[float, float]:
         """(FLOPs per token, FLOPs per step beyond those) of one forward and backward of `model` (flops.py:
-        6 N_matmul + 12 L d T; a tied output layer counts as the matmul it is, embedding lookups do not), plus the
-        output layer's product once more: `loss` takes the fused loss, whose backward recomputes each chunk's logits."""
-        output_layer = model.get_output_embeddings()
-        recomputed = 2 * output_layer.weight.numel() if output_layer is not None else 0
-        return flops_per_token(model.config, matmul_parameters(model), block_size) + recomputed, 0.0
+        6 N_matmul + 12 L d T; a tied output layer counts as the matmul it is, embedding lookups do not). `loss`
+        takes the fused loss, which runs the head (`head_parameters`) on the labelled tokens only, `label_share` of
+        them (masked LM: about its masking probability), with the same three products as an unfused head."""
+        head = head_parameters(model)
+        body = flops_per_token(model.config, matmul_parameters(model) - head, block_size)
+        return body + label_share * 6 * head, 0.0
 
     def saved_parameters(self, model: torch.nn.Module) -> int:
         """Parameters of the model `save` writes (what the card counts)."""

@@ -248,8 +248,11 @@ class Electra(Objective):
         for destination in (folder, folder / GENERATOR_DIR):
             tokenizer.save_pretrained(destination)
 
-    def training_flops(self, model: ElectraPretraining, block_size: int) -> tuple[float, float]:
-        """(per token, per step): both networks' forward and backward (see the module docstring)."""
+    def training_flops(
+        self, model: ElectraPretraining, block_size: int, *, label_share: float = 1.0
+    ) -> tuple[float, float]:
+        """(per token, per step): both networks' forward and backward (see the module docstring). `label_share` does
+        not change it: the generator forms its logits at every token (its sample reads them), not the masked ones."""
         per_token = sum(
             flops_per_token(network.config, matmul_parameters(network), block_size)
             for network in (model.generator, model.discriminator)
