@@ -256,6 +256,35 @@ REFUSALS = {
         "ModernBertForMaskedLM",
         ["first layer has no attention norm"],
     ),
+    # The options only ModernBERT has keep every other target away.
+    "BERT without LayerNorm biases": (
+        cf.CoreformerEncoderForMaskedLM,
+        "encoder",
+        dict(norm_bias=False),
+        "BertForMaskedLM",
+        ["norm_bias=False (BERT's LayerNorms have biases)"],
+    ),
+    "sliding layers with their own rope theta": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(LLAMA, layer_types=["sliding", "full"], sliding_window=3, local_rope_theta=10.0),
+        "Qwen2ForCausalLM",
+        ["local_rope_theta=10.0 (Qwen2 has one rope_theta for every layer)"],
+    ),
+    "a decoder classifier pooling the first token": (
+        cf.CoreformerDecoderForSequenceClassification,
+        "decoder",
+        dict(classifier_pooling="cls"),
+        "GPT2ForSequenceClassification",
+        ["classifier_pooling='cls'"],
+    ),
+    "a token classifier with a head transform": (
+        cf.CoreformerEncoderForTokenClassification,
+        "encoder",
+        dict(classifier_transform=True),
+        "BertForTokenClassification",
+        ["classifier_transform=True"],
+    ),
     "BART with another norm epsilon": (
         cf.CoreformerSeq2SeqForConditionalGeneration,
         "seq2seq",

@@ -110,6 +110,16 @@ def _standard_head_dim(value, config) -> bool:
 
 
 MASKED_LM = ("CoreformerEncoderForMaskedLM",)
+CLASSIFIERS = (
+    "CoreformerEncoderForSequenceClassification",
+    "CoreformerEncoderForTokenClassification",
+    "CoreformerEncoderForQuestionAnswering",
+    "CoreformerEncoderForMultipleChoice",
+    "CoreformerDecoderForSequenceClassification",
+    "CoreformerDecoderForTokenClassification",
+    "CoreformerSeq2SeqForSequenceClassification",
+)
+POOLED_ENCODER_HEADS = ("CoreformerEncoderForSequenceClassification", "CoreformerEncoderForMultipleChoice")
 CAUSAL_LM = ("CoreformerDecoderForCausalLM",)
 SEQ2SEQ_LM = ("CoreformerSeq2SeqForConditionalGeneration",)
 POOLED_CLASSIFIERS = (
@@ -120,9 +130,26 @@ POOLED_CLASSIFIERS = (
 )
 
 
+def _pooling(pooling: str, native: str, heads: tuple[str, ...]) -> Requirement:
+    """The pooled token of a target's sequence classifiers: `pooling` or the family's default (None)."""
+    return Requirement(
+        "classifier_pooling", lambda value, config: value in (None, pooling), f"{native} pools {pooling!r}", heads
+    )
+
+
+def _every_block_normed(native: str) -> list[Requirement]:
+    """The coreformer options no target but ModernBERT has: every block's attention norm, plain classifiers."""
+    return [
+        equals("first_layer_attention_norm", True, f"{native}'s first layer normalises its attention input"),
+        equals("classifier_transform", False, f"{native}'s classifiers have no transform of their own", CLASSIFIERS),
+    ]
+
+
 def _plain_block(native: str, norm_position: str) -> list[Requirement]:
     """GPT-2 / BERT / BART blocks: LayerNorm, biases everywhere, ungated MLP, one key/value head per query head."""
     return [
+        *_every_block_normed(native),
+        equals("norm_bias", True, f"{native}'s LayerNorms have biases"),
         equals("norm_type", "layernorm", f"{native} uses LayerNorm"),
         equals("norm_position", norm_position, f"{native} is {norm_position}-norm"),
         equals("attention_bias", True, f"{native} has attention biases"),
@@ -139,6 +166,12 @@ def _plain_block(native: str, norm_position: str) -> list[Requirement]:
 def _llama_block(native: str) -> list[Requirement]:
     """Llama-style blocks: rotary positions, RMSNorm pre-norm with a final norm, gated MLP, no embedding norm."""
     return [
+        *_every_block_normed(native),
+        Requirement(
+            "local_rope_theta",
+            lambda value, config: value in (None, config.rope_theta),
+            f"{native} has one rope_theta for every layer",
+        ),
         equals("position_embedding_type", "rotary", f"{native} uses rotary positions"),
         equals("norm_type", "rmsnorm", f"{native} uses RMSNorm"),
         equals("norm_position", "pre", f"{native} is pre-norm"),
@@ -161,6 +194,7 @@ def _heads_plain(lm_transform: bool, lm_bias: bool, native: str) -> list[Require
             lm_heads,
         ),
         equals("lm_head_bias", lm_bias, f"{native}'s LM projection {'has' if lm_bias else 'has no'} bias", lm_heads),
+        equals("head_transform_bias", True, f"{native}'s MLM transform has a bias", MASKED_LM),
     ]
 
 
@@ -177,7 +211,7 @@ def _classifier(dense: bool, native: str) -> list[Requirement]:
 # sliding/global layers whose half-window equals coreformer's `sliding_window`) has coreformer fields.
 MODERNBERT_GAP = (
     "ModernBERT's first layer has no attention norm (nn.Identity) and its global and local layers use different "
-    "rope thetas; coreformer has no option for either, so no coreformer encoder computes ModernBERT's function"
+    "rope thetas; export to ModernBERT is not written yet"
 )
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -427,7 +461,9 @@ def _encoder_heads(prefix: str) -> dict[str, str]:
     }
 
 
+_DECODER_POOLING = _pooling("last", "its sequence classifier", ("CoreformerDecoderForSequenceClassification",))
 _DECODER_COMMON = (
+    _DECODER_POOLING,
     equals("type_vocab_size", 0, "no token types"),
     Requirement("layer_types", _all_layers("full"), "every layer full attention"),
 )
@@ -437,6 +473,7 @@ _ENCODER_COMMON = (
     equals("scale_embedding", False, "embeddings unscaled"),
     Requirement("type_vocab_size", lambda value, config: value >= 1, "token-type embeddings (type_vocab_size >= 1)"),
     Requirement("layer_types", _all_layers("full"), "every layer full attention"),
+    _pooling("cls", "BERT", POOLED_ENCODER_HEADS),
     *_heads_plain(True, True, "BERT"),
     *_classifier(True, "BERT"),
 )
@@ -474,6 +511,7 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
             equals("mlp_bias", False, "Mistral has no MLP biases"),
             equals("type_vocab_size", 0, "no token types"),
             Requirement("layer_types", _all_layers("sliding"), "Mistral slides the window on every layer"),
+            _DECODER_POOLING,
             *_heads_plain(False, False, "Mistral"),
             *_classifier(False, "Mistral"),
         ),
@@ -490,6 +528,7 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
             Requirement("head_dim", _standard_head_dim, "Qwen2's heads are hidden_size / num_attention_heads wide"),
             equals("type_vocab_size", 0, "no token types"),
             Requirement("layer_types", _all_layers("full", "sliding"), "Qwen2 has full and sliding layers only"),
+            _DECODER_POOLING,
             *_heads_plain(False, False, "Qwen2"),
             *_classifier(False, "Qwen2"),
         ),
@@ -501,8 +540,10 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
         "gpt_neox",
         "decoder",
         (
+            *_every_block_normed("GPT-NeoX"),
             equals("position_embedding_type", "rotary", "GPT-NeoX uses rotary positions"),
             equals("norm_type", "layernorm", "GPT-NeoX uses LayerNorm"),
+            equals("norm_bias", True, "GPT-NeoX's LayerNorms have biases"),
             equals("norm_position", "pre", "GPT-NeoX is pre-norm"),
             equals("final_norm", True, "GPT-NeoX has a final norm"),
             equals("embedding_layernorm", False, "GPT-NeoX has no embedding norm"),
