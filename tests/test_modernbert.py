@@ -7,9 +7,11 @@ Export to ModernBERT (and export -> convert) is tested with the other targets in
 
 import pytest
 import torch
-from conftest import padded_batch, tiny_config, tiny_model
+import transformers
+from conftest import PAD, VOCAB, padded_batch, tiny_config, tiny_model
 
 import coreformer as cf
+from coreformer.conversion import convert_from_hf
 
 # A coreformer encoder shaped like ModernBERT (what convert_from_hf gives and export takes).
 MODERNBERT = dict(
@@ -131,3 +133,127 @@ def test_classifier_transform_puts_a_head_transform_in_front_of_every_classifier
         assert torch.equal(outputs.logits, model.classifier.bias.expand_as(outputs.logits))
     else:  # pooled heads: the same logits for every row
         assert torch.equal(outputs.logits, outputs.logits[:1].expand_as(outputs.logits))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# convert_from_hf: every ModernBERT head equals transformers' model
+# ---------------------------------------------------------------------------------------------------------------------
+
+MODERNBERT_HEADS = [
+    "ModernBertModel",
+    "ModernBertForMaskedLM",
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
+    "ModernBertForQuestionAnswering",
+    "ModernBertForMultipleChoice",
+]
+SOURCE_VARIANTS = {
+    # ModernBERT-base's choices: no biases but the decoder's, mean pooling, global every third layer.
+    "base-like": dict(classifier_pooling="mean"),
+    # every bias on, cls pooling, global every other layer, untied decoder with no bias, 1 theta for both kinds
+    "biases": dict(
+        norm_bias=True,
+        attention_bias=True,
+        mlp_bias=True,
+        classifier_bias=True,
+        decoder_bias=False,
+        tie_word_embeddings=False,
+        global_attn_every_n_layers=2,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 500.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+        },
+    ),
+}
+
+
+def modernbert_config(**overrides) -> transformers.ModernBertConfig:
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        local_attention=4,  # 2 tokens on each side: narrower than the batch's rows
+        global_attn_every_n_layers=3,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+        },
+    )
+    fields.update(overrides)
+    return transformers.ModernBertConfig(**fields)
+
+
+def modernbert(name: str, attn_implementation: str = "eager", **overrides) -> transformers.PreTrainedModel:
+    """A random tiny ModernBERT head; every weight perturbed (norms, biases) so that nothing sits at its init value."""
+    config = modernbert_config(num_labels=2 if name == "ModernBertForQuestionAnswering" else 3, **overrides)
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(0)
+    model = getattr(transformers, name)(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("variant", list(SOURCE_VARIANTS))
+@pytest.mark.parametrize("name", MODERNBERT_HEADS)
+def test_converted_modernbert_matches_transformers(name, variant, attn_implementation):
+    source = modernbert(name, attn_implementation, **SOURCE_VARIANTS[variant])
+    converted = convert_from_hf(source)
+    assert type(converted).__name__ == name.replace("ModernBert", "CoreformerEncoder")
+    ids, mask = padded_batch(length=12)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if name == "ModernBertForMultipleChoice":
+        inputs = {key: value[None] for key, value in inputs.items()}  # (B, T) -> (1, B, T): B choices
+    with torch.no_grad():
+        expected, found = source(**inputs), converted(**inputs)
+    real = mask.bool()
+    compared = 0
+    for key, value in expected.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() >= 2 and value.shape[:2] == real.shape:
+            value, other = value[real], found[key][real]  # per-token outputs: real tokens only
+        else:
+            other = found[key]
+        torch.testing.assert_close(other, value, rtol=0, atol=1e-5)
+        compared += 1
+    assert compared
+
+
+def test_converted_modernbert_keeps_its_layer_pattern_and_thetas():
+    converted = convert_from_hf(modernbert("ModernBertModel", num_hidden_layers=5))
+    config = converted.config
+    assert config.layer_types == ["full", "sliding", "sliding", "full", "sliding"]  # global every third layer
+    assert (config.sliding_window, config.rope_theta, config.local_rope_theta) == (2, 160000.0, 10.0)
+    assert not config.first_layer_attention_norm and not config.norm_bias and config.classifier_transform
+
+
+@pytest.mark.parametrize(
+    ("overrides", "option"),
+    [
+        (dict(classifier_activation="silu"), "classifier_activation='silu'"),
+        (
+            dict(
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "rope_theta": 10.0, "factor": 2.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                }
+            ),
+            "rope_type='linear'",
+        ),
+    ],
+)
+def test_unsupported_modernbert_option_raises_naming_it(overrides, option):
+    with pytest.raises(ValueError, match=option.replace("[", r"\[").replace("(", r"\(")) as raised:
+        convert_from_hf(modernbert("ModernBertModel", **overrides))
+    assert "ModernBERT" in str(raised.value)
