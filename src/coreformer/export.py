@@ -19,7 +19,8 @@ requirements all hold is used; when none holds, the error names the closest targ
                          (a GPT-2 block with rotary positions: the decoder presets; sequential residual, full rotary)
     bert       encoder   learned positions from 0, LayerNorm post-norm, types       Bert{Model,ForMaskedLM,For...}
     roberta    encoder   as bert, positions from pad_token_id + 1                   Roberta...
-    modernbert encoder   (refused: coreformer cannot drop the first layer's attention norm, see MODERNBERT_GAP)
+    modernbert encoder   rotary pre-norm GeGLU, no first attention norm, full/sliding      ModernBert{Model,For...}
+                         layers (a rope theta each), head transforms (classifier_transform)
     bart       seq2seq   learned positions (offset <= 2), LayerNorm post-norm        Bart{Model,ForConditional...}
 
 The weights are renamed with conversion.py's own rules, read backwards: the native model is built from the
@@ -145,6 +146,16 @@ def _every_block_normed(native: str) -> list[Requirement]:
     ]
 
 
+def _standard_heads(native: str) -> list[Requirement]:
+    """One key/value head per query head, each hidden_size / num_attention_heads wide."""
+    return [
+        Requirement(
+            "num_key_value_heads", lambda value, config: value == config.num_attention_heads, f"{native} has no GQA"
+        ),
+        Requirement("head_dim", _standard_head_dim, f"{native}'s heads are hidden_size / num_attention_heads wide"),
+    ]
+
+
 def _plain_block(native: str, norm_position: str) -> list[Requirement]:
     """GPT-2 / BERT / BART blocks: LayerNorm, biases everywhere, ungated MLP, one key/value head per query head."""
     return [
@@ -155,10 +166,7 @@ def _plain_block(native: str, norm_position: str) -> list[Requirement]:
         equals("attention_bias", True, f"{native} has attention biases"),
         equals("mlp_bias", True, f"{native} has MLP biases"),
         equals("gated_mlp", False, f"{native}'s MLP has no gate"),
-        Requirement(
-            "num_key_value_heads", lambda value, config: value == config.num_attention_heads, f"{native} has no GQA"
-        ),
-        Requirement("head_dim", _standard_head_dim, f"{native}'s heads are hidden_size / num_attention_heads wide"),
+        *_standard_heads(native),
         equals("position_embedding_type", "learned", f"{native} learns absolute positions"),
     ]
 
@@ -205,14 +213,6 @@ def _classifier(dense: bool, native: str) -> list[Requirement]:
         equals("classifier_bias", dense, f"{native}'s sequence classifier is {what}", POOLED_CLASSIFIERS),
     ]
 
-
-# ModernBERT computes attn_norm = Identity in its first layer (the embedding norm stands in for it); every coreformer
-# block has its norm. The rest of ModernBERT (rotary with one theta per layer kind, GeGLU, no biases, alternating
-# sliding/global layers whose half-window equals coreformer's `sliding_window`) has coreformer fields.
-MODERNBERT_GAP = (
-    "ModernBERT's first layer has no attention norm (nn.Identity) and its global and local layers use different "
-    "rope thetas; export to ModernBERT is not written yet"
-)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Config translations: coreformer config -> native config (the inverses of conversion.py's translations)
@@ -386,6 +386,42 @@ def _bart_config(config: CoreformerConfig) -> PreTrainedConfig:
     )
 
 
+def _modernbert_config(config: CoreformerConfig) -> PreTrainedConfig:
+    """ModernBERT's local layers see `local_attention // 2` tokens on each side: coreformer's sliding_window."""
+    sliding = "sliding" in config.layer_types
+    return transformers.ModernBertConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        hidden_activation=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        norm_eps=config.layer_norm_eps,
+        norm_bias=config.norm_bias,
+        cls_token_id=config.bos_token_id,  # ModernBERT's defaults have cls = bos and sep = eos
+        sep_token_id=config.eos_token_id,
+        attention_bias=config.attention_bias,
+        attention_dropout=config.attention_dropout,
+        layer_types=[GENERIC_LAYER_TYPES[layer_type] for layer_type in config.layer_types],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": config.rope_theta_of("full")},
+            "sliding_attention": {"rope_type": "default", "rope_theta": config.rope_theta_of("sliding")},
+        },
+        local_attention=2 * config.sliding_window if sliding else 128,  # 128: ModernBERT's default, unused then
+        embedding_dropout=config.hidden_dropout,
+        mlp_bias=config.mlp_bias,
+        mlp_dropout=0.0,
+        decoder_bias=config.lm_head_bias,
+        classifier_pooling=config.classifier_pooling or "cls",
+        classifier_dropout=_dropout(config),
+        classifier_bias=config.head_transform_bias,  # the bias of ModernBERT's prediction head's dense layer
+        classifier_activation=config.hidden_act,
+        **_common_fields(config),
+    )
+
+
 BART_OFFSET = 2  # BartLearnedPositionalEmbedding.offset
 
 
@@ -416,10 +452,9 @@ class NativeTarget:
         name: the transformers model_type ("llama"), also conversion.py's source key for the way back.
         family: the coreformer family it represents ("encoder" | "decoder" | "seq2seq").
         requirements: what the config must hold; each failing one is a difference named in the refusal.
-        native_config: coreformer config -> native config (None: never chosen, it only names what is missing).
+        native_config: coreformer config -> native config.
         heads: coreformer class name -> native class name.
         zero_filled: regular expressions of native weights coreformer has no counterpart for, written as zeros.
-        gaps: differences no config change removes (options coreformer lacks), always reported.
         adapt_weights: rewrites the coreformer state dict into the layout the native weights take (BART's position
             rows), before renaming.
     """
@@ -427,15 +462,14 @@ class NativeTarget:
     name: str
     family: str
     requirements: tuple[Requirement, ...]
-    native_config: Callable[[CoreformerConfig], PreTrainedConfig] | None
+    native_config: Callable[[CoreformerConfig], PreTrainedConfig]
     heads: dict[str, str]
     zero_filled: tuple[str, ...] = ()
-    gaps: tuple[str, ...] = ()
     adapt_weights: Callable[[CoreformerConfig, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
 
     def differences(self, config: CoreformerConfig, class_name: str) -> list[str]:
         found = [req.difference(config, class_name) for req in self.requirements]
-        return [*self.gaps, *filter(None, found)]
+        return list(filter(None, found))
 
 
 def _decoder_heads(prefix: str, causal_lm: str | None = None) -> dict[str, str]:
@@ -550,10 +584,7 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
             equals("scale_embedding", False, "GPT-NeoX does not scale embeddings"),
             equals("gated_mlp", False, "GPT-NeoX's MLP has no gate"),
             equals("mlp_bias", True, "GPT-NeoX has MLP biases"),
-            Requirement(
-                "num_key_value_heads", lambda value, config: value == config.num_attention_heads, "GPT-NeoX has no GQA"
-            ),
-            Requirement("head_dim", _standard_head_dim, "GPT-NeoX's heads are hidden_size / num_attention_heads wide"),
+            *_standard_heads("GPT-NeoX"),
             *_DECODER_COMMON,
             *_heads_plain(False, False, "GPT-NeoX"),
             *_classifier(False, "GPT-NeoX"),
@@ -597,16 +628,29 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
             equals("position_embedding_type", "rotary", "ModernBERT uses rotary positions"),
             equals("norm_type", "layernorm", "ModernBERT uses LayerNorm"),
             equals("norm_position", "pre", "ModernBERT is pre-norm"),
+            equals("embedding_layernorm", True, "ModernBERT normalises its embeddings"),
             equals("final_norm", True, "ModernBERT has a final norm"),
-            equals("gated_mlp", True, "ModernBERT's MLP is GeGLU"),
-            equals("attention_bias", False, "ModernBERT has no attention biases"),
-            equals("mlp_bias", False, "ModernBERT has no MLP biases"),
+            equals("first_layer_attention_norm", False, "ModernBERT's first layer has no attention norm"),
+            equals("scale_embedding", False, "ModernBERT does not scale embeddings"),
+            equals("gated_mlp", True, "ModernBERT's MLP is gated (GeGLU)"),
+            *_standard_heads("ModernBERT"),
             equals("type_vocab_size", 0, "ModernBERT has no token types"),
-            Requirement("layer_types", _all_layers("full", "sliding"), "ModernBERT alternates global and local layers"),
+            Requirement("layer_types", _all_layers("full", "sliding"), "ModernBERT has global and local layers only"),
+            equals("lm_head_transform", True, "ModernBERT's MLM head has its prediction head in front", MASKED_LM),
+            Requirement(
+                "classifier_pooling",
+                lambda value, config: value in (None, "cls", "mean"),
+                "ModernBERT pools 'cls' or 'mean'",
+                POOLED_ENCODER_HEADS,
+            ),
+            equals(
+                "classifier_transform", True, "ModernBERT's classifiers have its prediction head in front", CLASSIFIERS
+            ),
+            equals("classifier_dense", False, "ModernBERT's classifier has no tanh dense layer", POOLED_CLASSIFIERS),
+            equals("classifier_bias", True, "ModernBERT's classifier has a bias", POOLED_CLASSIFIERS),
         ),
-        None,
+        _modernbert_config,
         _encoder_heads("ModernBert"),
-        gaps=(MODERNBERT_GAP,),
     ),
     NativeTarget(
         "bart",
