@@ -517,34 +517,24 @@ def _rope_theta(model_name: str, config: PreTrainedConfig) -> float:
     return float(rope.get("rope_theta", getattr(config, "default_theta", 10000.0)))
 
 
-def _llama_config(config: PreTrainedConfig, is_mlm: bool, name: str = "Llama", **fields) -> CoreformerDecoderConfig:
-    """Llama: rotary, RMSNorm pre-norm blocks with a final norm, gated MLP, grouped-query attention, no embedding norm.
-    `fields` are what the Mistral / Qwen2 translations set on top (sliding layers, biases)."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    translated = {
+def _rotary_decoder_fields(config: PreTrainedConfig, name: str) -> dict:
+    """What the Llama-style and GPT-NeoX readers share: rotary pre-norm blocks with a final norm, no embedding norm, no
+    token types, an LM projection without transform or bias, a bias-free `score` classifier; sizes, tokens, labels."""
+    return {
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads or config.num_attention_heads,
-        "head_dim": head_dim,
         "intermediate_size": config.intermediate_size,
         "hidden_act": _check_activation(name, config.hidden_act),
-        "gated_mlp": True,
         "max_position_embeddings": config.max_position_embeddings,
         "position_embedding_type": "rotary",
         "rope_theta": _rope_theta(name, config),
         "type_vocab_size": 0,
-        "norm_type": "rmsnorm",
         "norm_position": "pre",
-        "layer_norm_eps": config.rms_norm_eps,
         "embedding_layernorm": False,
         "final_norm": True,
-        "attention_bias": getattr(config, "attention_bias", False),
-        "mlp_bias": getattr(config, "mlp_bias", False),
-        "hidden_dropout": 0.0,  # Llama has no dropout on embeddings or residual branches
         "attention_dropout": config.attention_dropout,
-        "classifier_dropout": 0.1,  # GenericForTokenClassification's fallback (these configs have no dropout field)
         "lm_head_transform": False,
         "lm_head_bias": False,
         "classifier_dense": False,
@@ -554,6 +544,24 @@ def _llama_config(config: PreTrainedConfig, is_mlm: bool, name: str = "Llama", *
         "use_cache": config.use_cache,
         **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id"),
         **_label_fields(config),
+    }
+
+
+def _llama_config(config: PreTrainedConfig, is_mlm: bool, name: str = "Llama", **fields) -> CoreformerDecoderConfig:
+    """Llama: rotary, RMSNorm pre-norm blocks with a final norm, gated MLP, grouped-query attention, no embedding norm.
+    `fields` are what the Mistral / Qwen2 translations set on top (sliding layers, biases)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    translated = {
+        **_rotary_decoder_fields(config, name),
+        "num_key_value_heads": config.num_key_value_heads or config.num_attention_heads,
+        "head_dim": head_dim,
+        "gated_mlp": True,
+        "norm_type": "rmsnorm",
+        "layer_norm_eps": config.rms_norm_eps,
+        "attention_bias": getattr(config, "attention_bias", False),
+        "mlp_bias": getattr(config, "mlp_bias", False),
+        "hidden_dropout": 0.0,  # Llama has no dropout on embeddings or residual branches
+        "classifier_dropout": 0.1,  # GenericForTokenClassification's fallback (these configs have no dropout field)
     }
     return CoreformerDecoderConfig(**{**translated, **fields})
 
@@ -594,35 +602,13 @@ def _gpt_neox_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerDecode
             "GPT-NeoX", f"rope_parameters.partial_rotary_factor={partial!r}", "(rotary on part of each head)"
         )
     return CoreformerDecoderConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        intermediate_size=config.intermediate_size,
-        hidden_act=_check_activation("GPT-NeoX", config.hidden_act),
-        max_position_embeddings=config.max_position_embeddings,
-        position_embedding_type="rotary",
-        rope_theta=_rope_theta("GPT-NeoX", config),
-        type_vocab_size=0,
+        **_rotary_decoder_fields(config, "GPT-NeoX"),
         norm_type="layernorm",
-        norm_position="pre",
         layer_norm_eps=config.layer_norm_eps,
-        embedding_layernorm=False,
-        final_norm=True,
         attention_bias=config.attention_bias,
         mlp_bias=True,  # GPTNeoXMLP's two Linear layers always have biases
         hidden_dropout=config.hidden_dropout,
-        attention_dropout=config.attention_dropout,
         classifier_dropout=config.classifier_dropout,
-        lm_head_transform=False,
-        lm_head_bias=False,
-        classifier_dense=False,
-        classifier_bias=False,
-        initializer_range=config.initializer_range,
-        tie_word_embeddings=config.tie_word_embeddings,
-        use_cache=config.use_cache,
-        **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id"),
-        **_label_fields(config),
     )
 
 

@@ -156,6 +156,24 @@ def _standard_heads(native: str) -> list[Requirement]:
     ]
 
 
+def _rotary_layernorm_block(native: str, *, embedding_norm: bool, gated: bool) -> list[Requirement]:
+    """GPT-NeoX / ModernBERT blocks: rotary, LayerNorm pre-norm with a final norm, unscaled embeddings, MHA."""
+    return [
+        equals("position_embedding_type", "rotary", f"{native} uses rotary positions"),
+        equals("norm_type", "layernorm", f"{native} uses LayerNorm"),
+        equals("norm_position", "pre", f"{native} is pre-norm"),
+        equals("final_norm", True, f"{native} has a final norm"),
+        equals(
+            "embedding_layernorm",
+            embedding_norm,
+            f"{native} {'normalises its embeddings' if embedding_norm else 'has no embedding norm'}",
+        ),
+        equals("scale_embedding", False, f"{native} does not scale embeddings"),
+        equals("gated_mlp", gated, f"{native}'s MLP {'is gated' if gated else 'has no gate'}"),
+        *_standard_heads(native),
+    ]
+
+
 def _plain_block(native: str, norm_position: str) -> list[Requirement]:
     """GPT-2 / BERT / BART blocks: LayerNorm, biases everywhere, ungated MLP, one key/value head per query head."""
     return [
@@ -575,16 +593,9 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
         "decoder",
         (
             *_every_block_normed("GPT-NeoX"),
-            equals("position_embedding_type", "rotary", "GPT-NeoX uses rotary positions"),
-            equals("norm_type", "layernorm", "GPT-NeoX uses LayerNorm"),
+            *_rotary_layernorm_block("GPT-NeoX", embedding_norm=False, gated=False),
             equals("norm_bias", True, "GPT-NeoX's LayerNorms have biases"),
-            equals("norm_position", "pre", "GPT-NeoX is pre-norm"),
-            equals("final_norm", True, "GPT-NeoX has a final norm"),
-            equals("embedding_layernorm", False, "GPT-NeoX has no embedding norm"),
-            equals("scale_embedding", False, "GPT-NeoX does not scale embeddings"),
-            equals("gated_mlp", False, "GPT-NeoX's MLP has no gate"),
             equals("mlp_bias", True, "GPT-NeoX has MLP biases"),
-            *_standard_heads("GPT-NeoX"),
             *_DECODER_COMMON,
             *_heads_plain(False, False, "GPT-NeoX"),
             *_classifier(False, "GPT-NeoX"),
@@ -625,15 +636,8 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
         "modernbert",
         "encoder",
         (
-            equals("position_embedding_type", "rotary", "ModernBERT uses rotary positions"),
-            equals("norm_type", "layernorm", "ModernBERT uses LayerNorm"),
-            equals("norm_position", "pre", "ModernBERT is pre-norm"),
-            equals("embedding_layernorm", True, "ModernBERT normalises its embeddings"),
-            equals("final_norm", True, "ModernBERT has a final norm"),
+            *_rotary_layernorm_block("ModernBERT", embedding_norm=True, gated=True),  # GeGLU
             equals("first_layer_attention_norm", False, "ModernBERT's first layer has no attention norm"),
-            equals("scale_embedding", False, "ModernBERT does not scale embeddings"),
-            equals("gated_mlp", True, "ModernBERT's MLP is gated (GeGLU)"),
-            *_standard_heads("ModernBERT"),
             equals("type_vocab_size", 0, "ModernBERT has no token types"),
             Requirement("layer_types", _all_layers("full", "sliding"), "ModernBERT has global and local layers only"),
             equals("lm_head_transform", True, "ModernBERT's MLM head has its prediction head in front", MASKED_LM),
