@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PAD, tiny_model
+from test_modernbert import MODERNBERT
 from transformers import AutoTokenizer
 
 import coreformer as cf
@@ -56,6 +57,9 @@ TARGETS = {
     "gpt-neox-no-attention-bias": ("decoder", dict(position_embedding_type="rotary", attention_bias=False, **WIDE)),
     "bert": ("encoder", {}),
     "roberta": ("encoder", dict(position_offset=PAD + 1, type_vocab_size=1, max_position_embeddings=62)),
+    # rotary GeGLU pre-norm, no first attention norm, global/local layers with a rope theta each, head transforms
+    "modernbert": ("encoder", dict(MODERNBERT, classifier_pooling="mean")),
+    "modernbert-cls": ("encoder", MODERNBERT),  # classifier_pooling None: the encoder's "cls"
     "bart": ("seq2seq", dict(position_offset=2, **WIDE)),
     "bart-offset-0": ("seq2seq", dict(WIDE)),  # coreformer's default: BART's table gets two unread rows in front
 }
@@ -69,6 +73,8 @@ NATIVE_PREFIX = {
     "gpt-neox-no-attention-bias": "GPTNeoX",
     "bert": "Bert",
     "roberta": "Roberta",
+    "modernbert": "ModernBert",
+    "modernbert-cls": "ModernBert",
     "bart": "Bart",
     "bart-offset-0": "Bart",
 }
@@ -92,13 +98,13 @@ SEQ2SEQ_HEADS = [
     cf.CoreformerSeq2SeqForSequenceClassification,
 ]
 HEADS = {"decoder": DECODER_HEADS, "encoder": ENCODER_HEADS, "seq2seq": SEQ2SEQ_HEADS}
-# Every head of GPT-2, Llama, GPT-NeoX, BERT, RoBERTa and BART; the variants with their generative head and a
-# classifier.
+# Every head of GPT-2, Llama, GPT-NeoX, BERT, RoBERTa, ModernBERT and BART; the variants with their generative head
+# and a classifier.
 CASES = [
     (target, head)
     for target, (family, _) in TARGETS.items()
     for head in HEADS[family]
-    if target in ("gpt2", "llama", "gpt-neox", "bert", "roberta", "bart")
+    if target in ("gpt2", "llama", "gpt-neox", "bert", "roberta", "modernbert", "bart")
     or head.__name__.endswith(("ForCausalLM", "ForConditionalGeneration", "ForSequenceClassification"))
 ]
 CASE_IDS = [f"{target}-{head.__name__.removeprefix('Coreformer')}" for target, head in CASES]
@@ -158,6 +164,9 @@ def test_export_then_convert_is_the_identity(target, head):
             assert not again[name][:2].any()
             again[name] = again[name][2:]
         assert back.config.position_offset == 2
+    if target == "modernbert-cls":  # ModernBERT names its pooling: the encoder's default comes back by name
+        assert (model.config.classifier_pooling, back.config.classifier_pooling) == (None, "cls")
+        back.config.classifier_pooling = None
     if head is cf.CoreformerSeq2SeqForConditionalGeneration and "final_logits_bias" not in ours:
         assert not again.pop("final_logits_bias").any()  # BART always has one: written as zeros
     assert set(again) == set(ours)
@@ -240,21 +249,70 @@ REFUSALS = {
         "BertForMaskedLM",
         ["position_embedding_type='sinusoidal'"],
     ),
-    "a ModernBERT-style encoder": (
+    # Near misses of ModernBERT: each names the one field that keeps it from ModernBERT's function.
+    "a ModernBERT-shaped encoder with its first attention norm": (
         cf.CoreformerEncoderForMaskedLM,
         "encoder",
-        dict(
-            position_embedding_type="rotary",
-            norm_position="pre",
-            gated_mlp=True,
-            attention_bias=False,
-            mlp_bias=False,
-            type_vocab_size=0,
-            layer_types=["full", "sliding"],
-            sliding_window=2,
-        ),
+        dict(MODERNBERT, first_layer_attention_norm=True),
         "ModernBertForMaskedLM",
-        ["first layer has no attention norm"],
+        ["first_layer_attention_norm=True (ModernBERT's first layer has no attention norm)"],
+    ),
+    "a ModernBERT-shaped encoder with grouped-query attention": (
+        cf.CoreformerEncoderForMaskedLM,
+        "encoder",
+        dict(MODERNBERT, num_key_value_heads=2),
+        "ModernBertForMaskedLM",
+        ["num_key_value_heads=2 (ModernBERT has no GQA)"],
+    ),
+    "a ModernBERT-shaped encoder with strided layers": (
+        cf.CoreformerEncoderModel,
+        "encoder",
+        dict(MODERNBERT, layer_types=["full", "strided", "sliding", "full"], stride=2),
+        "ModernBertModel",
+        ["layer_types=['full', 'strided', 'sliding', 'full']"],
+    ),
+    "a ModernBERT-shaped classifier pooling the last token": (
+        cf.CoreformerEncoderForSequenceClassification,
+        "encoder",
+        dict(MODERNBERT, classifier_pooling="last"),
+        "ModernBertForSequenceClassification",
+        ["classifier_pooling='last' (ModernBERT pools 'cls' or 'mean')"],
+    ),
+    "a ModernBERT-shaped classifier without the prediction head": (
+        cf.CoreformerEncoderForTokenClassification,
+        "encoder",
+        dict(MODERNBERT, classifier_transform=False),
+        "ModernBertForTokenClassification",
+        ["classifier_transform=False"],
+    ),
+    # The options only ModernBERT has keep every other target away.
+    "BERT without LayerNorm biases": (
+        cf.CoreformerEncoderForMaskedLM,
+        "encoder",
+        dict(norm_bias=False),
+        "BertForMaskedLM",
+        ["norm_bias=False (BERT's LayerNorms have biases)"],
+    ),
+    "sliding layers with their own rope theta": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(LLAMA, layer_types=["sliding", "full"], sliding_window=3, local_rope_theta=10.0),
+        "Qwen2ForCausalLM",
+        ["local_rope_theta=10.0 (Qwen2 has one rope_theta for every layer)"],
+    ),
+    "a decoder classifier pooling the first token": (
+        cf.CoreformerDecoderForSequenceClassification,
+        "decoder",
+        dict(classifier_pooling="cls"),
+        "GPT2ForSequenceClassification",
+        ["classifier_pooling='cls'"],
+    ),
+    "a token classifier with a head transform": (
+        cf.CoreformerEncoderForTokenClassification,
+        "encoder",
+        dict(classifier_transform=True),
+        "BertForTokenClassification",
+        ["classifier_transform=True"],
     ),
     "BART with another norm epsilon": (
         cf.CoreformerSeq2SeqForConditionalGeneration,
@@ -395,6 +453,35 @@ def test_cli_failed_check_exits_1_and_writes_nothing(saved_decoder, tmp_path, ca
     assert cli.main(["export", str(saved_decoder), str(tmp_path / "out"), "--check"]) == 1
     assert "check failed: max abs difference 0.1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_exports_a_modernbert_shaped_encoder_with_check(tmp_path, capsys):
+    """`coreformer export FOLDER OUT --to native --check` for a saved ModernBERT-shaped MLM with its tokenizer."""
+    from test_publish import CORPUS
+
+    from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
+
+    tokenizer = train_tokenizer("encoder", CORPUS, vocab_size=300)
+    config = cf.CoreformerEncoderConfig(
+        **token_config_kwargs(tokenizer, "encoder"),
+        **dict(MODERNBERT, hidden_size=32, num_attention_heads=4, intermediate_size=48, hidden_dropout=0.0),
+    )
+    torch.manual_seed(0)
+    folder, out = tmp_path / "modernbert-shaped", tmp_path / "native"
+    cf.CoreformerEncoderForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert cli.main(["export", str(folder), str(out), "--to", "native", "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert float(printed.split("max abs difference: ")[1].split()[0]) <= CHECK_TOLERANCE
+    assert "ModernBertForMaskedLM" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "modernbert" and "auto_map" not in config
+    assert config["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    assert config["local_attention"] == 2 * MODERNBERT["sliding_window"]
+    assert {"model.safetensors", "README.md", "tokenizer.json"} <= {path.name for path in out.iterdir()}
+    assert not any(path.suffix == ".py" for path in out.iterdir())
+    card = cf.model_card.validate_model_card(out / "README.md")
+    assert "ModernBertForMaskedLM" in card.text and "modernbert" in card.data.tags
 
 
 def test_onnx_and_gguf_dispatch_to_the_serve_functions(saved_decoder, tmp_path, monkeypatch):

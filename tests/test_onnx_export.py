@@ -7,6 +7,7 @@ import onnxruntime
 import pytest
 import torch
 from conftest import VARIANTS, padded_batch, tiny_model
+from test_modernbert import MODERNBERT
 
 import coreformer as cf
 from coreformer.onnx_export import CHECK_TOLERANCE, MANIFEST_NAME, export_onnx, without_eos
@@ -104,18 +105,24 @@ def test_seq2seq_graphs_decode_greedily_like_generate_with_and_without_the_cache
     assert target.tolist() == expected.tolist()
 
 
+# ModernBERT's options in one graph: no first attention norm, global and local layers with a rotary table each, the
+# head transform, mean pooling over padded choices.
+MODERNBERT_MEAN = dict(MODERNBERT, classifier_pooling="mean")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "model_class, family",
+    "model_class, family, options",
     [
-        (cf.CoreformerEncoderForQuestionAnswering, "encoder"),  # two outputs
-        (cf.CoreformerEncoderForMultipleChoice, "encoder"),  # (batch, choices, sequence) inputs
-        (cf.CoreformerDecoderForSequenceClassification, "decoder"),  # last-token pooling, no cache graph
-        (cf.CoreformerSeq2SeqForSequenceClassification, "seq2seq"),  # eos pooling traced without data checks
+        (cf.CoreformerEncoderForQuestionAnswering, "encoder", {}),  # two outputs
+        (cf.CoreformerEncoderForMultipleChoice, "encoder", MODERNBERT_MEAN),  # (batch, choices, sequence) inputs
+        (cf.CoreformerDecoderForSequenceClassification, "decoder", {}),  # last-token pooling, no cache graph
+        (cf.CoreformerSeq2SeqForSequenceClassification, "seq2seq", {}),  # eos pooling traced without data checks
     ],
+    ids=["encoder-qa", "modernbert-shaped-multiple-choice", "decoder-sequence", "seq2seq-sequence"],
 )
-def test_other_heads_export_and_match_pytorch(tmp_path, model_class, family):
-    model = tiny_model(model_class, family, num_labels=3)
+def test_other_heads_export_and_match_pytorch(tmp_path, model_class, family, options):
+    model = tiny_model(model_class, family, num_labels=3, **options)
     report = export_onnx(save(tmp_path, model), tmp_path / "onnx", check=True)
     assert list(report["graphs"]) == ["model"]
     assert report["max_abs_diff"] <= CHECK_TOLERANCE

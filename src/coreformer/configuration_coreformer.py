@@ -34,6 +34,8 @@ SAVED_LAYER_TYPES = "coreformer_layer_types"
 GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPE_TABLE.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
+# How sequence classifiers (and multiple choice) summarise a sequence: modeling_base.POOLINGS holds the functions.
+CLASSIFIER_POOLINGS = ("cls", "last", "mean")
 
 
 class CoreformerConfig(PreTrainedConfig):
@@ -53,14 +55,21 @@ class CoreformerConfig(PreTrainedConfig):
         max_position_embeddings: Longest sequence; enforced for learned and sinusoidal positions.
         position_embedding_type: "learned" | "sinusoidal" | "rotary" | "none".
         position_offset: Added to position ids before the learned table lookup (BART stores positions from 2).
-        rope_theta: Base of the rotary frequencies.
+        rope_theta: Base of the rotary frequencies (of every layer whose type reads no other field, see
+            `local_rope_theta`).
+        local_rope_theta: Base of the rotary frequencies of "sliding" layers (layer_types.py's table says which types
+            read it); `None` means `rope_theta`. ModernBERT's local layers use 10,000 and its global ones 160,000.
         type_vocab_size: Number of token types (BERT segments); 0 disables token-type embeddings.
         norm_type: "layernorm" | "rmsnorm".
         norm_position: "pre" (norm inside the residual branch, GPT-2) or "post" (norm after the residual sum, BERT).
         layer_norm_eps: Epsilon of every norm.
+        norm_bias: LayerNorms have a bias (ModernBERT's `norm_bias=False` drops it); RMSNorm never has one.
         embedding_layernorm: Normalise the summed embeddings (BERT's embeddings LayerNorm, BART's
             layernorm_embedding).
         final_norm: Norm after the last block; `None` means "only for pre-norm", which is what every family uses.
+        first_layer_attention_norm: `False` gives the first block of each stack no self-attention norm (an
+            `nn.Identity`), as ModernBERT's first layer: its attention reads the (normalised) embeddings directly.
+            Pre-norm only.
         scale_embedding: Multiply token embeddings by sqrt(hidden_size) (BART's scale_embedding).
         attention_bias: Biases on the q/k/v/o projections.
         mlp_bias: Biases on the MLP projections.
@@ -68,6 +77,15 @@ class CoreformerConfig(PreTrainedConfig):
         hidden_dropout: Dropout on embeddings and on every residual branch.
         classifier_dropout: Dropout before classification heads; `None` means `hidden_dropout`.
         lm_head_transform: Dense + activation + norm before the LM projection (BERT's MLM transform).
+        head_transform_bias: A bias on the dense layer of the head transforms (`lm_head_transform`,
+            `classifier_transform`); ModernBERT's prediction head has none (its `classifier_bias=False`).
+        classifier_transform: Every classification head (sequence, token, question answering, multiple choice)
+            first applies its own head transform (dense -> activation -> norm, the MLM transform's shape) and
+            dropout, as ModernBERT's prediction head `head`; then its usual classifier.
+        classifier_pooling: How sequence classifiers and multiple choice summarise the sequence: "cls" (the first
+            token), "last" (the last real token) or "mean" (the mean over real tokens, ModernBERT's "mean"); `None`
+            means the family's own: the encoder's "cls", the decoder's "last" (seq2seq classifiers always pool at
+            the last eos).
         lm_head_bias: A trained bias on the LM projection (BERT's decoder bias). BART's frozen one is the seq2seq
             config's `final_logits_bias`.
         classifier_dense: Sequence classifiers project the pooled token with a tanh dense layer first (BERT's pooler,
@@ -108,12 +126,15 @@ class CoreformerConfig(PreTrainedConfig):
     position_embedding_type: str = "learned"
     position_offset: int = 0
     rope_theta: float = 10000.0
+    local_rope_theta: float | None = None
     type_vocab_size: int = 0
     norm_type: str = "layernorm"
     norm_position: str = "post"
     layer_norm_eps: float = 1e-12
+    norm_bias: bool = True
     embedding_layernorm: bool = True
     final_norm: bool | None = None
+    first_layer_attention_norm: bool = True
     scale_embedding: bool = False
     attention_bias: bool = True
     mlp_bias: bool = True
@@ -122,6 +143,9 @@ class CoreformerConfig(PreTrainedConfig):
     classifier_dropout: float | None = None
     lm_head_transform: bool = False
     lm_head_bias: bool = False
+    head_transform_bias: bool = True
+    classifier_transform: bool = False
+    classifier_pooling: str | None = None
     classifier_dense: bool = True
     classifier_bias: bool = True
     classifier_dropout_before_dense: bool = False
@@ -301,8 +325,20 @@ class CoreformerConfig(PreTrainedConfig):
             raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
         if self.type_vocab_size < 0:
             raise ValueError(f"`type_vocab_size` must be >= 0 (0 disables token types), got {self.type_vocab_size}.")
-        if self.rope_theta <= 0:
-            raise ValueError(f"`rope_theta` must be > 0, got {self.rope_theta}.")
+        for name in ("rope_theta", "local_rope_theta"):
+            theta = getattr(self, name)
+            if theta is not None and theta <= 0:
+                raise ValueError(f"`{name}` must be > 0, got {theta}.")
+        if not self.first_layer_attention_norm and self.norm_position != "pre":
+            raise ValueError(
+                "`first_layer_attention_norm=False` (ModernBERT's first layer) reads the embeddings without a norm "
+                "inside the attention branch, which exists only in pre-norm blocks: set `norm_position='pre'`."
+            )
+        if self.classifier_pooling is not None and self.classifier_pooling not in CLASSIFIER_POOLINGS:
+            raise ValueError(
+                f"`classifier_pooling` must be one of {CLASSIFIER_POOLINGS} (or None for the family's own), got "
+                f"{self.classifier_pooling!r}."
+            )
         if self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be > 0, got {self.layer_norm_eps}.")
         if self.initializer_range < 0:
@@ -324,6 +360,12 @@ class CoreformerConfig(PreTrainedConfig):
                         f"`{name}` ({token_id}) must be a token id in [0, vocab_size={self.vocab_size}): "
                         f"set it to an id of your tokenizer or grow `vocab_size`."
                     )
+
+    def rope_theta_of(self, layer_type: str) -> float:
+        """The rotary base of a layer of `layer_type`: the config field its layer-type entry names, else
+        `rope_theta`."""
+        theta = getattr(self, LAYER_TYPE_TABLE[layer_type].rope_theta_field)
+        return self.rope_theta if theta is None else theta
 
     def require_head_dim(self) -> int:
         """The width of one head; one clear error when `hidden_size` does not split into `num_attention_heads`."""
@@ -469,6 +511,11 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
 
     def validate_fields(self) -> None:
         super().validate_fields()
+        if self.classifier_pooling is not None:
+            raise ValueError(
+                f"`classifier_pooling` ({self.classifier_pooling!r}) is for encoders and decoders: the seq2seq "
+                f"classifier always pools the decoder state at the last eos token (as BART's). Leave it None."
+            )
         if self.decoder_start_token_id is None:
             raise ValueError(
                 "`decoder_start_token_id` is required: it is the first decoder input in generation and when labels "

@@ -1,5 +1,5 @@
-"""transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX models -> the matching coreformer
-models, with exact parity.
+"""transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX / ModernBERT models -> the matching
+coreformer models, with exact parity.
 
     transformers class                      coreformer class
     BertModel, RobertaModel                 CoreformerEncoderModel (the pooler is dropped)
@@ -25,6 +25,11 @@ models, with exact parity.
     GPTNeoXForCausalLM                      CoreformerDecoderForCausalLM
     GPTNeoXForSequenceClassification       CoreformerDecoderForSequenceClassification (score -> classifier.out_proj)
     GPTNeoXForTokenClassification          CoreformerDecoderForTokenClassification
+    ModernBertModel                         CoreformerEncoderModel (rotary GeGLU pre-norm, global/local layers with
+                                            a rope theta each, first_layer_attention_norm=False)
+    ModernBertForMaskedLM                   CoreformerEncoderForMaskedLM (head -> lm_head_transform)
+    ModernBertFor{Sequence,Token}Class.,    CoreformerEncoderFor... (head -> head_transform, classifier_transform;
+    ...ForQuestionAnswering, ...ForMultipleChoice   classifier_pooling "cls" / "mean")
 
 `convert_from_hf` translates the config, renames every weight through a table of regular expressions and loads the
 result with `load_state_dict(strict=True)`: a source weight no rule claims, or a coreformer parameter no weight fills,
@@ -126,6 +131,19 @@ _GPT_NEOX_BASE_RULES: list[Rule] = [
     (rf"layers\.(\d+)\.mlp\.dense_h_to_4h\.{_WB}", r"decoder.layers.\1.mlp.up_proj.\2"),
     (rf"layers\.(\d+)\.mlp\.dense_4h_to_h\.{_WB}", r"decoder.layers.\1.mlp.down_proj.\2"),
     (rf"final_layer_norm\.{_WB}", r"decoder.norm.\1"),
+]
+
+# ModernBERT after `_unfuse_modernbert`: Wqkv split into q/k/v pseudo-names, Wi into gate (the activated half) and up.
+_MODERNBERT_BASE_RULES: list[Rule] = [
+    (r"embeddings\.tok_embeddings\.weight", "encoder.embed_tokens.weight"),
+    (rf"embeddings\.norm\.{_WB}", r"encoder.embedding_norm.\1"),
+    (rf"layers\.(\d+)\.attn_norm\.{_WB}", r"encoder.layers.\1.self_attn_norm.\2"),
+    (rf"layers\.(\d+)\.attn\.([qkv])_proj\.{_WB}", r"encoder.layers.\1.self_attn.\2_proj.\3"),
+    (rf"layers\.(\d+)\.attn\.Wo\.{_WB}", r"encoder.layers.\1.self_attn.o_proj.\2"),
+    (rf"layers\.(\d+)\.mlp_norm\.{_WB}", r"encoder.layers.\1.mlp_norm.\2"),
+    (rf"layers\.(\d+)\.mlp\.(gate|up)_proj\.{_WB}", r"encoder.layers.\1.mlp.\2_proj.\3"),
+    (rf"layers\.(\d+)\.mlp\.Wo\.{_WB}", r"encoder.layers.\1.mlp.down_proj.\2"),
+    (rf"final_norm\.{_WB}", r"encoder.norm.\1"),
 ]
 
 _STACK = r"(encoder|decoder)\.layers\.(\d+)"
@@ -271,6 +289,41 @@ _CONVERSIONS.update(
         # Its dropout (config.classifier_dropout) and a biased `classifier`, as coreformer's token head.
         "GPTNeoXForTokenClassification": _Conversion(
             "gpt_neox", CoreformerDecoderForTokenClassification, _SAME_NAME_CLASSIFIER
+        ),
+    }
+)
+
+# ModernBERT's heads all start with its prediction head `head` (dense -> act -> norm): the MLM transform, or a
+# classifier's `head_transform` (config.classifier_transform); `classifier` is the output projection.
+_MODERNBERT_HEAD = ((rf"head\.(dense|norm)\.{_WB}", r"head_transform.\1.\2"),)
+_CONVERSIONS.update(
+    {
+        "ModernBertModel": _Conversion("modernbert", CoreformerEncoderModel),
+        "ModernBertForMaskedLM": _Conversion(
+            "modernbert",
+            CoreformerEncoderForMaskedLM,
+            (
+                (rf"head\.(dense|norm)\.{_WB}", r"lm_head_transform.\1.\2"),
+                (rf"decoder\.{_WB}", r"lm_head.\1"),
+            ),
+        ),
+        "ModernBertForSequenceClassification": _Conversion(
+            "modernbert",
+            CoreformerEncoderForSequenceClassification,
+            (*_MODERNBERT_HEAD, (rf"classifier\.{_WB}", r"classifier.out_proj.\1")),
+        ),
+        "ModernBertForTokenClassification": _Conversion(
+            "modernbert", CoreformerEncoderForTokenClassification, (*_MODERNBERT_HEAD, *_SAME_NAME_CLASSIFIER)
+        ),
+        "ModernBertForQuestionAnswering": _Conversion(
+            "modernbert",
+            CoreformerEncoderForQuestionAnswering,
+            (*_MODERNBERT_HEAD, (rf"classifier\.{_WB}", r"qa_outputs.\1")),
+        ),
+        "ModernBertForMultipleChoice": _Conversion(
+            "modernbert",
+            CoreformerEncoderForMultipleChoice,
+            (*_MODERNBERT_HEAD, (rf"classifier\.{_WB}", r"classifier.out_proj.\1")),
         ),
     }
 )
@@ -464,34 +517,24 @@ def _rope_theta(model_name: str, config: PreTrainedConfig) -> float:
     return float(rope.get("rope_theta", getattr(config, "default_theta", 10000.0)))
 
 
-def _llama_config(config: PreTrainedConfig, is_mlm: bool, name: str = "Llama", **fields) -> CoreformerDecoderConfig:
-    """Llama: rotary, RMSNorm pre-norm blocks with a final norm, gated MLP, grouped-query attention, no embedding norm.
-    `fields` are what the Mistral / Qwen2 translations set on top (sliding layers, biases)."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    translated = {
+def _rotary_decoder_fields(config: PreTrainedConfig, name: str) -> dict:
+    """What the Llama-style and GPT-NeoX readers share: rotary pre-norm blocks with a final norm, no embedding norm, no
+    token types, an LM projection without transform or bias, a bias-free `score` classifier; sizes, tokens, labels."""
+    return {
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads or config.num_attention_heads,
-        "head_dim": head_dim,
         "intermediate_size": config.intermediate_size,
         "hidden_act": _check_activation(name, config.hidden_act),
-        "gated_mlp": True,
         "max_position_embeddings": config.max_position_embeddings,
         "position_embedding_type": "rotary",
         "rope_theta": _rope_theta(name, config),
         "type_vocab_size": 0,
-        "norm_type": "rmsnorm",
         "norm_position": "pre",
-        "layer_norm_eps": config.rms_norm_eps,
         "embedding_layernorm": False,
         "final_norm": True,
-        "attention_bias": getattr(config, "attention_bias", False),
-        "mlp_bias": getattr(config, "mlp_bias", False),
-        "hidden_dropout": 0.0,  # Llama has no dropout on embeddings or residual branches
         "attention_dropout": config.attention_dropout,
-        "classifier_dropout": 0.1,  # GenericForTokenClassification's fallback (these configs have no dropout field)
         "lm_head_transform": False,
         "lm_head_bias": False,
         "classifier_dense": False,
@@ -501,6 +544,24 @@ def _llama_config(config: PreTrainedConfig, is_mlm: bool, name: str = "Llama", *
         "use_cache": config.use_cache,
         **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id"),
         **_label_fields(config),
+    }
+
+
+def _llama_config(config: PreTrainedConfig, is_mlm: bool, name: str = "Llama", **fields) -> CoreformerDecoderConfig:
+    """Llama: rotary, RMSNorm pre-norm blocks with a final norm, gated MLP, grouped-query attention, no embedding norm.
+    `fields` are what the Mistral / Qwen2 translations set on top (sliding layers, biases)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    translated = {
+        **_rotary_decoder_fields(config, name),
+        "num_key_value_heads": config.num_key_value_heads or config.num_attention_heads,
+        "head_dim": head_dim,
+        "gated_mlp": True,
+        "norm_type": "rmsnorm",
+        "layer_norm_eps": config.rms_norm_eps,
+        "attention_bias": getattr(config, "attention_bias", False),
+        "mlp_bias": getattr(config, "mlp_bias", False),
+        "hidden_dropout": 0.0,  # Llama has no dropout on embeddings or residual branches
+        "classifier_dropout": 0.1,  # GenericForTokenClassification's fallback (these configs have no dropout field)
     }
     return CoreformerDecoderConfig(**{**translated, **fields})
 
@@ -541,33 +602,86 @@ def _gpt_neox_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerDecode
             "GPT-NeoX", f"rope_parameters.partial_rotary_factor={partial!r}", "(rotary on part of each head)"
         )
     return CoreformerDecoderConfig(
+        **_rotary_decoder_fields(config, "GPT-NeoX"),
+        norm_type="layernorm",
+        layer_norm_eps=config.layer_norm_eps,
+        attention_bias=config.attention_bias,
+        mlp_bias=True,  # GPTNeoXMLP's two Linear layers always have biases
+        hidden_dropout=config.hidden_dropout,
+        classifier_dropout=config.classifier_dropout,
+    )
+
+
+# ModernBERT's layer types -> coreformer's (its `layer_types` rule: global every `global_attn_every_n_layers`).
+_MODERNBERT_LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
+
+
+def _modernbert_config(config: PreTrainedConfig, is_mlm: bool) -> CoreformerEncoderConfig:
+    """ModernBERT: rotary pre-norm GeGLU blocks without biases, alternating global ("full") and local ("sliding")
+    layers with a rotary base each, LayerNorms (biases optional) on the embeddings and at the end, no attention norm in
+    the first layer, and a prediction head (dense -> act -> norm) in front of every head.
+
+    Its local layers see `local_attention // 2` tokens on each side (`ModernBertConfig.sliding_window`), which is
+    coreformer's `sliding_window`. Dropouts (embedding_dropout, mlp_dropout, the attention output dropout) are
+    training-time only: coreformer's hidden_dropout takes embedding_dropout.
+    """
+    hidden_act = _check_activation("ModernBERT", config.hidden_activation)
+    if config.classifier_activation != hidden_act:
+        raise _unsupported(
+            "ModernBERT",
+            f"classifier_activation={config.classifier_activation!r} != hidden_activation={hidden_act!r}",
+            "(coreformer's head transforms use hidden_act)",
+        )
+    unknown = sorted(set(config.layer_types) - set(_MODERNBERT_LAYER_TYPES))
+    if unknown:
+        raise _unsupported("ModernBERT", f"layer_types with {unknown}", "(attention types)")
+    layer_types = [_MODERNBERT_LAYER_TYPES[kind] for kind in config.layer_types]
+    thetas = {}
+    for kind in dict.fromkeys(config.layer_types):
+        rope = dict(config.rope_parameters[kind])
+        if rope.get("rope_type", "default") != "default":
+            option = f"rope_parameters[{kind!r}].rope_type={rope['rope_type']!r}"
+            raise _unsupported("ModernBERT", option, "(scaled rotary frequencies)")
+        thetas[_MODERNBERT_LAYER_TYPES[kind]] = float(rope["rope_theta"])
+    rope_theta = thetas.get("full", float(config.rope_parameters["full_attention"]["rope_theta"]))
+    local_rope_theta = thetas.get("sliding", rope_theta)
+    sliding = "sliding" in layer_types
+    return CoreformerEncoderConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
         intermediate_size=config.intermediate_size,
-        hidden_act=_check_activation("GPT-NeoX", config.hidden_act),
+        hidden_act=hidden_act,
+        gated_mlp=True,  # Wi -> (input, gate): act(input) * gate, GeGLU with gelu
         max_position_embeddings=config.max_position_embeddings,
         position_embedding_type="rotary",
-        rope_theta=_rope_theta("GPT-NeoX", config),
+        rope_theta=rope_theta,
+        local_rope_theta=None if local_rope_theta == rope_theta else local_rope_theta,
+        layer_types=layer_types,
+        sliding_window=config.sliding_window if sliding else None,
         type_vocab_size=0,
         norm_type="layernorm",
         norm_position="pre",
-        layer_norm_eps=config.layer_norm_eps,
-        embedding_layernorm=False,
+        layer_norm_eps=config.norm_eps,
+        norm_bias=config.norm_bias,
+        embedding_layernorm=True,
         final_norm=True,
+        first_layer_attention_norm=False,  # ModernBertEncoderLayer 0: attn_norm = nn.Identity()
         attention_bias=config.attention_bias,
-        mlp_bias=True,  # GPTNeoXMLP's two Linear layers always have biases
-        hidden_dropout=config.hidden_dropout,
+        mlp_bias=config.mlp_bias,
+        hidden_dropout=config.embedding_dropout,
         attention_dropout=config.attention_dropout,
         classifier_dropout=config.classifier_dropout,
-        lm_head_transform=False,
-        lm_head_bias=False,
+        lm_head_transform=True,
+        lm_head_bias=config.decoder_bias,
+        head_transform_bias=config.classifier_bias,  # ModernBERT's classifier_bias is its prediction head's
+        classifier_transform=True,
+        classifier_pooling=config.classifier_pooling,
         classifier_dense=False,
-        classifier_bias=False,
+        classifier_bias=True,  # the `classifier` Linear always has a bias
         initializer_range=config.initializer_range,
         tie_word_embeddings=config.tie_word_embeddings,
-        use_cache=config.use_cache,
         **_token_fields(config, "pad_token_id", "bos_token_id", "eos_token_id"),
         **_label_fields(config),
     )
@@ -684,6 +798,46 @@ def _qwen2_weights(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) 
     return prepared
 
 
+_MODERNBERT_FUSED = re.compile(r"(.*\.)(attn\.Wqkv|mlp\.Wi)\.(weight|bias)")
+_MODERNBERT_SPLIT = re.compile(r"(.*\.)(attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.(weight|bias)")
+# fused name -> the pseudo-names of its row blocks, in order: Wqkv is (3 * hidden, hidden) = [q; k; v] (its forward
+# views the output as (..., 3, heads, head_dim)); Wi is (2 * intermediate, hidden) = [input; gate], and ModernBERT
+# computes act(input) * gate, so `input` is coreformer's gate_proj (the activated half) and `gate` its up_proj.
+_MODERNBERT_PARTS = {
+    "attn.Wqkv": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+    "mlp.Wi": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def _unfuse_modernbert(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Split ModernBERT's fused Wqkv and Wi into the pseudo-names the rename rules understand."""
+    unfused = {}
+    for name, tensor in state_dict.items():
+        match = _MODERNBERT_FUSED.fullmatch(name)
+        if match is None:
+            unfused[name] = tensor
+            continue
+        parts = _MODERNBERT_PARTS[match[2]]
+        for part, chunk in zip(parts, tensor.chunk(len(parts), dim=0)):  # (n * out, ...) -> n x (out, ...)
+            unfused[f"{match[1]}{part}.{match[3]}"] = chunk
+    return unfused
+
+
+def _fuse_modernbert(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `_unfuse_modernbert` (export): the row blocks concatenated back into Wqkv and Wi."""
+    fused = {}
+    for name, tensor in state_dict.items():
+        match = _MODERNBERT_SPLIT.fullmatch(name)
+        if match is None:
+            fused[name] = tensor
+            continue
+        for whole, parts in _MODERNBERT_PARTS.items():
+            if match[2] == parts[0]:  # gathered with the first part
+                blocks = [state_dict[f"{match[1]}{part}.{match[3]}"] for part in parts]
+                fused[f"{match[1]}{whole}.{match[3]}"] = torch.cat(blocks, dim=0)  # n x (out, ...) -> (n * out, ...)
+    return fused
+
+
 @dataclass(frozen=True)
 class _Source:
     """One transformers architecture (a source `model_type`): how its config and base-model weights translate."""
@@ -706,6 +860,7 @@ _SOURCES: dict[str, _Source] = {
     "mistral": _Source(_mistral_config, _LLAMA_BASE_RULES),
     "qwen2": _Source(_qwen2_config, _LLAMA_BASE_RULES, _qwen2_weights),
     "gpt_neox": _Source(_gpt_neox_config, _GPT_NEOX_BASE_RULES, _unfuse_gpt_neox, _fuse_gpt_neox),
+    "modernbert": _Source(_modernbert_config, _MODERNBERT_BASE_RULES, _unfuse_modernbert, _fuse_modernbert),
 }
 
 
@@ -773,8 +928,8 @@ def _fill_ties(model: CoreformerPreTrainedModel, state_dict: dict[str, torch.Ten
 
 
 def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
-    """The coreformer equivalent of a transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX
-    model: same head, same weights.
+    """The coreformer equivalent of a transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX /
+    ModernBERT model: same head, same weights.
 
     The returned model is in eval mode, on the source's device and dtype, with the source's attention backend
     (`config._attn_implementation`) and, for generative models, a copy of its `generation_config`.
@@ -787,6 +942,8 @@ def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
         - GPT-2: `token_type_ids`, which GPT-2 looks up in its token embedding, are ignored by the converted model.
         - Qwen2: coreformer's attention biases cover q, k, v and o; Qwen2 has none on o_proj, which gets a zero bias
           (exact, but fine-tuning then trains it). All-zero q/k/v biases convert to a model without biases.
+        - ModernBERT: its multiple-choice head pools the first real token, coreformer's the first token: the same for
+          right-padded batches. `sparse_prediction` is not kept (the same loss; logits for every token).
         - Training-time differences only: GPT-2's embedding dropout takes resid_pdrop (coreformer has one
           hidden_dropout), BART's activation dropout and layerdrop are not kept. With those equal (the defaults
           of GPT-2, and BART's activation_dropout=0, layerdrop=0), fine-tuning the converted model from the same seed

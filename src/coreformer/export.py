@@ -19,7 +19,8 @@ requirements all hold is used; when none holds, the error names the closest targ
                          (a GPT-2 block with rotary positions: the decoder presets; sequential residual, full rotary)
     bert       encoder   learned positions from 0, LayerNorm post-norm, types       Bert{Model,ForMaskedLM,For...}
     roberta    encoder   as bert, positions from pad_token_id + 1                   Roberta...
-    modernbert encoder   (refused: coreformer cannot drop the first layer's attention norm, see MODERNBERT_GAP)
+    modernbert encoder   rotary pre-norm GeGLU, no first attention norm, full/sliding      ModernBert{Model,For...}
+                         layers (a rope theta each), head transforms (classifier_transform)
     bart       seq2seq   learned positions (offset <= 2), LayerNorm post-norm        Bart{Model,ForConditional...}
 
 The weights are renamed with conversion.py's own rules, read backwards: the native model is built from the
@@ -110,6 +111,16 @@ def _standard_head_dim(value, config) -> bool:
 
 
 MASKED_LM = ("CoreformerEncoderForMaskedLM",)
+CLASSIFIERS = (
+    "CoreformerEncoderForSequenceClassification",
+    "CoreformerEncoderForTokenClassification",
+    "CoreformerEncoderForQuestionAnswering",
+    "CoreformerEncoderForMultipleChoice",
+    "CoreformerDecoderForSequenceClassification",
+    "CoreformerDecoderForTokenClassification",
+    "CoreformerSeq2SeqForSequenceClassification",
+)
+POOLED_ENCODER_HEADS = ("CoreformerEncoderForSequenceClassification", "CoreformerEncoderForMultipleChoice")
 CAUSAL_LM = ("CoreformerDecoderForCausalLM",)
 SEQ2SEQ_LM = ("CoreformerSeq2SeqForConditionalGeneration",)
 POOLED_CLASSIFIERS = (
@@ -120,18 +131,60 @@ POOLED_CLASSIFIERS = (
 )
 
 
+def _pooling(pooling: str, native: str, heads: tuple[str, ...]) -> Requirement:
+    """The pooled token of a target's sequence classifiers: `pooling` or the family's default (None)."""
+    return Requirement(
+        "classifier_pooling", lambda value, config: value in (None, pooling), f"{native} pools {pooling!r}", heads
+    )
+
+
+def _every_block_normed(native: str) -> list[Requirement]:
+    """The coreformer options no target but ModernBERT has: every block's attention norm, plain classifiers."""
+    return [
+        equals("first_layer_attention_norm", True, f"{native}'s first layer normalises its attention input"),
+        equals("classifier_transform", False, f"{native}'s classifiers have no transform of their own", CLASSIFIERS),
+    ]
+
+
+def _standard_heads(native: str) -> list[Requirement]:
+    """One key/value head per query head, each hidden_size / num_attention_heads wide."""
+    return [
+        Requirement(
+            "num_key_value_heads", lambda value, config: value == config.num_attention_heads, f"{native} has no GQA"
+        ),
+        Requirement("head_dim", _standard_head_dim, f"{native}'s heads are hidden_size / num_attention_heads wide"),
+    ]
+
+
+def _rotary_layernorm_block(native: str, *, embedding_norm: bool, gated: bool) -> list[Requirement]:
+    """GPT-NeoX / ModernBERT blocks: rotary, LayerNorm pre-norm with a final norm, unscaled embeddings, MHA."""
+    return [
+        equals("position_embedding_type", "rotary", f"{native} uses rotary positions"),
+        equals("norm_type", "layernorm", f"{native} uses LayerNorm"),
+        equals("norm_position", "pre", f"{native} is pre-norm"),
+        equals("final_norm", True, f"{native} has a final norm"),
+        equals(
+            "embedding_layernorm",
+            embedding_norm,
+            f"{native} {'normalises its embeddings' if embedding_norm else 'has no embedding norm'}",
+        ),
+        equals("scale_embedding", False, f"{native} does not scale embeddings"),
+        equals("gated_mlp", gated, f"{native}'s MLP {'is gated' if gated else 'has no gate'}"),
+        *_standard_heads(native),
+    ]
+
+
 def _plain_block(native: str, norm_position: str) -> list[Requirement]:
     """GPT-2 / BERT / BART blocks: LayerNorm, biases everywhere, ungated MLP, one key/value head per query head."""
     return [
+        *_every_block_normed(native),
+        equals("norm_bias", True, f"{native}'s LayerNorms have biases"),
         equals("norm_type", "layernorm", f"{native} uses LayerNorm"),
         equals("norm_position", norm_position, f"{native} is {norm_position}-norm"),
         equals("attention_bias", True, f"{native} has attention biases"),
         equals("mlp_bias", True, f"{native} has MLP biases"),
         equals("gated_mlp", False, f"{native}'s MLP has no gate"),
-        Requirement(
-            "num_key_value_heads", lambda value, config: value == config.num_attention_heads, f"{native} has no GQA"
-        ),
-        Requirement("head_dim", _standard_head_dim, f"{native}'s heads are hidden_size / num_attention_heads wide"),
+        *_standard_heads(native),
         equals("position_embedding_type", "learned", f"{native} learns absolute positions"),
     ]
 
@@ -139,6 +192,12 @@ def _plain_block(native: str, norm_position: str) -> list[Requirement]:
 def _llama_block(native: str) -> list[Requirement]:
     """Llama-style blocks: rotary positions, RMSNorm pre-norm with a final norm, gated MLP, no embedding norm."""
     return [
+        *_every_block_normed(native),
+        Requirement(
+            "local_rope_theta",
+            lambda value, config: value in (None, config.rope_theta),
+            f"{native} has one rope_theta for every layer",
+        ),
         equals("position_embedding_type", "rotary", f"{native} uses rotary positions"),
         equals("norm_type", "rmsnorm", f"{native} uses RMSNorm"),
         equals("norm_position", "pre", f"{native} is pre-norm"),
@@ -161,6 +220,7 @@ def _heads_plain(lm_transform: bool, lm_bias: bool, native: str) -> list[Require
             lm_heads,
         ),
         equals("lm_head_bias", lm_bias, f"{native}'s LM projection {'has' if lm_bias else 'has no'} bias", lm_heads),
+        equals("head_transform_bias", True, f"{native}'s MLM transform has a bias", MASKED_LM),
     ]
 
 
@@ -171,14 +231,6 @@ def _classifier(dense: bool, native: str) -> list[Requirement]:
         equals("classifier_bias", dense, f"{native}'s sequence classifier is {what}", POOLED_CLASSIFIERS),
     ]
 
-
-# ModernBERT computes attn_norm = Identity in its first layer (the embedding norm stands in for it); every coreformer
-# block has its norm. The rest of ModernBERT (rotary with one theta per layer kind, GeGLU, no biases, alternating
-# sliding/global layers whose half-window equals coreformer's `sliding_window`) has coreformer fields.
-MODERNBERT_GAP = (
-    "ModernBERT's first layer has no attention norm (nn.Identity) and its global and local layers use different "
-    "rope thetas; coreformer has no option for either, so no coreformer encoder computes ModernBERT's function"
-)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Config translations: coreformer config -> native config (the inverses of conversion.py's translations)
@@ -352,6 +404,42 @@ def _bart_config(config: CoreformerConfig) -> PreTrainedConfig:
     )
 
 
+def _modernbert_config(config: CoreformerConfig) -> PreTrainedConfig:
+    """ModernBERT's local layers see `local_attention // 2` tokens on each side: coreformer's sliding_window."""
+    sliding = "sliding" in config.layer_types
+    return transformers.ModernBertConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        hidden_activation=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        norm_eps=config.layer_norm_eps,
+        norm_bias=config.norm_bias,
+        cls_token_id=config.bos_token_id,  # ModernBERT's defaults have cls = bos and sep = eos
+        sep_token_id=config.eos_token_id,
+        attention_bias=config.attention_bias,
+        attention_dropout=config.attention_dropout,
+        layer_types=[GENERIC_LAYER_TYPES[layer_type] for layer_type in config.layer_types],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": config.rope_theta_of("full")},
+            "sliding_attention": {"rope_type": "default", "rope_theta": config.rope_theta_of("sliding")},
+        },
+        local_attention=2 * config.sliding_window if sliding else 128,  # 128: ModernBERT's default, unused then
+        embedding_dropout=config.hidden_dropout,
+        mlp_bias=config.mlp_bias,
+        mlp_dropout=0.0,
+        decoder_bias=config.lm_head_bias,
+        classifier_pooling=config.classifier_pooling or "cls",
+        classifier_dropout=_dropout(config),
+        classifier_bias=config.head_transform_bias,  # the bias of ModernBERT's prediction head's dense layer
+        classifier_activation=config.hidden_act,
+        **_common_fields(config),
+    )
+
+
 BART_OFFSET = 2  # BartLearnedPositionalEmbedding.offset
 
 
@@ -382,10 +470,9 @@ class NativeTarget:
         name: the transformers model_type ("llama"), also conversion.py's source key for the way back.
         family: the coreformer family it represents ("encoder" | "decoder" | "seq2seq").
         requirements: what the config must hold; each failing one is a difference named in the refusal.
-        native_config: coreformer config -> native config (None: never chosen, it only names what is missing).
+        native_config: coreformer config -> native config.
         heads: coreformer class name -> native class name.
         zero_filled: regular expressions of native weights coreformer has no counterpart for, written as zeros.
-        gaps: differences no config change removes (options coreformer lacks), always reported.
         adapt_weights: rewrites the coreformer state dict into the layout the native weights take (BART's position
             rows), before renaming.
     """
@@ -393,15 +480,14 @@ class NativeTarget:
     name: str
     family: str
     requirements: tuple[Requirement, ...]
-    native_config: Callable[[CoreformerConfig], PreTrainedConfig] | None
+    native_config: Callable[[CoreformerConfig], PreTrainedConfig]
     heads: dict[str, str]
     zero_filled: tuple[str, ...] = ()
-    gaps: tuple[str, ...] = ()
     adapt_weights: Callable[[CoreformerConfig, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
 
     def differences(self, config: CoreformerConfig, class_name: str) -> list[str]:
         found = [req.difference(config, class_name) for req in self.requirements]
-        return [*self.gaps, *filter(None, found)]
+        return list(filter(None, found))
 
 
 def _decoder_heads(prefix: str, causal_lm: str | None = None) -> dict[str, str]:
@@ -427,7 +513,9 @@ def _encoder_heads(prefix: str) -> dict[str, str]:
     }
 
 
+_DECODER_POOLING = _pooling("last", "its sequence classifier", ("CoreformerDecoderForSequenceClassification",))
 _DECODER_COMMON = (
+    _DECODER_POOLING,
     equals("type_vocab_size", 0, "no token types"),
     Requirement("layer_types", _all_layers("full"), "every layer full attention"),
 )
@@ -437,6 +525,7 @@ _ENCODER_COMMON = (
     equals("scale_embedding", False, "embeddings unscaled"),
     Requirement("type_vocab_size", lambda value, config: value >= 1, "token-type embeddings (type_vocab_size >= 1)"),
     Requirement("layer_types", _all_layers("full"), "every layer full attention"),
+    _pooling("cls", "BERT", POOLED_ENCODER_HEADS),
     *_heads_plain(True, True, "BERT"),
     *_classifier(True, "BERT"),
 )
@@ -474,6 +563,7 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
             equals("mlp_bias", False, "Mistral has no MLP biases"),
             equals("type_vocab_size", 0, "no token types"),
             Requirement("layer_types", _all_layers("sliding"), "Mistral slides the window on every layer"),
+            _DECODER_POOLING,
             *_heads_plain(False, False, "Mistral"),
             *_classifier(False, "Mistral"),
         ),
@@ -490,6 +580,7 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
             Requirement("head_dim", _standard_head_dim, "Qwen2's heads are hidden_size / num_attention_heads wide"),
             equals("type_vocab_size", 0, "no token types"),
             Requirement("layer_types", _all_layers("full", "sliding"), "Qwen2 has full and sliding layers only"),
+            _DECODER_POOLING,
             *_heads_plain(False, False, "Qwen2"),
             *_classifier(False, "Qwen2"),
         ),
@@ -501,18 +592,10 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
         "gpt_neox",
         "decoder",
         (
-            equals("position_embedding_type", "rotary", "GPT-NeoX uses rotary positions"),
-            equals("norm_type", "layernorm", "GPT-NeoX uses LayerNorm"),
-            equals("norm_position", "pre", "GPT-NeoX is pre-norm"),
-            equals("final_norm", True, "GPT-NeoX has a final norm"),
-            equals("embedding_layernorm", False, "GPT-NeoX has no embedding norm"),
-            equals("scale_embedding", False, "GPT-NeoX does not scale embeddings"),
-            equals("gated_mlp", False, "GPT-NeoX's MLP has no gate"),
+            *_every_block_normed("GPT-NeoX"),
+            *_rotary_layernorm_block("GPT-NeoX", embedding_norm=False, gated=False),
+            equals("norm_bias", True, "GPT-NeoX's LayerNorms have biases"),
             equals("mlp_bias", True, "GPT-NeoX has MLP biases"),
-            Requirement(
-                "num_key_value_heads", lambda value, config: value == config.num_attention_heads, "GPT-NeoX has no GQA"
-            ),
-            Requirement("head_dim", _standard_head_dim, "GPT-NeoX's heads are hidden_size / num_attention_heads wide"),
             *_DECODER_COMMON,
             *_heads_plain(False, False, "GPT-NeoX"),
             *_classifier(False, "GPT-NeoX"),
@@ -553,19 +636,25 @@ NATIVE_TARGETS: tuple[NativeTarget, ...] = (
         "modernbert",
         "encoder",
         (
-            equals("position_embedding_type", "rotary", "ModernBERT uses rotary positions"),
-            equals("norm_type", "layernorm", "ModernBERT uses LayerNorm"),
-            equals("norm_position", "pre", "ModernBERT is pre-norm"),
-            equals("final_norm", True, "ModernBERT has a final norm"),
-            equals("gated_mlp", True, "ModernBERT's MLP is GeGLU"),
-            equals("attention_bias", False, "ModernBERT has no attention biases"),
-            equals("mlp_bias", False, "ModernBERT has no MLP biases"),
+            *_rotary_layernorm_block("ModernBERT", embedding_norm=True, gated=True),  # GeGLU
+            equals("first_layer_attention_norm", False, "ModernBERT's first layer has no attention norm"),
             equals("type_vocab_size", 0, "ModernBERT has no token types"),
-            Requirement("layer_types", _all_layers("full", "sliding"), "ModernBERT alternates global and local layers"),
+            Requirement("layer_types", _all_layers("full", "sliding"), "ModernBERT has global and local layers only"),
+            equals("lm_head_transform", True, "ModernBERT's MLM head has its prediction head in front", MASKED_LM),
+            Requirement(
+                "classifier_pooling",
+                lambda value, config: value in (None, "cls", "mean"),
+                "ModernBERT pools 'cls' or 'mean'",
+                POOLED_ENCODER_HEADS,
+            ),
+            equals(
+                "classifier_transform", True, "ModernBERT's classifiers have its prediction head in front", CLASSIFIERS
+            ),
+            equals("classifier_dense", False, "ModernBERT's classifier has no tanh dense layer", POOLED_CLASSIFIERS),
+            equals("classifier_bias", True, "ModernBERT's classifier has a bias", POOLED_CLASSIFIERS),
         ),
-        None,
+        _modernbert_config,
         _encoder_heads("ModernBert"),
-        gaps=(MODERNBERT_GAP,),
     ),
     NativeTarget(
         "bart",

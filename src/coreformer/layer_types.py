@@ -72,6 +72,8 @@ class LayerType:
         causal: whether the type may sit in a causal stack.
         transformers_window: the `sliding_window` passed to attention functions, in transformers' convention (the
             window counts the query itself, as Mistral/Qwen2 pass it), from the parameter; None if not a window.
+        rope_theta_field: the config field holding the rotary base of this type's layers (`None` there falls back
+            to `rope_theta`): sliding layers read `local_rope_theta`, as ModernBERT's local layers have their own.
     """
 
     cache_layer: str
@@ -82,6 +84,7 @@ class LayerType:
     sparse_kernel: Callable[..., torch.Tensor] | None = None
     causal: bool = True
     transformers_window: Callable[[int], int] | None = None
+    rope_theta_field: str = "rope_theta"
 
 
 LAYER_TYPES: dict[str, LayerType] = {
@@ -93,6 +96,7 @@ LAYER_TYPES: dict[str, LayerType] = {
         overlay=sliding_window_overlay,
         sparse_kernel=sliding_kernel,
         transformers_window=lambda window: window + 1,
+        rope_theta_field="local_rope_theta",
     ),
     # Every key may be needed later: the stride pattern reaches back indefinitely, so the cache keeps them all.
     "strided": LayerType(

@@ -30,10 +30,11 @@ def build_activation(name: str) -> nn.Module:
 
 
 def build_norm(config: CoreformerConfig) -> nn.Module:
-    """The configured norm over the hidden size: `nn.LayerNorm` or `nn.RMSNorm`."""
+    """The configured norm over the hidden size: `nn.LayerNorm` (with a bias unless `norm_bias=False`) or
+    `nn.RMSNorm`."""
     if config.norm_type == "rmsnorm":
         return nn.RMSNorm(config.hidden_size, eps=config.layer_norm_eps)
-    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
 class MLP(nn.Module):
@@ -87,10 +88,10 @@ class RotaryEmbedding(nn.Module):
     would load with garbage frequencies and no warning.
     """
 
-    def __init__(self, config: CoreformerConfig):
+    def __init__(self, config: CoreformerConfig, theta: float | None = None):
         super().__init__()
         self.head_dim = config.head_dim
-        self.theta = config.rope_theta
+        self.theta = config.rope_theta if theta is None else theta
         self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
 
     def compute_inv_freq(self) -> torch.Tensor:
@@ -105,7 +106,11 @@ class RotaryEmbedding(nn.Module):
 
 
 class Block(GradientCheckpointingLayer):
-    """Self-attention, optional cross-attention, MLP; each a residual branch with a pre- or post-norm."""
+    """Self-attention, optional cross-attention, MLP; each a residual branch with a pre- or post-norm.
+
+    `attention_norm=False` replaces the self-attention norm with `nn.Identity` (ModernBERT's first layer, whose
+    attention reads the normalised embeddings); the stack decides it from `config.first_layer_attention_norm`.
+    """
 
     def __init__(
         self,
@@ -115,12 +120,13 @@ class Block(GradientCheckpointingLayer):
         is_causal: bool,
         cross_attention: bool = False,
         layer_type: str = "full",
+        attention_norm: bool = True,
     ):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
         self.layer_type = layer_type
         self.self_attn = Attention(config, layer_idx, is_causal=is_causal, layer_type=layer_type)
-        self.self_attn_norm = build_norm(config)
+        self.self_attn_norm = build_norm(config) if attention_norm else nn.Identity()
         self.cross_attn = (
             Attention(config, layer_idx, is_causal=False, is_cross_attention=True) if cross_attention else None
         )

@@ -172,6 +172,12 @@ class CoreformerStack(CoreformerPreTrainedModel):
         elif positions == "sinusoidal":
             self.embed_positions = SinusoidalPositions(config)
         self.rotary_emb = RotaryEmbedding(config) if positions == "rotary" else None
+        # The rotary base of each layer type present (`config.rope_theta_of`); a second table for the one other base
+        # there can be (`local_rope_theta`, ModernBERT's local layers).
+        rotary_types = dict.fromkeys(layer_types) if self.rotary_emb is not None else {}
+        self.rope_thetas = {name: config.rope_theta_of(name) for name in rotary_types}
+        other_thetas = sorted(set(self.rope_thetas.values()) - {config.rope_theta})
+        self.local_rotary_emb = RotaryEmbedding(config, other_thetas[0]) if other_thetas else None
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
         )
@@ -180,7 +186,14 @@ class CoreformerStack(CoreformerPreTrainedModel):
 
         self.layer_types = list(layer_types)
         self.layers = nn.ModuleList(
-            Block(config, i, is_causal=is_causal, cross_attention=cross_attention, layer_type=layer_type)
+            Block(
+                config,
+                i,
+                is_causal=is_causal,
+                cross_attention=cross_attention,
+                layer_type=layer_type,
+                attention_norm=i > 0 or config.first_layer_attention_norm,
+            )
             for i, layer_type in enumerate(self.layer_types)
         )
         self.norm = build_norm(config) if config.final_norm else None
@@ -537,7 +550,7 @@ class CoreformerStack(CoreformerPreTrainedModel):
         cross_mask, cross_probability_mask = self.cross_attention_masks(
             hidden_states, encoder_hidden_states, encoder_attention_mask, output_attentions=output_attentions
         )
-        position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
+        position_embeddings = self.rotary_position_embeddings(hidden_states, position_ids)
         unpadding = self.unpadding(attention_mask, past_key_values)
         # Recorded hidden states must be the tensors the computation uses: blocks then pass padded states and unpad
         # inside (the same numbers; two index copies per layer), instead of unpadding once for the whole stack.
@@ -552,7 +565,7 @@ class CoreformerStack(CoreformerPreTrainedModel):
                 masks[block.layer_type],
                 encoder_hidden_states,
                 encoder_attention_mask=cross_mask,
-                position_embeddings=position_embeddings,
+                position_embeddings=position_embeddings.get(block.layer_type),
                 past_key_values=past_key_values,
                 sparse_kernel=block.layer_type in sparse_types,
                 probability_mask=probability_masks.get(block.layer_type),
@@ -575,6 +588,18 @@ class CoreformerStack(CoreformerPreTrainedModel):
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
         )
+
+    def rotary_position_embeddings(
+        self, hidden_states: torch.Tensor, position_ids: torch.Tensor
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{layer type: its rotary (cos, sin), each (B, T, head_dim)}, computed once per rotary base; {} without
+        rotary positions."""
+        by_theta = {
+            table.theta: table(hidden_states, position_ids)
+            for table in (self.rotary_emb, self.local_rotary_emb)
+            if table is not None
+        }
+        return {name: by_theta[theta] for name, theta in self.rope_thetas.items()}
 
     def _prepared_masks(self, attention_mask) -> dict[str, torch.Tensor | None] | None:
         """Masks already built per layer type (`CoreformerPreTrainedModel.create_masks_for_generate`), or None."""
@@ -642,11 +667,12 @@ def classifier_dropout(config: CoreformerConfig) -> float:
 
 
 class LMHeadTransform(nn.Module):
-    """BERT's MLM transform before the vocabulary projection: dense -> activation -> norm."""
+    """BERT's MLM transform before the vocabulary projection: dense -> activation -> norm. The same shape is
+    ModernBERT's prediction head, in front of its classifiers too (`classifier_transform`)."""
 
     def __init__(self, config: CoreformerConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.head_transform_bias)
         self.act_fn = build_activation(config.hidden_act)
         self.norm = build_norm(config)
 
@@ -658,6 +684,11 @@ def build_lm_head(config: CoreformerConfig) -> tuple[LMHeadTransform | None, nn.
     """The optional MLM transform and the vocabulary projection (named `lm_head`, as transformers expects)."""
     transform = LMHeadTransform(config) if config.lm_head_transform else None
     return transform, nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
+
+
+def build_head_transform(config: CoreformerConfig) -> LMHeadTransform | None:
+    """A classification head's own transform (`config.classifier_transform`, ModernBERT's `head`), or None."""
+    return LMHeadTransform(config) if config.classifier_transform else None
 
 
 def language_model_outputs(
@@ -753,6 +784,33 @@ def pool_last_token(
     return hidden_states[torch.arange(batch, device=hidden_states.device), last]
 
 
+def pool_first_token(
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    input_ids: torch.Tensor | None,
+    pad_token_id: int | None,
+) -> torch.Tensor:
+    """The first token of each row ([CLS]): (B, T, H) -> (B, H)."""
+    return hidden_states[:, 0]
+
+
+def pool_mean(
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    input_ids: torch.Tensor | None,
+    pad_token_id: int | None,
+) -> torch.Tensor:
+    """The mean over each row's real tokens (attention mask 1; every token without a mask): (B, T, H) -> (B, H)."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return hidden_states.mean(dim=1)
+    real = attention_mask[:, -hidden_states.shape[1] :, None].to(hidden_states.dtype)  # (B, T, 1)
+    return (hidden_states * real).sum(dim=1) / real.sum(dim=1)
+
+
+# config.classifier_pooling -> (hidden_states, attention_mask, input_ids, pad_token_id) -> (B, H) pooled states.
+POOLINGS = {"cls": pool_first_token, "last": pool_last_token, "mean": pool_mean}
+
+
 class CoreformerTokenClassifier(CoreformerPreTrainedModel):
     """Token classification over any single-stack family; the family subclass names its base model class."""
 
@@ -762,6 +820,7 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = self.base_model_class(config)
+        self.head_transform = build_head_transform(config)
         self.dropout = nn.Dropout(classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -786,7 +845,10 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+        hidden_states = outputs.last_hidden_state
+        if self.head_transform is not None:
+            hidden_states = self.head_transform(hidden_states)
+        logits = self.classifier(self.dropout(hidden_states))  # (B, T, num_labels)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, self.config, **kwargs)
@@ -798,17 +860,20 @@ class CoreformerTokenClassifier(CoreformerPreTrainedModel):
 class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
     """Sequence classification over any single-stack family.
 
-    The family subclass names its base model class and which token summarises the sequence: the first one for a
-    bidirectional encoder ([CLS]), the last non-padding one for a causal decoder (the only one that saw everything).
+    The family subclass names its base model class and how the sequence is summarised unless the config says
+    otherwise (`classifier_pooling`, a key of POOLINGS): the first token for a bidirectional encoder ([CLS]), the last
+    non-padding one for a causal decoder (the only one that saw everything).
     """
 
     base_model_class: type[CoreformerPreTrainedModel]
-    pool_last_token: bool
+    default_pooling: str
 
     def __init__(self, config: CoreformerConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = self.base_model_class(config)
+        self.pool = POOLINGS[config.classifier_pooling or self.default_pooling]
+        self.head_transform = build_head_transform(config)
         self.classifier = ClassificationHead(config, config.num_labels)
         self.post_init()
 
@@ -832,11 +897,9 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state
-        if self.pool_last_token:
-            pooled = pool_last_token(hidden_states, attention_mask, input_ids, self.config.pad_token_id)
-        else:
-            pooled = hidden_states[:, 0]
+        pooled = self.pool(outputs.last_hidden_state, attention_mask, input_ids, self.config.pad_token_id)  # (B, H)
+        if self.head_transform is not None:
+            pooled = self.head_transform(pooled)
         logits = self.classifier(pooled)  # (B, num_labels)
         loss = None
         if labels is not None:

@@ -143,7 +143,7 @@ class CoreformerDecoderForSequenceClassification(CoreformerDecoderPreTrainedMode
     """Classifies the sequence from its last non-padding token."""
 
     base_model_class = CoreformerDecoderModel
-    pool_last_token = True
+    default_pooling = "last"
 
 
 class CoreformerDecoderForTokenClassification(CoreformerDecoderPreTrainedModel, CoreformerTokenClassifier):

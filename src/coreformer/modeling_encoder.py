@@ -2,7 +2,7 @@
 
 CoreformerEncoderModel                       last_hidden_state (B, T, hidden)
 CoreformerEncoderForMaskedLM                 vocabulary logits per token, MLM loss
-CoreformerEncoderForSequenceClassification   first token ([CLS]) -> ClassificationHead
+CoreformerEncoderForSequenceClassification   first token ([CLS]; or `classifier_pooling`) -> ClassificationHead
 CoreformerEncoderForTokenClassification      a label per token
 CoreformerEncoderForQuestionAnswering        start/end logits of an extractive span
 CoreformerEncoderForMultipleChoice           one score per choice, (B, choices, T) inputs
@@ -22,12 +22,15 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from .configuration_coreformer import CoreformerEncoderConfig
 from .losses import TOKEN_LOSS
 from .modeling_base import (
+    POOLINGS,
     ClassificationHead,
     CoreformerPreTrainedModel,
     CoreformerSequenceClassifier,
     CoreformerStack,
     CoreformerTokenClassifier,
+    build_head_transform,
     build_lm_head,
+    classifier_dropout,
     language_model_outputs,
 )
 
@@ -35,6 +38,7 @@ from .modeling_base import (
 class CoreformerEncoderPreTrainedModel(CoreformerPreTrainedModel):
     config_class = CoreformerEncoderConfig
     config: CoreformerEncoderConfig
+    default_pooling = "cls"  # sequence classifiers and multiple choice read the first token unless configured
 
 
 class CoreformerEncoderModel(CoreformerEncoderPreTrainedModel):
@@ -130,7 +134,6 @@ class CoreformerEncoderForSequenceClassification(CoreformerEncoderPreTrainedMode
     """Classifies the sequence from its first token ([CLS])."""
 
     base_model_class = CoreformerEncoderModel
-    pool_last_token = False
 
 
 class CoreformerEncoderForTokenClassification(CoreformerEncoderPreTrainedModel, CoreformerTokenClassifier):
@@ -145,6 +148,8 @@ class CoreformerEncoderForQuestionAnswering(CoreformerEncoderPreTrainedModel):
     def __init__(self, config: CoreformerEncoderConfig):
         super().__init__(config)
         self.model = CoreformerEncoderModel(config)
+        self.head_transform = build_head_transform(config)  # with its dropout, as ModernBERT's QA head
+        self.dropout = nn.Dropout(classifier_dropout(config))
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
@@ -169,7 +174,10 @@ class CoreformerEncoderForQuestionAnswering(CoreformerEncoderPreTrainedModel):
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
-        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)  # 2 x (B, T)
+        hidden_states = outputs.last_hidden_state
+        if self.head_transform is not None:
+            hidden_states = self.dropout(self.head_transform(hidden_states))
+        start_logits, end_logits = self.qa_outputs(hidden_states).unbind(dim=-1)  # 2 x (B, T)
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
@@ -188,6 +196,8 @@ class CoreformerEncoderForMultipleChoice(CoreformerEncoderPreTrainedModel):
     def __init__(self, config: CoreformerEncoderConfig):
         super().__init__(config)
         self.model = CoreformerEncoderModel(config)
+        self.pool = POOLINGS[config.classifier_pooling or self.default_pooling]
+        self.head_transform = build_head_transform(config)
         self.classifier = ClassificationHead(config, 1)
         self.post_init()
 
@@ -220,7 +230,10 @@ class CoreformerEncoderForMultipleChoice(CoreformerEncoderPreTrainedModel):
             inputs_embeds=flat(inputs_embeds),
             **kwargs,
         )
-        logits = self.classifier(outputs.last_hidden_state[:, 0]).view(-1, num_choices)  # (B*C, 1) -> (B, C)
+        pooled = self.pool(outputs.last_hidden_state, flat(attention_mask), flat(input_ids), self.config.pad_token_id)
+        if self.head_transform is not None:
+            pooled = self.head_transform(pooled)
+        logits = self.classifier(pooled).view(-1, num_choices)  # (B*C, 1) -> (B, C)
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(logits, labels.to(logits.device))

@@ -30,6 +30,7 @@ from .modeling_base import (
     CoreformerCrossAttendingStack,
     CoreformerPreTrainedModel,
     CoreformerStack,
+    build_head_transform,
     build_lm_head,
     language_model_outputs,
 )
@@ -260,6 +261,7 @@ class CoreformerSeq2SeqForSequenceClassification(CoreformerSeq2SeqPreTrainedMode
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = CoreformerSeq2SeqModel(config)
+        self.head_transform = build_head_transform(config)
         self.classifier = ClassificationHead(config, config.num_labels)
         self.post_init()
 
@@ -306,6 +308,8 @@ class CoreformerSeq2SeqForSequenceClassification(CoreformerSeq2SeqPreTrainedMode
         positions = torch.arange(input_ids.shape[-1], device=hidden_states.device)
         last_eos = (positions * eos_mask).argmax(-1)  # (B,)
         pooled = hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), last_eos]
+        if self.head_transform is not None:
+            pooled = self.head_transform(pooled)
         logits = self.classifier(pooled)  # (B, num_labels)
         loss = None
         if labels is not None:

@@ -52,6 +52,7 @@ import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -257,51 +258,69 @@ def decoder_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Gr
     ]
 
 
-def seq2seq_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Graph]:
-    """Conditional generation: an encoder graph and a decoder graph (no cache); other heads: the whole model."""
-    config = model.config
+def seq2seq_source(config, batch: int, length: int) -> list[torch.Tensor]:
+    """Random source ids, each row ending in eos (sequence classification pools at the last eos), unpadded."""
+    generator = torch.Generator().manual_seed(batch * 1000 + length)
+    ids = random_ids((batch, length), config.vocab_size, generator)
+    ids[:, -1] = config.eos_token_id
+    return [ids, torch.ones(batch, length, dtype=torch.long)]
 
-    def source(batch: int, length: int) -> list[torch.Tensor]:
-        generator = torch.Generator().manual_seed(batch * 1000 + length)
-        ids = random_ids((batch, length), config.vocab_size, generator)
-        ids[:, -1] = config.eos_token_id  # sequence classification pools at the last eos
-        return [ids, torch.ones(batch, length, dtype=torch.long)]
 
-    def target(batch: int, length: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(batch * 1000 + length + 2)
-        ids = random_ids((batch, length), config.vocab_size, generator)
-        ids[:, 0] = config.decoder_start_token_id
-        return ids
+def seq2seq_target(config, batch: int, length: int) -> torch.Tensor:
+    """Random decoder ids behind the start token."""
+    generator = torch.Generator().manual_seed(batch * 1000 + length + 2)
+    ids = random_ids((batch, length), config.vocab_size, generator)
+    ids[:, 0] = config.decoder_start_token_id
+    return ids
 
-    if auto_class != family.language_model_auto_class:
-        # decoder inputs: input_ids shifted right, the heads' own default (the classifier reads them at the eos)
-        input_names = ["input_ids", "attention_mask"]
-        outputs = output_names_of(model, dict(zip(input_names, source(*EXPORT_SHAPE), strict=True)))
 
-        def run(model, **inputs):
-            return head_outputs(model(**inputs), outputs)
+def seq2seq_whole_model_graph(model: nn.Module) -> Graph:
+    """Base model and classification heads: one graph of the whole model; its decoder inputs are input_ids shifted
+    right, the heads' own default (the classifier reads them at the eos)."""
+    input_names = ["input_ids", "attention_mask"]
+    source = partial(seq2seq_source, model.config)
+    outputs = output_names_of(model, dict(zip(input_names, source(*EXPORT_SHAPE), strict=True)))
 
-        axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
-        return [Graph("model", NamedInputs(model, input_names, run), input_names, outputs, axes, source)]
+    def run(model, **inputs):
+        return head_outputs(model(**inputs), outputs)
 
-    encoder = model.get_encoder()
-    encoder_inputs = ["input_ids", "attention_mask"]
+    axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
+    return Graph("model", NamedInputs(model, input_names, run), input_names, outputs, axes, source)
+
+
+def seq2seq_encoder_graph(model: nn.Module) -> Graph:
+    """Generation, step 1: the encoder, on right-padded sources -> last_hidden_state."""
+    input_names = ["input_ids", "attention_mask"]
 
     def encode(encoder, input_ids, attention_mask):
         return (encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state,)
 
-    def encoder_example(batch: int, length: int) -> list[torch.Tensor]:
-        ids, _ = source(batch, length)
+    def example(batch: int, length: int) -> list[torch.Tensor]:
+        ids, _ = seq2seq_source(model.config, batch, length)
         return [ids, padding_mask((batch, length), left=False)]
 
-    encoder_module = NamedInputs(encoder, encoder_inputs, encode)
+    return Graph(
+        "encoder_model",
+        NamedInputs(model.get_encoder(), input_names, encode),
+        input_names,
+        ["last_hidden_state"],
+        {name: {0: "batch", 1: "encoder_sequence"} for name in input_names},
+        example,
+        {"last_hidden_state": "attention_mask"},
+    )
 
-    refuse_uncachable(model.model.decoder.layer_types)
+
+def seq2seq_present_names(num_layers: int, part: str, prefix: str = "present") -> list[str]:
+    """<prefix>.N.<part>.key / .value of every layer; part "decoder" (self-attention) or "encoder" (cross); prefix
+    "present" (outputs) or "past_key_values" (inputs)."""
+    return [f"{prefix}.{layer}.{part}.{kind}" for layer in range(num_layers) for kind in ("key", "value")]
+
+
+def seq2seq_first_decoder_graph(model: nn.Module, encoder_graph: Graph) -> Graph:
+    """Generation, step 2: the decoder on a target prefix with the encoder output -> logits and every present (its
+    own keys/values and the cross-attention ones, which later steps reuse)."""
     num_layers = model.config.decoder_layers
-    self_presents = [f"present.{layer}.decoder.{kind}" for layer in range(num_layers) for kind in ("key", "value")]
-    cross_presents = [f"present.{layer}.encoder.{kind}" for layer in range(num_layers) for kind in ("key", "value")]
-    self_pasts = [name.replace("present.", "past_key_values.") for name in self_presents]
-    cross_pasts = [name.replace("present.", "past_key_values.") for name in cross_presents]
+    input_names = ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask"]
 
     def decode(model, decoder_input_ids, encoder_hidden_states, encoder_attention_mask):
         output = model(
@@ -313,6 +332,29 @@ def seq2seq_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Gr
         )
         cache = output.past_key_values
         return (output.logits, *flat_cache(cache.self_attention_cache), *flat_cache(cache.cross_attention_cache))
+
+    def example(batch: int, length: int) -> list[torch.Tensor]:
+        source_ids, source_mask = encoder_graph.example(batch, length + 2)
+        with torch.no_grad():
+            (hidden_states,) = encoder_graph.module(source_ids, source_mask)
+        return [seq2seq_target(model.config, batch, length), hidden_states, source_mask]
+
+    outputs = ["logits", *seq2seq_present_names(num_layers, "decoder"), *seq2seq_present_names(num_layers, "encoder")]
+    axes = {
+        "decoder_input_ids": {0: "batch", 1: "decoder_sequence"},
+        "encoder_hidden_states": {0: "batch", 1: "encoder_sequence"},
+        "encoder_attention_mask": {0: "batch", 1: "encoder_sequence"},
+    }
+    return Graph("decoder_model", NamedInputs(model, input_names, decode), input_names, outputs, axes, example)
+
+
+def seq2seq_cached_step_graph(model: nn.Module, first_graph: Graph) -> Graph:
+    """Generation, step 3 onwards: new decoder tokens with the pasts (the decoder's growing, the encoder's from the
+    first decoder graph) -> logits and the decoder's presents."""
+    num_layers = model.config.decoder_layers
+    self_presents = seq2seq_present_names(num_layers, "decoder")
+    self_pasts = seq2seq_present_names(num_layers, "decoder", prefix="past_key_values")
+    cross_pasts = seq2seq_present_names(num_layers, "encoder", prefix="past_key_values")
 
     def step(model, decoder_input_ids, encoder_attention_mask, **past):
         # The cross-attention keys/values are the cache's: marked computed, never projected again, so the encoder
@@ -338,61 +380,34 @@ def seq2seq_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Gr
         )
         return (output.logits, *flat_cache(output.past_key_values.self_attention_cache))
 
-    decoder_inputs = ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask"]
-    decoder_module = NamedInputs(model, decoder_inputs, decode)
-
-    def decoder_example(batch: int, length: int) -> list[torch.Tensor]:
-        source_ids, source_mask = encoder_example(batch, length + 2)
-        with torch.no_grad():
-            (hidden_states,) = encoder_module(source_ids, source_mask)
-        return [target(batch, length), hidden_states, source_mask]
-
-    def step_example(batch: int, length: int) -> list[torch.Tensor]:
+    def example(batch: int, length: int) -> list[torch.Tensor]:
         # a target prefix of `length` tokens through the first decoder graph's computation, then 1 + length // 4 new
-        first = decoder_example(batch, length)
+        first = first_graph.example(batch, length)
         with torch.no_grad():
-            presents = list(decoder_module(*first))[1:]
+            presents = list(first_graph.module(*first))[1:]
         new = random_ids((batch, 1 + length // 4), model.config.vocab_size, torch.Generator().manual_seed(length))
         return [new, first[2], *presents]
 
-    step_inputs = ["decoder_input_ids", "encoder_attention_mask", *self_pasts, *cross_pasts]
-    step_axes = {
+    input_names = ["decoder_input_ids", "encoder_attention_mask", *self_pasts, *cross_pasts]
+    axes = {
         "decoder_input_ids": {0: "batch", 1: "decoder_sequence"},
         "encoder_attention_mask": {0: "batch", 1: "encoder_sequence"},
     }
-    step_axes.update({name: {0: "batch", 2: "past_decoder_sequence"} for name in self_pasts})
-    step_axes.update({name: {0: "batch", 2: "encoder_sequence"} for name in cross_pasts})
-    return [
-        Graph(
-            "encoder_model",
-            encoder_module,
-            encoder_inputs,
-            ["last_hidden_state"],
-            {name: {0: "batch", 1: "encoder_sequence"} for name in encoder_inputs},
-            encoder_example,
-            {"last_hidden_state": "attention_mask"},
-        ),
-        Graph(
-            "decoder_model",
-            decoder_module,
-            decoder_inputs,
-            ["logits", *self_presents, *cross_presents],
-            {
-                "decoder_input_ids": {0: "batch", 1: "decoder_sequence"},
-                "encoder_hidden_states": {0: "batch", 1: "encoder_sequence"},
-                "encoder_attention_mask": {0: "batch", 1: "encoder_sequence"},
-            },
-            decoder_example,
-        ),
-        Graph(
-            "decoder_with_past_model",
-            NamedInputs(model, step_inputs, step),
-            step_inputs,
-            ["logits", *self_presents],
-            step_axes,
-            step_example,
-        ),
-    ]
+    axes.update({name: {0: "batch", 2: "past_decoder_sequence"} for name in self_pasts})
+    axes.update({name: {0: "batch", 2: "encoder_sequence"} for name in cross_pasts})
+    module = NamedInputs(model, input_names, step)
+    return Graph("decoder_with_past_model", module, input_names, ["logits", *self_presents], axes, example)
+
+
+def seq2seq_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Graph]:
+    """Conditional generation: the encoder graph, the first decoder graph and the cached step; other heads: the
+    whole model."""
+    if auto_class != family.language_model_auto_class:
+        return [seq2seq_whole_model_graph(model)]
+    refuse_uncachable(model.model.decoder.layer_types)
+    encoder = seq2seq_encoder_graph(model)
+    first = seq2seq_first_decoder_graph(model, encoder)
+    return [encoder, first, seq2seq_cached_step_graph(model, first)]
 
 
 GRAPH_BUILDERS: dict[str, Callable[[nn.Module, Family, str], list[Graph]]] = {
