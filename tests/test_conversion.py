@@ -81,6 +81,17 @@ def gpt_neox_config(**overrides) -> transformers.GPTNeoXConfig:
     return transformers.GPTNeoXConfig(**{**fields, "rope_parameters": rope, "num_labels": 3, **overrides})
 
 
+def modernbert_config(**overrides) -> transformers.ModernBertConfig:
+    """Global and local layers (a window narrower than the batches) with a rope theta each, every bias on."""
+    fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37)
+    fields.update(max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1)
+    fields.update(sep_token_id=2, local_attention=4, global_attn_every_n_layers=2, initializer_range=0.2)
+    fields.update(norm_bias=True, attention_bias=True, mlp_bias=True, classifier_bias=True, classifier_pooling="mean")
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 500.0}}
+    rope["sliding_attention"] = {"rope_type": "default", "rope_theta": 10.0}
+    return transformers.ModernBertConfig(**{**fields, "rope_parameters": rope, "num_labels": 3, **overrides})
+
+
 CONFIGS = {
     "Bert": bert_config,
     "Roberta": roberta_config,
@@ -90,6 +101,7 @@ CONFIGS = {
     "Mistral": mistral_config,
     "Qwen2": qwen2_config,
     "GPTNeoX": gpt_neox_config,
+    "ModernBert": modernbert_config,
 }
 # RoBERTa is exact only on right-padded batches (see convert_from_hf); decoders are tested the way they generate.
 PADDING_SIDE = {
@@ -101,6 +113,7 @@ PADDING_SIDE = {
     "Mistral": "left",
     "Qwen2": "left",
     "GPTNeoX": "left",
+    "ModernBert": "right",
 }
 
 
@@ -190,7 +203,7 @@ def compare_outputs(ours, theirs, source_mask: torch.Tensor, target_mask: torch.
 
 CLASSES = list(SUPPORTED_ARCHITECTURES)
 BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel", "LlamaModel", "MistralModel", "Qwen2Model"}
-BASE_MODELS |= {"GPTNeoXModel"}
+BASE_MODELS |= {"GPTNeoXModel", "ModernBertModel"}
 
 
 @pytest.mark.parametrize("attn_implementation", ATTN_IMPLEMENTATIONS)
@@ -243,6 +256,7 @@ TRAINING_DROPOUT = {
     "Mistral": {},
     "Qwen2": {},
     "GPTNeoX": dict(hidden_dropout=0.1, attention_dropout=0.1, classifier_dropout=0.1),
+    "ModernBert": {},  # ModernBERT drops out elsewhere (inside the MLP, after attention): not compared in training
 }
 # Qwen2's trainable biases (q/k/v, none on o) are not coreformer's (all four, or none): the same function, other
 # parameters to train (see convert_from_hf), so its fine-tuning is not compared.
