@@ -110,8 +110,9 @@ def pretraining_settings(objective: str, args: argparse.Namespace, output_dir: P
 def training_flops(objective: str, settings, config_folder: Path) -> tuple[float, float]:
     """(FLOPs per token, FLOPs per step) of the module the objective trains, built from the run's settings and the
     config of the tokenizer run (same vocabulary); see the module docstring."""
-    config = AutoConfig.from_pretrained(config_folder)
-    return REGISTRY[objective].training_flops(REGISTRY[objective].build_model(config, settings), settings.block_size)
+    config, trained = AutoConfig.from_pretrained(config_folder), REGISTRY[objective]
+    model = trained.build_model(config, settings)
+    return trained.training_flops(model, settings.block_size, label_share=trained.label_share(settings))
 
 
 def held_out_numbers(objective: str, final: dict) -> dict:

@@ -31,6 +31,7 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceCl
 import coreformer as cf
 from coreformer.training.checkpoints import find_latest_checkpoint
 from coreformer.training.finetuning import FinetuningArguments, run_finetuning
+from coreformer.training.flops import head_parameters
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.objectives.electra import (
     ELECTRA,
@@ -225,17 +226,26 @@ def test_training_flops_match_torchs_flop_counter_on_a_forward_and_backward(obje
     assert (per_step > 0) == (objective == "electra")  # the projection of the shared tables, once per step
 
 
-def test_electra_costs_less_per_token_than_masked_lm_of_the_same_encoder():
-    # Masked LM runs a (V, H) vocabulary head at every position; ELECTRA's generator a (V, H / 4) one and its
-    # discriminator a one-logit head: the embedding lookup is not a matmul and is not counted.
+def test_each_objective_counts_its_head_on_the_tokens_it_runs_on():
+    # Masked LM's fused loss runs its (V, H) vocabulary head on the masked share only (label_share: the masking
+    # probability); ELECTRA's generator forms its (V, H / 4) logits at every position and its discriminator a
+    # one-logit head; the embedding lookup is not a matmul and is not counted.
     config = cf.CoreformerEncoderConfig(
         vocab_size=4096, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512
     )
-    flops = {}
+    flops, full, heads = {}, {}, {}
     for name in ("masked-lm", "electra"):
-        args = PretrainingArguments(family="encoder", objective=name, output_dir="unused")
-        flops[name] = OBJECTIVES[name].training_flops(OBJECTIVES[name].build_model(config, args), 128)[0]
-    assert flops["electra"] < flops["masked-lm"]
+        args = PretrainingArguments(family="encoder", objective=name, output_dir="unused", mlm_probability=0.15)
+        objective = OBJECTIVES[name]
+        model = objective.build_model(config, args)
+        flops[name] = objective.training_flops(model, 128, label_share=objective.label_share(args))[0]
+        full[name] = objective.training_flops(model, 128)[0]
+        heads[name] = head_parameters(model)
+    assert OBJECTIVES["masked-lm"].label_share(args) == 0.15 and OBJECTIVES["causal-lm"].label_share(args) == 1.0
+    # masked LM's head (transform and vocabulary product), forward and backward, per token it runs on
+    assert full["masked-lm"] - flops["masked-lm"] == pytest.approx(0.85 * 6 * heads["masked-lm"])
+    assert flops["electra"] == full["electra"]  # the generator's logits at every position
+    assert full["electra"] < full["masked-lm"]  # per token projected, ELECTRA's small generator head costs less
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -55,6 +55,10 @@ class Objective(ABC):
         """Tokens that carry a loss."""
         return int((batch["labels"] != -100).sum())
 
+    def label_share(self, args: Any) -> float:
+        """The expected share of tokens that carry a loss (what `training_flops` takes as `label_share`)."""
+        return 1.0
+
     # ---- model ----
     def build_model(self, config: Any, args: Any) -> torch.nn.Module:
         return head_class(args.family, self.auto_class)(config)

@@ -132,6 +132,10 @@ class MaskedLM(Objective):
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> MaskedLMCollator:
         return MaskedLMCollator.from_tokenizer(tokenizer, mlm_probability=args.mlm_probability, seed=args.seed)
 
+    def label_share(self, args: Any) -> float:
+        """At most the masking probability: special tokens are never selected."""
+        return args.mlm_probability
+
     @torch.no_grad()
     def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:
         """ "prompt -> the five likeliest tokens at [MASK]" (a [MASK] is appended when the prompt has none)."""
