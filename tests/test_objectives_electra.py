@@ -121,8 +121,9 @@ def test_loss_is_the_generators_mlm_mean_plus_50_times_the_discriminators_token_
     outputs = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
     loss = electra_loss(outputs, labels, attention_mask, label_tokens=3, input_tokens=11, rtd_weight=50.0)
 
-    logits = outputs["generator_logits"]
-    mlm = torch.nn.functional.cross_entropy(logits[labels != -100], labels[labels != -100])  # mean of 3
+    logits = outputs["generator_logits"]  # (3, V): the masked positions only
+    assert logits.shape[0] == 3
+    mlm = torch.nn.functional.cross_entropy(logits, labels[labels != -100])  # mean of 3
     real = attention_mask.bool()
     replaced = (outputs["corrupted"] != outputs["original"]).float()
     rtd = torch.nn.functional.binary_cross_entropy_with_logits(outputs["discriminator_logits"][real], replaced[real])
@@ -141,7 +142,7 @@ def test_generator_is_a_quarter_as_wide_and_reads_the_discriminators_token_embed
     assert "discriminator.model.encoder.embed_tokens.weight" in names
     ids = torch.tensor([[2, 5, 4, 3]])
     outputs = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([[-100, -100, 6, -100]]))
-    loss = outputs["generator_logits"][0, 2, 6]
+    loss = outputs["generator_logits"][0, 6]  # the one mask, at position 2
     loss.backward()  # the generator's logits reach the shared embeddings through the projection
     assert model.discriminator.model.encoder.embed_tokens.weight.grad.abs().sum() > 0
     assert model.embedding_projection.weight.grad.abs().sum() > 0
@@ -165,7 +166,7 @@ def test_generator_reads_the_discriminators_position_and_token_type_embeddings_t
     torch.testing.assert_close(
         stack.token_type_embeddings.weight, discriminator.token_type_embeddings.weight @ projection.T
     )
-    outputs["generator_logits"][0, 2, 6].backward()
+    outputs["generator_logits"][0, 6].backward()  # the one mask, at position 2
     assert discriminator.embed_positions.weight.grad[:4].abs().sum() > 0  # the generator's positions are these
     assert discriminator.token_type_embeddings.weight.grad[0].abs().sum() > 0
 
@@ -175,8 +176,8 @@ def test_loss_terms_report_generator_accuracy_replaced_share_and_the_rtd_base_ra
     labels = torch.tensor([[-100, 7, -100, 12, -100, -100]])  # 2 masks
     corrupted = torch.tensor([[2, 7, 9, 8, 3, 0]])  # mask 1 sampled back as 7 (original), mask 2 replaced by 8
     attention_mask = torch.tensor([[1, 1, 1, 1, 1, 0]])  # 5 real tokens: 4 original, 1 replaced
-    generator_logits = torch.zeros(1, 6, 20)
-    generator_logits[0, 1, 7] = generator_logits[0, 3, 5] = 9.0  # likeliest: 7 at mask 1 (right), 5 at mask 2
+    generator_logits = torch.zeros(2, 20)  # at the two masks, positions 1 and 3
+    generator_logits[0, 7] = generator_logits[1, 5] = 9.0  # likeliest: 7 at mask 1 (right), 5 at mask 2
     discriminator_logits = torch.tensor([[-3.0, 2.0, -3.0, 2.0, -3.0, 5.0]])  # says "replaced" at 1 and 3
     outputs = dict(
         generator_logits=generator_logits,
@@ -211,16 +212,17 @@ def test_training_flops_match_torchs_flop_counter_on_a_forward_and_backward(obje
     inputs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels)
     with FlopCounterMode(display=False) as counter:
         OBJECTIVES[objective].loss(model, inputs, int((labels != -100).sum()), batch * length).backward()
-    label_share = (labels != -100).float().mean().item()  # masked LM projects the labelled quarter only
+    label_share = (labels != -100).float().mean().item()  # the vocabulary head projects the labelled quarter only
     per_token, per_step = OBJECTIVES[objective].training_flops(model, length, label_share=label_share)
     counted = per_token * batch * length + per_step
 
     # The counter sees matrix products only; our count adds 6 FLOPs per bias per token it runs on (the additions):
-    # masked LM's head (transform and projection) runs on the labelled tokens only.
+    # the vocabulary head (transform and projection) runs on the labelled tokens only.
     def biases(module):
         return sum(m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None)
 
-    head_biases = sum(biases(m) for m in (model.lm_head_transform, model.lm_head)) if objective == "masked-lm" else 0
+    head = model if objective == "masked-lm" else model.generator  # ELECTRA: the generator's head, at the masks
+    head_biases = sum(biases(m) for m in (head.lm_head_transform, head.lm_head) if m is not None)
     additions = 6 * batch * length * (biases(model) - head_biases + label_share * head_biases)
     assert counted - additions == counter.get_total_flops()
     assert (per_step > 0) == (objective == "electra")  # the projection of the shared tables, once per step
@@ -228,8 +230,8 @@ def test_training_flops_match_torchs_flop_counter_on_a_forward_and_backward(obje
 
 def test_each_objective_counts_its_head_on_the_tokens_it_runs_on():
     # Masked LM's fused loss runs its (V, H) vocabulary head on the masked share only (label_share: the masking
-    # probability); ELECTRA's generator forms its (V, H / 4) logits at every position and its discriminator a
-    # one-logit head; the embedding lookup is not a matmul and is not counted.
+    # probability), and so does ELECTRA's generator with its (V, H / 4) head; ELECTRA's discriminator has a one-logit
+    # head at every token; the embedding lookup is not a matmul and is not counted.
     config = cf.CoreformerEncoderConfig(
         vocab_size=4096, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512
     )
@@ -238,14 +240,16 @@ def test_each_objective_counts_its_head_on_the_tokens_it_runs_on():
         args = PretrainingArguments(family="encoder", objective=name, output_dir="unused", mlm_probability=0.15)
         objective = OBJECTIVES[name]
         model = objective.build_model(config, args)
+        assert objective.label_share(args) == 0.15
         flops[name] = objective.training_flops(model, 128, label_share=objective.label_share(args))[0]
         full[name] = objective.training_flops(model, 128)[0]
-        heads[name] = head_parameters(model)
-    assert OBJECTIVES["masked-lm"].label_share(args) == 0.15 and OBJECTIVES["causal-lm"].label_share(args) == 1.0
-    # masked LM's head (transform and vocabulary product), forward and backward, per token it runs on
-    assert full["masked-lm"] - flops["masked-lm"] == pytest.approx(0.85 * 6 * heads["masked-lm"])
-    assert flops["electra"] == full["electra"]  # the generator's logits at every position
-    assert full["electra"] < full["masked-lm"]  # per token projected, ELECTRA's small generator head costs less
+        heads[name] = head_parameters(model if name == "masked-lm" else model.generator)
+    assert OBJECTIVES["causal-lm"].label_share(args) == 1.0
+    for name in ("masked-lm", "electra"):  # the head (transform and vocabulary product), forward and backward
+        assert full[name] - flops[name] == pytest.approx(0.85 * 6 * heads[name])
+    # ELECTRA's generator is extra work beside an encoder as large as masked LM's: more per token, at a quarter the
+    # width; what the paper claims is fewer tokens for the same downstream accuracy, which the benchmark measures.
+    assert flops["masked-lm"] < flops["electra"] < 1.25 * flops["masked-lm"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

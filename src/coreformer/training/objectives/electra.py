@@ -25,8 +25,9 @@ the generator's accuracy at the masks, the share of masked tokens its sample rep
 accuracy of always answering "original"): an RTD accuracy at the base rate means the discriminator learned nothing.
 
 FLOPs (`Electra.training_flops`): generator and discriminator each 6 N_matmul + 12 L d T per token (flops.py), the
-generator's N_matmul including its tied output layer (V x H_g) and the discriminator's its one-logit head; plus, once
-per step, the projection of the shared tables (6 x rows x H x H_g).
+discriminator's N_matmul including its one-logit head; the generator's head (its tied output layer, V x H_g) runs on
+the masked tokens only, so it counts at the masking probability's share; plus, once per step, the projection of the
+shared tables (6 x rows x H x H_g).
 
 What is saved: the discriminator's encoder (CoreformerEncoderModel, loads with AutoModel and fine-tunes with any
 encoder head), and `generator/`, the generator as a CoreformerEncoderForMaskedLM folder.
@@ -43,7 +44,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ...losses import token_loss
 from ..families import head_class
-from ..flops import flops_per_token, matmul_parameters
+from ..flops import flops_per_token, head_parameters, matmul_parameters
 from .base import Objective
 from .masked_lm import MASKED_LM, MaskedLMCollator
 
@@ -104,18 +105,24 @@ class ElectraPretraining(nn.Module):
         return {name: self.embedding_projection(table.weight) for name, table in tables.items()}
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, **kwargs) -> dict:
-        """Masked batch (B, T) -> generator logits (B, T, V), corrupted ids, the discriminator's logits (B, T)."""
+        """Masked batch (B, T) -> the generator's logits at the M masked positions (M, V), in row-major order of
+        `labels != -100`; corrupted ids; the discriminator's logits (B, T)."""
         shared = self.generator_embeddings()
         for name, table in embedding_tables(self.generator).items():
             table.weight = shared[name]
         self.generator.lm_head.weight = shared["embed_tokens"]
-        generator_logits = self.generator(
+        hidden = self.generator.model(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).logits  # (B, T, V)
+        ).last_hidden_state  # (B, T, H_g)
         masked = labels != -100
+        # Only the masks are predicted and sampled (~15% of the tokens): the vocabulary head runs on those rows.
+        rows = hidden[masked]  # (M, H_g)
+        if self.generator.lm_head_transform is not None:
+            rows = self.generator.lm_head_transform(rows)
+        generator_logits = self.generator.lm_head(rows)  # (M, V)
         original = torch.where(masked, labels, input_ids)
         with torch.no_grad():  # the generator is trained by its MLM loss only (paper section 2)
-            probabilities = torch.softmax(generator_logits[masked].float(), dim=-1)  # (M, V)
+            probabilities = torch.softmax(generator_logits.float(), dim=-1)  # (M, V)
             sampled = self.sample_replacements(probabilities) if len(probabilities) else original[masked]
         corrupted = original.masked_scatter(masked, sampled)
         discriminator_logits = self.discriminator(
@@ -157,10 +164,11 @@ def electra_loss_terms(
     (real tokens that are original: the accuracy of always answering "original"), both over input_tokens;
     "generator_accuracy" (masks whose original is the generator's likeliest token) and "replaced_share" (masks whose
     sample differs from the original), both over label_tokens. All are token means over the step."""
-    generator_logits = outputs["generator_logits"]
-    mlm = token_loss(generator_logits, labels, generator_logits.shape[-1], num_items_in_batch=label_tokens)
+    generator_logits = outputs["generator_logits"]  # (M, V): at the masked positions
+    masked = labels != -100
+    mlm = token_loss(generator_logits, labels[masked], generator_logits.shape[-1], num_items_in_batch=label_tokens)
     targets = replaced_token_labels(outputs["original"], outputs["corrupted"], attention_mask)
-    real, masked = targets != -100, labels != -100
+    real = targets != -100
     logits = outputs["discriminator_logits"][real].float()
     rtd = nn.functional.binary_cross_entropy_with_logits(logits, targets[real], reduction="sum")
     if torch.is_tensor(input_tokens):
@@ -170,7 +178,7 @@ def electra_loss_terms(
     with torch.no_grad():
         right = ((logits > 0).float() == targets[real]).sum()
         original = (targets[real] == 0).sum()
-        predicted = (generator_logits[masked].argmax(-1) == labels[masked]).sum()
+        predicted = (generator_logits.argmax(-1) == labels[masked]).sum()
         replaced = targets[masked].sum()
     rtd = rtd / input_tokens
     return {
@@ -248,15 +256,21 @@ class Electra(Objective):
         for destination in (folder, folder / GENERATOR_DIR):
             tokenizer.save_pretrained(destination)
 
+    def label_share(self, args: Any) -> float:
+        """The generator's share (its masked-LM loss); the discriminator's loss is on every token."""
+        return args.mlm_probability
+
     def training_flops(
         self, model: ElectraPretraining, block_size: int, *, label_share: float = 1.0
     ) -> tuple[float, float]:
-        """(per token, per step): both networks' forward and backward (see the module docstring). `label_share` does
-        not change it: the generator forms its logits at every token (its sample reads them), not the masked ones."""
-        per_token = sum(
-            flops_per_token(network.config, matmul_parameters(network), block_size)
-            for network in (model.generator, model.discriminator)
+        """(per token, per step): both networks' forward and backward (see the module docstring); the generator's
+        head (transform and output layer) runs on the masked tokens only, `label_share` of them."""
+        generator_head = head_parameters(model.generator)
+        per_token = flops_per_token(model.discriminator.config, matmul_parameters(model.discriminator), block_size)
+        per_token += flops_per_token(
+            model.generator.config, matmul_parameters(model.generator) - generator_head, block_size
         )
+        per_token += label_share * 6 * generator_head
         rows = sum(table.num_embeddings for table in embedding_tables(model.discriminator).values())
         projection = model.embedding_projection
         return per_token, 6.0 * rows * projection.in_features * projection.out_features
