@@ -128,9 +128,17 @@ def kill_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) 
     child.stderr.close()
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """`preexec_fn` of a child that a test interrupts with SIGINT (`interrupt_at_marker`). A shell starts background
+    jobs with SIGINT ignored (so does a CI runner that runs the suite as one), Python then installs no
+    KeyboardInterrupt handler, and the child would sleep through the test's Ctrl-C: restore the default, as the
+    foreground job of a terminal has it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) -> tuple[int, str]:
-    """Wait until `child` (started with stderr=PIPE, text=True) writes `marker`, send it SIGINT (Ctrl-C), and return
-    (its exit code, its stderr); fail with the child's stderr if it ended first."""
+    """Wait until `child` (started with stderr=PIPE, text=True, preexec_fn=ctrl_c_as_in_a_terminal) writes `marker`,
+    send it SIGINT (Ctrl-C), and return (its exit code, its stderr); fail with the child's stderr if it ended first."""
     deadline = time.monotonic() + timeout
     while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import free_port, interrupt_at_marker, kill_at_marker
+from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, kill_at_marker
 from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
@@ -673,7 +673,14 @@ def test_ctrl_c_before_the_first_checkpoint_is_one_line_saying_the_step_and_that
     ]
     command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--max-steps", "6", "--batch-size", "4"]
     command += ["--max-train-examples", "32", "--max-eval-examples", "8", "--max-length", "48"]
-    child = subprocess.Popen(command, env=finetune_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        command,
+        env=finetune_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
+    )
     returncode, stderr = interrupt_at_marker(child, marker)
     assert returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr

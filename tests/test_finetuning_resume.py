@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import free_port, interrupt_at_marker
+from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker
 from safetensors.torch import load_file
 from test_finetuning import _texts
 from transformers import AutoModelForSequenceClassification, set_seed
@@ -347,6 +347,7 @@ def test_ctrl_c_after_a_checkpoint_hints_a_resume_that_works(base, uninterrupted
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     returncode, stderr = interrupt_at_marker(child, marker)
     assert returncode == 130, stderr[-3000:]

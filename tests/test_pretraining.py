@@ -22,7 +22,7 @@ import datasets
 import pytest
 import torch
 from accelerate.utils.other import clean_state_dict_for_safetensors
-from conftest import free_port, interrupt_at_marker, kill_at_marker
+from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, kill_at_marker
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -414,6 +414,7 @@ def test_ctrl_c_during_pretraining_is_one_line_naming_the_step_and_the_resume_fl
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     returncode, stderr = interrupt_at_marker(child, marker)
     assert returncode == 130, stderr[-3000:]
