@@ -80,6 +80,25 @@ def test_training_scripts_answer_help_and_version_without_importing_torch(tmp_pa
     assert result.stdout.startswith(expected), result.stdout
 
 
+MISTYPED = {
+    "pretrain": (["--family", "decoder", "--tokenizer", "./no-tokenizer", "--output-dir", "out"], "./no-tokenizer"),
+    "finetune": (["--task", "sequence-classification", "--model", "./no-model", "--output-dir", "out"], "./no-model"),
+}
+
+
+@pytest.mark.parametrize("script", list(MISTYPED))
+def test_training_scripts_name_a_mistyped_folder_before_importing_torch(tmp_path, script):
+    argv, folder = MISTYPED[script]
+    path = ROOT / "training" / f"{script}.py"
+    result = run_python(
+        BLOCKED_SCRIPT.format(heavy=(*HEAVY, "accelerate", "datasets"), script=str(path), argv=argv), tmp_path
+    )
+    # before: the run module (torch) was imported first and the check came after it
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"{script}.py: error: no such folder: {folder} "), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_version_is_the_package_version(capsys):
     with pytest.raises(SystemExit) as exit:
         coreformer_cli.main(["--version"])

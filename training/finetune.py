@@ -26,7 +26,7 @@ import sys
 
 # torch-free imports only (the package's run module, which imports torch, comes in main after parsing)
 from coreformer_cli import USAGE_ERROR, NoSuchFolderError, add_version_argument, check_model_location
-from coreformer_settings.base import INTERRUPTED, FinetuningError, RunStoppedError, add_flags
+from coreformer_settings.base import INTERRUPTED, FinetuningError, RunStoppedError, add_flags, load_config_file
 from coreformer_settings.finetuning import FinetuningSettings
 
 
@@ -41,17 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_locations(given: dict, config: str | None) -> None:
+    """A mistyped --model or --tokenizer folder (given here or in --config): one line, before torch is imported or
+    the Hub is asked."""
+    values = {**(load_config_file(config, error=FinetuningError) if config is not None else {}), **given}
+    for key in ("model", "tokenizer"):
+        if values.get(key) is not None:
+            check_model_location(values[key])
+
+
 def main(argv: list[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     config = given.pop("config", None)
-    from coreformer.training.finetuning import BEFORE, resolve_arguments, run_finetuning  # torch: after parsing
-
     try:
-        args = resolve_arguments(config_file=config, overrides=given)
-        for location in (args.model, args.tokenizer):  # a mistyped folder: one line, before any Hub call
-            if location is not None:
-                check_model_location(location)
-        metrics = run_finetuning(args)
+        check_locations(given, config)
+        from coreformer.training.finetuning import BEFORE, resolve_arguments, run_finetuning  # torch: after the checks
+
+        metrics = run_finetuning(resolve_arguments(config_file=config, overrides=given))
     except (FinetuningError, NoSuchFolderError) as error:
         print(f"finetune.py: error: {error}", file=sys.stderr)
         return USAGE_ERROR

@@ -25,7 +25,7 @@ from coreformer_cli import (
     check_model_location,
 )
 from coreformer_settings.base import INTERRUPTED, PretrainingError, RunStoppedError, add_flags
-from coreformer_settings.pretraining import PRESETS, PretrainingSettings, preset_defaults
+from coreformer_settings.pretraining import PRESETS, PretrainingSettings, gather_settings, preset_defaults
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -43,26 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_locations(args: PretrainingSettings) -> None:
-    """A mistyped --tokenizer or --resume-from-checkpoint folder: one line, before any Hub call."""
-    if args.tokenizer is not None:
-        check_model_location(args.tokenizer)
-    if args.resume_from_checkpoint not in (None, "latest"):
-        check_local_folder(args.resume_from_checkpoint)
+def check_locations(values: dict) -> None:
+    """A mistyped --tokenizer or --resume-from-checkpoint folder (given here, in the preset or in --config): one line,
+    before torch is imported or the Hub is asked."""
+    if values.get("tokenizer") is not None:
+        check_model_location(values["tokenizer"])
+    if values.get("resume_from_checkpoint") not in (None, "latest"):
+        check_local_folder(values["resume_from_checkpoint"])
 
 
 def main(argv: list[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     preset, config = given.pop("preset", None), given.pop("config", None)
     family = given.pop("family", None)
-    from coreformer.training.pretraining import resolve_arguments, run_pretraining  # torch: only after parsing
-
     try:
-        args = resolve_arguments(
-            family=family, preset=preset, config_file=config, overrides=given, configs_dir=CONFIGS_DIR
-        )
-        check_locations(args)
-        run_pretraining(args)
+        settings = dict(family=family, preset=preset, config_file=config, overrides=given, configs_dir=CONFIGS_DIR)
+        check_locations(gather_settings(**settings)[0])
+        from coreformer.training.pretraining import resolve_arguments, run_pretraining  # torch: after the checks
+
+        run_pretraining(resolve_arguments(**settings))
     except (PretrainingError, NoSuchFolderError) as error:
         print(f"pretrain.py: error: {error}", file=sys.stderr)
         return USAGE_ERROR
