@@ -42,6 +42,7 @@ from coreformer.training.objectives.electra import (
     replaced_token_labels,
 )
 from coreformer.training.pretraining import PretrainingArguments, run_pretraining
+from coreformer.training.reports import held_out_numbers
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -359,3 +360,13 @@ def test_electra_killed_during_a_save_resumes_bit_identically(electra_run, tmp_p
         final, reference = weights(killed / folder), weights(tmp_path / "uninterrupted" / folder)
         assert final.keys() == reference.keys()
         assert all(torch.equal(final[name], reference[name]) for name in reference)
+
+
+def test_the_log_reports_electras_parts_not_a_perplexity_of_its_combined_loss():
+    # exp(L_MLM + 50 L_RTD) is no perplexity: the step and done lines print the objective's own held-out numbers.
+    result = {"loss": 26.4, "perplexity": math.exp(26.4), "mlm_loss": 5.8, "rtd_loss": 0.41}
+    result.update(rtd_accuracy=0.857, rtd_base_rate=0.857)
+    electra = held_out_numbers(result, OBJECTIVES["electra"].metrics_beside_loss)
+    assert electra == "mlm loss 5.8000, rtd loss 0.4100, rtd accuracy 0.8570, rtd base rate 0.8570"
+    masked = held_out_numbers(result, OBJECTIVES["masked-lm"].metrics_beside_loss)
+    assert masked.startswith("perplexity ")

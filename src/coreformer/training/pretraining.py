@@ -71,7 +71,15 @@ from .engine import Engine, requested_engine, resolve_engine
 from .families import FAMILIES as FAMILY_FACTS
 from .families import longest_input
 from .objectives import OBJECTIVES, Objective
-from .reports import PEAK_FLOPS, flops_per_token, plot_losses, render_model_card, run_summary, time_line
+from .reports import (
+    PEAK_FLOPS,
+    flops_per_token,
+    held_out_numbers,
+    plot_losses,
+    render_model_card,
+    run_summary,
+    time_line,
+)
 from .tokenizer_training import token_config_kwargs, tokenizer_name, train_tokenizer
 
 FAMILIES = tuple(FAMILY_FACTS)
@@ -775,9 +783,8 @@ def train(run: _Run, training: _Training) -> None:
             progress.update(1)
             if args.eval_every and training.step % args.eval_every == 0:
                 result = _evaluate(run, training)
-                progress.write(
-                    f"step {training.step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f}"
-                )
+                extra = held_out_numbers(result, run.objective.metrics_beside_loss)
+                progress.write(f"step {training.step}: held-out loss {result['loss']:.4f}, {extra}")
             if args.save_every and training.step % args.save_every == 0:
                 _save_checkpoint(run, training)
     finally:
@@ -854,9 +861,10 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
                     link_into(entry, staging / entry.name)
         first, last = training.history["eval"][0], training.history["eval"][-1]
         speed = f"{metrics['tokens_per_second']:,.0f} tokens/s" if training.session_tokens else "no steps this session"
+        extra = held_out_numbers(last, run.objective.metrics_beside_loss)
         accelerator.print(
-            f"done: {training.step} steps, held-out loss {first['loss']:.4f} -> {last['loss']:.4f} (perplexity "
-            f"{last['perplexity']:.2f}), {speed}; wrote {output_dir}"
+            f"done: {training.step} steps, held-out loss {first['loss']:.4f} -> {last['loss']:.4f} ({extra}), {speed}; "
+            f"wrote {output_dir}"
         )
         if args.sample_prompt is not None:
             metrics["sample"] = run.objective.sample(output_dir, args.sample_prompt, seed=args.seed)

@@ -54,8 +54,7 @@ def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
     else:
         dataset_description = f"`{args.dataset}`" + (f" ({args.dataset_config})" if args.dataset_config else "")
     tokens_per_second = f"{metrics['tokens_per_second']:,.0f}" if metrics["tokens_per_second"] else "n/a"
-    final = metrics["history"]["eval"][-1]
-    numbers = ", ".join(f"{name.replace('_', ' ')} {final[name]:.4f}" for name in objective.card_metrics)
+    numbers = held_out_numbers(metrics["history"]["eval"][-1], objective.card_metrics)
     summary = (
         f"A {family.description} with {metrics['num_parameters']:,} parameters, pretrained from scratch with "
         f"coreformer's `training/pretrain.py` on {dataset_description} ({objective.name} objective). After "
@@ -127,6 +126,12 @@ def run_summary(args: Any, output_dir: Path) -> str:
             f"  publish      python training/publish.py {folder} --repo-id YOUR_NAME/{Path(folder).name}",
         ]
     )
+
+
+def held_out_numbers(result: dict[str, float], names: tuple[str, ...]) -> str:
+    """ "perplexity 91.6134" (a language model) or "mlm loss 5.8, rtd loss 0.41, ..." (ELECTRA, whose combined loss
+    has no perplexity): the objective's held-out numbers (`card_metrics`), as the log and the card print them."""
+    return ", ".join(f"{name.replace('_', ' ')} {result[name]:.4f}" for name in names)
 
 
 def time_line(seconds: float, *, sampled: bool) -> str:

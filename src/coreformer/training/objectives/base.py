@@ -55,6 +55,11 @@ class Objective(ABC):
         """Tokens that carry a loss."""
         return int((batch["labels"] != -100).sum())
 
+    @property
+    def metrics_beside_loss(self) -> tuple[str, ...]:
+        """The held-out numbers the log prints after the loss (the card's, less the loss itself)."""
+        return tuple(name for name in self.card_metrics if name != "loss")
+
     def label_share(self, args: Any) -> float:
         """The expected share of tokens that carry a loss (what `training_flops` takes as `label_share`)."""
         return 1.0
