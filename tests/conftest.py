@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from packaging.version import Version
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -41,6 +43,22 @@ VARIANTS = {
     "sinusoidal_prenorm": dict(position_embedding_type="sinusoidal", norm_position="pre"),
     "no_positions_mqa": dict(position_embedding_type="none", num_key_value_heads=1),
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stop `--dist loadgroup` where pytest and pytest-xdist ignore the groups together: from pytest 9.2 node ids are
+    structured and xdist 3.8 still tags grouped tests by rewriting the old string field (pytest-dev/pytest-xdist#1386).
+    The run would go on with every xdist_group dropped and each worker building the multi-process module fixtures
+    again, minutes slower with nothing failing."""
+    import xdist
+
+    grouping = config.getoption("dist", "no") == "loadgroup" and "PYTEST_XDIST_WORKER" not in os.environ
+    if grouping and Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) <= Version("3.8.0"):
+        raise pytest.UsageError(
+            f"--dist loadgroup ignores every xdist_group with pytest {pytest.__version__} and pytest-xdist "
+            f"{xdist.__version__} (pytest-dev/pytest-xdist#1386): install the pytest that pyproject.toml pins, "
+            'pip install "pytest>=8,<9.2"'
+        )
 
 
 def free_port() -> int:

@@ -1,7 +1,8 @@
 """Scaling out pretraining (coreformer.training.engine, training/pretrain.py under `accelerate launch`): FSDP2 on 2 CPU
 processes for every family equals 1 process with each rank holding a shard, sharded DCP checkpoints that survive a
-SIGKILL mid-save and resume exactly, the consolidated folder loads and generates, two "machines" on this one equal one
-machine, every run records the engine that ran, and an engine asked for but not set up is refused.
+SIGKILL mid-save and resume exactly, on the same number of processes or on 4 (DCP reshards), the consolidated folder
+loads and generates, two "machines" on this one equal one process, every run records the engine that ran, and an
+engine asked for but not set up is refused. (DDP on one machine: test_pretraining.py.)
 
 Every launch of the module starts at once in one fixture (the 2 cores are shared; the runs are tiny: hidden 32,
 2 layers, vocab 384, blocks of 32, 12 steps) on its own free port, with the tokenizers trained once here, so that the
@@ -13,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,11 +60,12 @@ PRETRAIN = REPO / "training" / "pretrain.py"
 ACCELERATE_CONFIGS = REPO / "training" / "configs" / "accelerate"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 FAMILIES = ("encoder", "decoder", "seq2seq")
-# run name -> (family, settings beyond the family's tiny run). seq2seq accumulates 2 micro-batches of 4 on each rank
-# (FSDP reduce-scatters each into the sharded gradients); its 1-process reference accumulates 4 of 4.
+# run name -> (family, settings beyond the family's tiny run). The decoder and seq2seq accumulate 2 micro-batches of
+# 4 on each rank (FSDP reduce-scatters each into the sharded gradients); their 1-process references accumulate 4 of 4,
+# and the decoder's step-6 checkpoint resumes on 4 ranks x 1 micro-batch of 4: the same 16 examples per step.
 RUNS = {
     "encoder": ("encoder", {}),
-    "decoder": ("decoder", {}),
+    "decoder": ("decoder", {"batch_size": 4, "grad_accum": 2}),
     "seq2seq": ("seq2seq", {"batch_size": 4, "grad_accum": 2}),
     "electra": ("encoder", {"objective": "electra"}),
 }
@@ -206,16 +209,17 @@ def fsdp_launcher(port: int, config: str = "fsdp.yaml") -> list[str]:
     ]
 
 
-def ddp_launcher(port: int, machines: int = 1, rank: int = 0) -> list[str]:
-    flags = ["--multi_gpu", "--num_processes", "2", "--num_machines", str(machines), "--mixed_precision", "no"]
-    flags += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
-    return flags + (["--machine_rank", str(rank)] if machines > 1 else [])
+def machine_launcher(port: int, rank: int) -> list[str]:
+    """Machine `rank` of two, one DDP process each, meeting at 127.0.0.1:`port` (the README's multi-node lines)."""
+    flags = ["--multi_gpu", "--num_processes", "2", "--num_machines", "2", "--mixed_precision", "no"]
+    return flags + ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--machine_rank", str(rank)]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every run of the module: per family FSDP on 2 processes and the 1-process reference (--grad-accum 2); the
-    decoder also as DDP on one machine, on two "machines", and FSDP killed in its step-12 save then resumed."""
+    decoder also in bf16, as DDP on two "machines", and FSDP killed in its step-12 save then resumed from step 6 on 2
+    processes and, from a copy of that checkpoint, on 4."""
     tmp = tmp_path_factory.mktemp("distributed")
     launches = Launches(tmp)
     previous = torch.get_num_threads()
@@ -235,10 +239,9 @@ def runs(tmp_path_factory):
         bf16[bf16.index("--mixed_precision") + 1] = "bf16"
         launches.start("fsdp-bf16", {**decoder, "mixed_precision": "bf16"}, bf16)
         launches.start("killed", decoder, fsdp_launcher(free_port()), marker=str(tmp / "marker"))
-        launches.start("ddp", decoder, ddp_launcher(free_port()))
         port = free_port()
         for rank in (0, 1):
-            launches.start(f"machine-{rank}", decoder, ddp_launcher(port, machines=2, rank=rank))
+            launches.start(f"machine-{rank}", decoder, machine_launcher(port, rank))
         one = {
             name: run_pretraining(
                 PretrainingArguments(
@@ -259,8 +262,13 @@ def runs(tmp_path_factory):
             "temporary": sorted(p.name for p in (tmp / "killed" / "checkpoints").iterdir()),
             "final": (tmp / "killed" / "config.json").exists(),
         }
+        saved_by_two = tmp / "saved-by-two" / "step-6"  # a copy the resumed run's pruning cannot remove
+        shutil.copytree(tmp / "killed" / "checkpoints" / "step-6", saved_by_two)
         launches.start("killed", decoder, fsdp_launcher(free_port()), resume_from_checkpoint="latest")
-        yield SimpleNamespace(tmp=tmp, launches=launches, one=one, killed_state=killed_state)
+        four = fsdp_launcher(free_port())
+        four[four.index("--num_processes") + 1] = "4"
+        launches.start("four", decoder, four, grad_accum=1, resume_from_checkpoint=str(saved_by_two))
+        yield SimpleNamespace(tmp=tmp, launches=launches, one=one, killed_state=killed_state, saved_by_two=saved_by_two)
     finally:
         launches.close()
         torch.set_num_threads(previous)
@@ -331,11 +339,10 @@ def test_runs_record_the_engine_that_ran_in_metrics_and_the_log(runs, family):
     )
 
 
-def test_ddp_and_two_machines_record_data_parallel_and_their_nodes(runs):
-    ddp, machines = runs.launches.metrics("ddp"), runs.launches.metrics("machine-0")
-    assert ddp["engine"]["distributed_type"] == machines["engine"]["distributed_type"] == "MULTI_CPU"
-    assert ddp["engine"]["sharding"] == machines["engine"]["sharding"] == "DDP"
-    assert (ddp["num_nodes"], machines["num_nodes"]) == (1, 2)
+def test_two_machines_record_data_parallel_and_their_nodes(runs):
+    machines = runs.launches.metrics("machine-0")
+    assert (machines["engine"]["distributed_type"], machines["engine"]["sharding"]) == ("MULTI_CPU", "DDP")
+    assert machines["num_nodes"] == machines["engine"]["num_nodes"] == 2
     assert runs.launches.finish("machine-1") == 0, runs.launches.log("machine-1")[-4000:]
 
 
@@ -360,6 +367,17 @@ def test_sigkill_during_a_sharded_save_then_resume_gives_the_uninterrupted_losse
     checkpoint = runs.tmp / "killed" / "checkpoints" / "step-12"
     assert (checkpoint / "dcp" / ".metadata").is_file()
     assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_a_dcp_checkpoint_of_2_processes_resumes_on_4_to_the_uninterrupted_losses(runs):
+    four, uninterrupted = runs.launches.metrics("four"), runs.launches.metrics("fsdp-decoder")
+    assert four["engine"]["world_size"] == 4 and four["resumed_from"] == str(runs.saved_by_two)
+    assert four["examples_per_step"] == uninterrupted["examples_per_step"] == 16
+    losses, reference = train_losses(four), train_losses(uninterrupted)
+    assert len(losses) == len(reference) == STEPS
+    assert losses[:6] == reference[:6]  # the history the checkpoint carries
+    assert max(abs(a - b) for a, b in zip(losses[6:], reference[6:])) <= LOSS_TOLERANCE  # trained on 4 processes
+    assert "resumed from" in runs.launches.log("four")
 
 
 @pytest.mark.parametrize("family", RUNS)
@@ -389,11 +407,13 @@ def test_consolidated_fsdp2_folder_loads_with_auto_classes_and_matches_one_proce
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_two_machines_of_one_process_equal_one_machine_of_two(runs):
-    one_machine, two_machines = runs.launches.metrics("ddp"), runs.launches.metrics("machine-0")
-    assert train_losses(two_machines) == train_losses(one_machine)
-    assert two_machines["history"]["eval"] == one_machine["history"]["eval"]
-    assert max(abs(a - b) for a, b in zip(train_losses(one_machine), train_losses(runs.one["decoder"]))) <= 1e-4
+def test_two_machines_of_one_process_equal_one_process_with_two_micro_batches(runs):
+    two_machines, one = runs.launches.metrics("machine-0"), runs.one["decoder"]
+    assert two_machines["examples_per_step"] == one["examples_per_step"] == 16
+    losses, reference = train_losses(two_machines), train_losses(one)
+    assert len(losses) == STEPS and max(abs(a - b) for a, b in zip(losses, reference)) <= LOSS_TOLERANCE
+    for mine, theirs in zip(two_machines["history"]["eval"], one["history"]["eval"], strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], abs=LOSS_TOLERANCE)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -470,13 +490,18 @@ def test_fsdp_config_launched_on_one_process_is_refused_in_one_line(tmp_path):
     assert not output_dir.exists()
 
 
-def test_resuming_a_dcp_checkpoint_without_fsdp_is_refused(runs, tmp_path):
-    runs.launches.metrics("fsdp-decoder")
-    checkpoint = runs.tmp / "fsdp-decoder" / "checkpoints" / "step-6"
-    settings = tiny_settings("decoder", tokenizer=str(runs.tmp / "tokenizer-decoder"))
-    args = PretrainingArguments(**settings, output_dir=str(tmp_path / "out"), resume_from_checkpoint=str(checkpoint))
-    with pytest.raises(PretrainingError, match=r"holds dcp state .* this run is NO \(none\) and reads accelerate"):
+def test_a_dcp_checkpoint_resumed_by_one_process_is_refused_naming_both_process_counts(runs, tmp_path):
+    settings = tiny_settings("decoder", tokenizer=str(runs.tmp / "tokenizer-decoder"), grad_accum=2)
+    output_dir = tmp_path / "out"
+    args = PretrainingArguments(**settings, output_dir=str(output_dir), resume_from_checkpoint=str(runs.saved_by_two))
+    message = (
+        r"holds dcp state \(written by a FSDP2 full shard run\); this run is NO \(none\) and reads accelerate "
+        r"checkpoints \(saved by 2 process\(es\), this run has 1\)\. Resume with the launcher config the run was "
+        r"started with \(FSDP2 shards of DCP checkpoints load on any number of processes from 2\)\."
+    )
+    with pytest.raises(PretrainingError, match=message):
         run_pretraining(args)
+    assert not output_dir.exists()
 
 
 def test_fsdp2_in_bf16_over_gloo_trains_and_stays_near_fp32(runs):

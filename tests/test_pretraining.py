@@ -306,6 +306,8 @@ def test_two_processes_match_one_process_with_grad_accum_2(tmp_path):
     two_metrics, one = two_processes_and_one(settings, tmp_path)
     assert one["examples_per_step"] == 16
     assert_same_steps(two_metrics, one, steps=12)
+    engine = two_metrics["engine"]  # DDP on one machine, as it ran
+    assert (engine["distributed_type"], engine["sharding"], engine["num_nodes"]) == ("MULTI_CPU", "DDP", 1)
 
 
 def test_launch_with_more_processes_than_accelerate_sees_is_refused():

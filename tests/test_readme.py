@@ -36,7 +36,7 @@ COVERAGE: dict[str, list[str]] = {
     "Pretraining": [RUN, TEMPLATES],
     "Scaling out": [
         "two launchers started together on a free port P; tests/test_distributed.py starts them with these flags "
-        "(test_two_machines_of_one_process_equal_one_machine_of_two)"
+        "(test_two_machines_of_one_process_equal_one_process_with_two_micro_batches)"
     ],
     "ELECTRA against masked LM, at equal compute": [
         "a 25-minute benchmark; its own test runs the same script with --tiny (both kinds of budget)"
