@@ -17,6 +17,7 @@ token-classification head, which is the same for every family with a single stac
 """
 
 import copy
+from typing import NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -121,6 +122,21 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.inv_freq, module.compute_inv_freq())
         elif isinstance(module, SinusoidalPositions):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
+
+
+class BlockInputs(NamedTuple):
+    """What `CoreformerStack.forward` decides once and every block reads (`CoreformerStack.shared_block_inputs`)."""
+
+    masks: dict[str, torch.Tensor | None]  # per layer type, in the backend's form
+    sparse_types: frozenset[str]  # layer types that run their sparse kernel
+    probability_masks: dict[str, torch.Tensor | None]  # eager-form masks for recomputed attentions, {} when not asked
+    cross_mask: torch.Tensor | None  # over the encoder output (cross-attending stacks)
+    cross_probability_mask: torch.Tensor | None
+    position_embeddings: dict[str, tuple[torch.Tensor, torch.Tensor]]  # rotary (cos, sin) per layer type
+    unpadding: Unpadding | None  # where the real tokens are, when the blocks run on them alone
+    # Recorded hidden states must be the tensors the computation uses: when they are asked for, blocks pass padded
+    # states and unpad inside (the same numbers; two index copies per layer) instead of the stack unpadding once.
+    padded_states: bool
 
 
 class CoreformerStack(CoreformerPreTrainedModel):
@@ -519,30 +535,79 @@ class CoreformerStack(CoreformerPreTrainedModel):
         prepared_masks = self._prepared_masks(attention_mask)
         if prepared_masks is not None:
             attention_mask = None
-
-        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         use_cache, past_key_values = self._resolve_cache(use_cache, past_key_values)
         self_attention_cache = (
             past_key_values.self_attention_cache
             if isinstance(past_key_values, EncoderDecoderCache)
             else past_key_values
         )
-        past_length = self_attention_cache.get_seq_length() if self_attention_cache is not None else 0
-        self._check_mask_shape(attention_mask, batch, past_length, length)
-        self._check_lowrank_length(length)
         caller_positions = position_ids is not None
-        if position_ids is None:
-            device = (input_ids if input_ids is not None else inputs_embeds).device
-            position_ids = torch.arange(length, device=device).unsqueeze(0) + past_length  # (1, T)
+        position_ids = self._checked_positions(
+            input_ids if input_ids is not None else inputs_embeds, attention_mask, self_attention_cache, position_ids
+        )
 
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
-
-        # Masks, the sparse-kernel decision and rotary angles are made once here and shared by every block.
-        sparse_types, masks, probability_masks = self.self_attention_masks(
+        shared = self.shared_block_inputs(
             hidden_states,
             attention_mask,
             prepared_masks,
             self_attention_cache,
+            position_ids,
+            caller_positions,
+            encoder_hidden_states,
+            encoder_attention_mask,
+            output_attentions=output_attentions,
+            padded_states=bool(output_hidden_states is not False and output_hidden_states),
+        )
+        hidden_states = self.run_blocks(
+            hidden_states, shared, encoder_hidden_states, past_key_values, output_attentions, **kwargs
+        )
+
+        if not self.is_causal:
+            return BaseModelOutput(last_hidden_state=hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+        )
+
+    def _checked_positions(
+        self,
+        inputs: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+        position_ids: torch.LongTensor | None,
+    ) -> torch.Tensor:
+        """The positions of the new tokens, after checking the mask and the length against them: the caller's, or
+        past + arange(T) (1, T). `inputs`: the ids (B, T) or the embeddings (B, T, hidden)."""
+        batch, length = inputs.shape[:2]
+        past_length = cache.get_seq_length() if cache is not None else 0
+        self._check_mask_shape(attention_mask, batch, past_length, length)
+        self._check_lowrank_length(length)
+        if position_ids is not None:
+            return position_ids
+        return torch.arange(length, device=inputs.device).unsqueeze(0) + past_length  # (1, T)
+
+    def shared_block_inputs(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        prepared_masks: dict[str, torch.Tensor | None] | None,
+        cache: Cache | None,
+        position_ids: torch.Tensor,
+        caller_positions: bool,
+        encoder_hidden_states: torch.Tensor | None,
+        encoder_attention_mask: torch.Tensor | None,
+        *,
+        output_attentions: bool,
+        padded_states: bool,
+    ) -> BlockInputs:
+        """What every block of this forward reads, decided once here: the masks, the sparse-kernel decision, the
+        rotary angles and where the real tokens are. `padded_states`: hidden states are recorded, so the blocks keep
+        the padded layout (see `BlockInputs.padded_states`)."""
+        sparse_types, masks, probability_masks = self.self_attention_masks(
+            hidden_states,
+            attention_mask,
+            prepared_masks,
+            cache,
             position_ids,
             caller_positions,
             output_attentions=output_attentions,
@@ -550,44 +615,55 @@ class CoreformerStack(CoreformerPreTrainedModel):
         cross_mask, cross_probability_mask = self.cross_attention_masks(
             hidden_states, encoder_hidden_states, encoder_attention_mask, output_attentions=output_attentions
         )
-        position_embeddings = self.rotary_position_embeddings(hidden_states, position_ids)
-        unpadding = self.unpadding(attention_mask, past_key_values)
-        # Recorded hidden states must be the tensors the computation uses: blocks then pass padded states and unpad
-        # inside (the same numbers; two index copies per layer), instead of unpadding once for the whole stack.
-        padded_states = unpadding is not None and bool(output_hidden_states is not False and output_hidden_states)
-        if unpadding is not None and not padded_states:
-            hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N real tokens, hidden)
+        unpadding = self.unpadding(attention_mask, cache)
+        return BlockInputs(
+            masks=masks,
+            sparse_types=sparse_types,
+            probability_masks=probability_masks,
+            cross_mask=cross_mask,
+            cross_probability_mask=cross_probability_mask,
+            position_embeddings=self.rotary_position_embeddings(hidden_states, position_ids),
+            unpadding=unpadding,
+            padded_states=unpadding is not None and padded_states,
+        )
 
+    def run_blocks(
+        self,
+        hidden_states: torch.Tensor,
+        shared: BlockInputs,
+        encoder_hidden_states: torch.Tensor | None,
+        past_key_values: Cache | None,
+        output_attentions: bool,
+        **kwargs,
+    ) -> torch.Tensor:
+        """The blocks, then the final norm: (B, T, hidden) in and out, zeros at the padding when unpadded."""
+        unpadding = shared.unpadding
+        if unpadding is not None and not shared.padded_states:
+            hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N real tokens, hidden)
         for block in self.layers:
             # Tensors that need gradients go positionally: reentrant checkpointing only sees positional inputs.
             hidden_states, _, _ = block(
                 hidden_states,
-                masks[block.layer_type],
+                shared.masks[block.layer_type],
                 encoder_hidden_states,
-                encoder_attention_mask=cross_mask,
-                position_embeddings=position_embeddings.get(block.layer_type),
+                encoder_attention_mask=shared.cross_mask,
+                position_embeddings=shared.position_embeddings.get(block.layer_type),
                 past_key_values=past_key_values,
-                sparse_kernel=block.layer_type in sparse_types,
-                probability_mask=probability_masks.get(block.layer_type),
-                cross_probability_mask=cross_probability_mask,
+                sparse_kernel=block.layer_type in shared.sparse_types,
+                probability_mask=shared.probability_masks.get(block.layer_type),
+                cross_probability_mask=shared.cross_probability_mask,
                 unpadding=unpadding,
-                padded_states=padded_states,
+                padded_states=shared.padded_states,
                 output_attentions=output_attentions,
                 **kwargs,
             )
-
-        if unpadding is not None and padded_states:
+        if unpadding is not None and shared.padded_states:
             hidden_states = unpadding.unpad(hidden_states)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
         if unpadding is not None:
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden), zeros at the padding
-
-        if not self.is_causal:
-            return BaseModelOutput(last_hidden_state=hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
-        )
+        return hidden_states
 
     def rotary_position_embeddings(
         self, hidden_states: torch.Tensor, position_ids: torch.Tensor
