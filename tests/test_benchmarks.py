@@ -150,3 +150,24 @@ def test_compare_device_cuda_without_cuda_exits_with_the_problem_and_the_fix(tmp
     message = str(exit_info.value.code)
     assert "--device cuda" in message and "no CUDA device" in message and "--device cpu" in message
     assert not output.exists()
+
+
+@pytest.mark.slow
+def test_compiled_decode_profile_sorts_each_models_operators_into_groups(tmp_path, monkeypatch):
+    # aot_eager traces the same graphs without inductor's C++ build; its step has no inductor code to count
+    output = tmp_path / "profile.md"
+    argv = ["profile_compiled_decode.py", "--tiny", "--compile-backend", "aot_eager", "--output", str(output)]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    runpy.run_path(str(ROOT / "benchmarks" / "profile_compiled_decode.py"), run_name="__main__")
+    rows = {}
+    for line in output.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith(("step:", "entering", "generate()", "total")):
+            rows[cells[0]] = (float(cells[1]), float(cells[2]))
+    assert len(rows) == 8, rows  # 7 groups and the total
+    # the products are found under the compiled region, Dynamo's entry into it, generate()'s work outside it
+    for group in ("step: matrix products", "entering the compiled step (Dynamo's guards and cache lookup)"):
+        assert all(time > 0 for time in rows[group]), group
+    assert all(time > 0 for time in rows["generate() outside the compiled step (the eager prefill included)"])
+    assert "GPT-2: the 15 largest operators" in output.read_text()

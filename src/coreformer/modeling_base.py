@@ -798,6 +798,29 @@ def language_model_outputs(
             logits = logits + logits_bias.to(logits.dtype)  # (B, T, vocab) + (1, vocab)
         value = None if labels is None else loss.from_logits(logits, labels, vocab_size=vocab_size, **loss_kwargs)
         return value, logits
+    return fused_language_model_loss(
+        hidden_states, lm_head, labels, loss, vocab_size, transform, logits_bias, **loss_kwargs
+    ), None
+
+
+# Under torch.compile this runs eagerly, one graph break after the final hidden states: the row selection has a
+# data-dependent shape (3 graph breaks, one per `nonzero`), and the chunk loop, traced, left the fused loss neither
+# fast nor small. The compiled bf16 training step at vocabulary 50,257 (benchmarks/compare.py) went from 0.70x compiled
+# GPT-2 at 1.19x its peak memory (compare_issue17_compiled.json) to 0.90x at 0.58x (..._compiled_training.json).
+@torch.compiler.disable
+def fused_language_model_loss(
+    hidden_states: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor,
+    loss: LanguageModelLoss,
+    vocab_size: int,
+    transform: nn.Module | None,
+    logits_bias: torch.Tensor | None,
+    **loss_kwargs,
+) -> torch.Tensor:
+    """The loss of `language_model_outputs(..., skip_logits=True)`: only the labelled rows through the transform and
+    the projection, fused with the loss (`losses.LinearCrossEntropy`), or through a head that is not a plain
+    `nn.Linear` as a module."""
     ignore_index = loss_kwargs.pop("ignore_index", -100)
     targets = loss.targets(labels, ignore_index=ignore_index, **loss_kwargs)  # (B, T) the target of each position
     loss_kwargs.pop("shift_labels", None)  # applied above: the rows' targets are final
@@ -809,11 +832,11 @@ def language_model_outputs(
         if logits_bias is not None:  # (1, vocab): a buffer added to every row, BART's final_logits_bias
             bias = logits_bias[0] if bias is None else bias + logits_bias[0]
         num_items_in_batch = loss_kwargs.get("num_items_in_batch")
-        return linear_cross_entropy(rows, lm_head.weight, bias, targets, num_items_in_batch), None
+        return linear_cross_entropy(rows, lm_head.weight, bias, targets, num_items_in_batch)
     logits = lm_head(rows)  # (N, vocab)
     if logits_bias is not None:
         logits = logits + logits_bias.to(logits.dtype)
-    return token_loss(logits, targets, vocab_size, ignore_index=ignore_index, **loss_kwargs), None
+    return token_loss(logits, targets, vocab_size, ignore_index=ignore_index, **loss_kwargs)
 
 
 class ClassificationHead(nn.Module):
