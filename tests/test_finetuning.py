@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, kill_at_marker
+from conftest import ctrl_c_as_in_a_terminal, interrupt_at_marker, kill_at_marker
 from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
@@ -713,28 +713,6 @@ def test_a_model_folder_without_a_tokenizer_is_one_clear_error(bases, tmp_path):
     with pytest.raises(FinetuningError, match=r"holds no tokenizer .* tokenizer.save_pretrained.*--tokenizer FOLDER"):
         run_finetuning(tiny_args("sequence-classification", folder, tmp_path / "out"))
     assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.slow
-def test_two_processes_write_one_complete_output_folder(bases, tmp_path):
-    # Every process of a 2-process launch trains into the same staged folder; only the main one writes and swaps,
-    # so the folder holds the model, whichever process finishes last.
-    folder = tmp_path / "ddp"
-    accelerate = Path(sys.executable).with_name("accelerate")
-    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
-    command += [str(FINETUNE), "--task", "sequence-classification"]
-    command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--max-steps", "2"]
-    command += ["--max-train-examples", "32", "--max-eval-examples", "8", "--max-length", "48"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(
-        command, env={**env, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, cwd=tmp_path, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert {"config.json", "model.safetensors", "README.md", "all_results.json"} <= {p.name for p in folder.iterdir()}
-    assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == 2
-    assert not list(tmp_path.glob(".ddp.*"))
-    AutoModelForSequenceClassification.from_pretrained(folder)  # complete and loadable
 
 
 def test_the_fine_tuned_card_carries_the_base_models_license(bases, runs, tmp_path):

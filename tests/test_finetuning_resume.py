@@ -3,7 +3,8 @@
 A fine-tune SIGKILLed in the middle of a checkpoint save (after an earlier checkpoint is complete) leaves that earlier
 checkpoint as the latest and the interrupted one hidden; `--resume-from-checkpoint latest` then continues through
 Trainer's own resume to the same per-step losses, final weights and metrics as a run never interrupted, bit for bit,
-with 1 process, with 2 DDP processes and with 2 FSDP2 processes (gloo; FSDP2 also equals 1 process with 2 accumulated
+with 1 process, with 2 DDP processes (whose output folder, staged by both and swapped in by the main one, is
+complete) and with 2 FSDP2 processes (gloo; FSDP2 also equals 1 process with 2 accumulated
 micro-batches, shards every parameter, and leaves a folder that loads with its Auto class). Resume problems get
 pretraining's messages; Ctrl-C's hint is true; the metrics before training are reported beside the ones after; an
 engine asked for but not run is refused.
@@ -375,6 +376,13 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
     command = launch_two([str(FINETUNE)] + flags(base, reference), tmp_path)
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
+    # Both processes train into one staged folder; only the main one writes and swaps it in, so the folder is
+    # complete whichever process finishes last.
+    assert {"config.json", "model.safetensors", "README.md", "all_results.json"} <= {
+        p.name for p in reference.iterdir()
+    }
+    assert not list(tmp_path.glob(".uninterrupted.*"))
+    AutoModelForSequenceClassification.from_pretrained(reference)  # complete and loadable
 
     folder = tmp_path / "out"
     os.environ["ACCELERATE_USE_CPU"] = "1"

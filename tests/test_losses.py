@@ -1,5 +1,9 @@
 """coreformer.losses: the loss and gradient of transformers' up-casting loss, without fp32 (tokens, vocab) tensors."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import padded_batch, tiny_model
@@ -352,23 +356,41 @@ def test_skip_logits_with_a_lora_adapted_head_keeps_the_adapter_in_the_loss():
     assert (without_adapter - expected).abs() > 1e-3  # the adapter changes the loss, so the check above can fail
 
 
+# In a fresh interpreter: Dynamo's state is per process, and earlier tests' compiled entries share these frames (a
+# frame that once hit the recompile limit is never compiled again); torch._dynamo.reset() would clear that, but after
+# one, flex_attention's CPU kernels fail to build later in the process (tests/test_layer_types.py).
+COMPILED_HEAD_CHILD = """
+import sys
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+sys.path.insert(0, sys.argv[1])
+from test_losses import head_loss_and_grads, lm_head_model
+from conftest import padded_batch
+
+model = lm_head_model("decoder").train()
+ids, _ = padded_batch()
+_, expected_loss, expected_grads = head_loss_and_grads(model, ids, ids, skip_logits=True)
+counter = CompileCounterWithBackend("inductor")
+_, loss, grads = head_loss_and_grads(torch.compile(model, backend=counter), ids, ids, skip_logits=True)
+difference = max([(loss - expected_loss).abs().item()] + [
+    (grad - expected_grads[name.removeprefix("_orig_mod.")]).abs().max().item() for name, grad in grads.items()
+])
+print(counter.frame_count, len(grads) == len(expected_grads), difference)
+"""
+
+
 @pytest.mark.slow
 def test_compiled_model_runs_the_fused_loss_eagerly_after_one_graph_and_gives_its_loss_and_gradients():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    model = lm_head_model("decoder").train()
-    ids, _ = padded_batch()
-    _, expected_loss, expected_grads = head_loss_and_grads(model, ids, ids, skip_logits=True)
-    torch._dynamo.reset()  # frames this worker compiled in earlier tests would count against the recompile limit
-    counter = CompileCounterWithBackend("inductor")
-    compiled = torch.compile(model, backend=counter)
-    _, loss, grads = head_loss_and_grads(compiled, ids, ids, skip_logits=True)
+    tests = Path(__file__).resolve().parent
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILED_HEAD_CHILD, str(tests)], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    frames, same_parameters, difference = result.stdout.split()[-3:]
     # the stack to the final hidden states is one graph; the head's row selection (a data-dependent shape) and the
-    # chunked loss run eagerly instead of breaking the graph three times
-    assert counter.frame_count == 1
-    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-5)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, expected_grads[name.removeprefix("_orig_mod.")], rtol=0, atol=1e-5, msg=name)
+    # chunked loss run eagerly after it, instead of breaking the graph three times
+    assert int(frames) == 1
+    assert same_parameters == "True" and float(difference) <= 1e-5
 
 
 @pytest.mark.parametrize(

