@@ -370,7 +370,7 @@ from conftest import padded_batch
 model = lm_head_model("decoder").train()
 ids, _ = padded_batch()
 _, expected_loss, expected_grads = head_loss_and_grads(model, ids, ids, skip_logits=True)
-counter = CompileCounterWithBackend("inductor")
+counter = CompileCounterWithBackend("aot_eager")  # graph capture is what is counted; no C++ build
 _, loss, grads = head_loss_and_grads(torch.compile(model, backend=counter), ids, ids, skip_logits=True)
 difference = max([(loss - expected_loss).abs().item()] + [
     (grad - expected_grads[name.removeprefix("_orig_mod.")]).abs().max().item() for name, grad in grads.items()
