@@ -50,10 +50,11 @@ def pytest_configure(config: pytest.Config) -> None:
     structured and xdist 3.8 still tags grouped tests by rewriting the old string field (pytest-dev/pytest-xdist#1386).
     The run would go on with every xdist_group dropped and each worker building the multi-process module fixtures
     again, minutes slower with nothing failing."""
+    if config.getoption("dist", "no") != "loadgroup" or "PYTEST_XDIST_WORKER" in os.environ:
+        return  # plain pytest (xdist may not even be installed), or a worker: the controller checked
     import xdist
 
-    grouping = config.getoption("dist", "no") == "loadgroup" and "PYTEST_XDIST_WORKER" not in os.environ
-    if grouping and Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) <= Version("3.8.0"):
+    if Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) <= Version("3.8.0"):
         raise pytest.UsageError(
             f"--dist loadgroup ignores every xdist_group with pytest {pytest.__version__} and pytest-xdist "
             f"{xdist.__version__} (pytest-dev/pytest-xdist#1386): install the pytest that pyproject.toml pins, "
