@@ -26,10 +26,11 @@ from importlib import import_module, metadata
 from pathlib import Path
 
 from coreformer_settings.base import INTERRUPTED
+from coreformer_settings.exports import CHECK_TOLERANCES, EXPORT_FORMATS, GGUF_DTYPES
 
 PACKAGE = "coreformer"
 USAGE_ERROR = 2  # argparse's exit code for a bad command line; a missing folder is one too
-CHECK_TOLERANCE = 1e-4  # `convert --check`: the largest output difference accepted
+CHECK_TOLERANCE = CHECK_TOLERANCES["f32"]  # `convert --check` / `export --check`: the largest output difference
 
 
 def version() -> str:
@@ -103,10 +104,6 @@ def _convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-tokenizer", action="store_true", help="convert the weights only; copy no tokenizer")
 
 
-EXPORT_KINDS = ("native", "onnx", "gguf")  # coreformer.export.EXPORTERS, named here without importing torch
-GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
-
-
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", help="a saved coreformer model folder (pretraining, fine-tuning or convert output)")
     parser.add_argument(
@@ -114,7 +111,7 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--to",
-        choices=EXPORT_KINDS,
+        choices=EXPORT_FORMATS,
         default="native",
         help="native: the transformers architecture computing the same function (GPT-2, Llama, Mistral, Qwen2, BERT, "
         "RoBERTa, BART), loadable without coreformer; onnx; gguf (decoders exporting to Llama or GPT-2)",
@@ -123,7 +120,8 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         "--check",
         action="store_true",
         help="reload OUT with plain transformers in a fresh process without coreformer, compare logits (and greedy "
-        "tokens) with the source, print the maximum difference; exit 1 and write nothing above 1e-5",
+        "tokens) with the source, print the maximum difference; exit 1 and write nothing above "
+        f"{CHECK_TOLERANCE}",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists and is not empty")
     parser.add_argument("--gguf-dtype", choices=GGUF_DTYPES, default="f32", help="tensor type of --to gguf")

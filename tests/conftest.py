@@ -45,6 +45,31 @@ VARIANTS = {
 }
 
 
+# A coreformer encoder shaped like ModernBERT (what convert_from_hf gives and export takes).
+MODERNBERT = dict(
+    position_embedding_type="rotary",
+    norm_position="pre",
+    gated_mlp=True,
+    attention_bias=False,
+    mlp_bias=False,
+    norm_bias=False,
+    type_vocab_size=0,
+    final_norm=True,
+    first_layer_attention_norm=False,
+    layer_types=["full", "sliding", "sliding", "full"],
+    sliding_window=2,
+    rope_theta=160000.0,
+    local_rope_theta=10.0,
+    layer_norm_eps=1e-5,
+    lm_head_bias=True,
+    head_transform_bias=False,
+    classifier_transform=True,
+    classifier_dense=False,
+    classifier_bias=True,
+    num_hidden_layers=4,
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Stop `--dist loadgroup` where pytest and pytest-xdist ignore the groups together: from pytest 9.2 node ids are
     structured and xdist 3.8 still tags grouped tests by rewriting the old string field (pytest-dev/pytest-xdist#1386).

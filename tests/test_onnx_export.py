@@ -6,8 +6,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from conftest import VARIANTS, padded_batch, tiny_model
-from test_modernbert import MODERNBERT
+from conftest import MODERNBERT, VARIANTS, padded_batch, tiny_model
 
 import coreformer as cf
 from coreformer.onnx_export import CHECK_TOLERANCE, MANIFEST_NAME, export_onnx, without_eos

@@ -32,7 +32,7 @@ from .folders import TOKENIZER_FILES, has_tokenizer, staged_folder
 from .model_card import ModelCardInfo, inherited_license, is_hub_id, source_card_metadata, write_model_card
 from .pipelines import save_with_pipeline
 
-CHECK_TOLERANCE = coreformer_cli.CHECK_TOLERANCE
+CHECK_TOLERANCE = coreformer_cli.CHECK_TOLERANCE  # coreformer.native.parity.tolerance("f32")
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -165,23 +165,12 @@ def sample_inputs(model, tokenizer) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
-@torch.no_grad()
 def max_abs_difference(reference, converted, inputs: dict[str, torch.Tensor]) -> dict[str, float]:
     """Run both models on `inputs` in fp32 and return, per shared floating output, the largest absolute difference
-    over non-padding positions."""
-    reference_out = reference.float()(**inputs)
-    converted_out = converted.float()(**inputs)
-    mask = inputs["attention_mask"].bool()
-    differences = {}
-    for key, value in converted_out.items():
-        other = reference_out.get(key)
-        if not (isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor) and value.is_floating_point()):
-            continue
-        difference = (value - other).abs()
-        if difference.shape[: mask.dim()] == mask.shape:  # per-token output: ignore padding positions
-            difference = difference[mask]
-        differences[key] = difference.max().item() if difference.numel() else 0.0
-    return differences
+    over non-padding positions (the one parity check, `coreformer.native.parity`)."""
+    from .native.parity import model_differences
+
+    return model_differences(reference, converted, inputs)
 
 
 @command

@@ -39,6 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .native.parity import max_abs_difference, tolerance
+
 GREEDY_STEPS = 8
 TOKENIZER_SAMPLES = ("Hello world, this is a test.", "  two spaces\tand a tab\nnew line", "ünïcödé ✓ 123 4567")
 
@@ -54,11 +56,12 @@ class Dtype:
     exact_greedy: bool
 
 
+# Keyed by coreformer_settings.exports.GGUF_DTYPES; each tolerance is the parity check's for that dtype.
 DTYPES = {
-    "f32": Dtype("F32", "ALL_F32", 1e-5, True),
-    "f16": Dtype("F16", "MOSTLY_F16", 1e-2, False),
-    "bf16": Dtype("BF16", "MOSTLY_BF16", 5e-2, False),
-    "q8_0": Dtype("Q8_0", "MOSTLY_Q8_0", 5e-2, False),
+    "f32": Dtype("F32", "ALL_F32", tolerance("f32"), True),
+    "f16": Dtype("F16", "MOSTLY_F16", tolerance("f16"), False),
+    "bf16": Dtype("BF16", "MOSTLY_BF16", tolerance("bf16"), False),
+    "q8_0": Dtype("Q8_0", "MOSTLY_Q8_0", tolerance("q8_0"), False),
 }
 
 
@@ -410,7 +413,7 @@ def check_gguf(native_folder: Path, path: Path, dtype: Dtype, unread: dict) -> d
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, native.config.vocab_size, (2, 12), generator=generator)
     with torch.no_grad():
-        difference = float((native(ids).logits - loaded(ids).logits).abs().max())
+        difference = max_abs_difference(native(ids).logits, loaded(ids).logits)
         options = dict(max_new_tokens=GREEDY_STEPS, min_new_tokens=GREEDY_STEPS, do_sample=False)
         expected = native.generate(ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), **options)[:, 4:]
         got = loaded.generate(ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), **options)[:, 4:]

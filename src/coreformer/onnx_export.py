@@ -63,9 +63,10 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from .families import Family, family_of_model_type, head_of_class
 from .folders import staged_folder
 from .layer_types import LAYER_TYPES
+from .native.parity import max_abs_difference, tolerance
 from .publishing import CONFIG_FILES, PUSHED_TOKENIZER_FILES
 
-CHECK_TOLERANCE = 1e-4  # fp32, onnxruntime against PyTorch
+CHECK_TOLERANCE = tolerance("f32")  # onnxruntime against PyTorch, both fp32: the one parity tolerance
 GREEDY_STEPS = 5
 EXPORT_SHAPE = (2, 7)  # (batch, length) the graphs are traced at; checks use others
 CHECK_SHAPES = ((1, 4), (3, 11))
@@ -471,13 +472,6 @@ def _session(path: Path):
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def _per_token(tensor: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Zero the padding positions: PyTorch's stack returns zeros there and the graph whatever attention gives."""
-    if mask is None or tuple(tensor.shape[: mask.dim()]) != tuple(mask.shape):
-        return tensor
-    return tensor * mask.reshape(*mask.shape, *([1] * (tensor.dim() - mask.dim()))).to(tensor.dtype)
-
-
 def check_graph(graph: Graph, folder: Path) -> float:
     """The largest |onnxruntime - PyTorch| over every output at the CHECK_SHAPES."""
     session = _session(folder / graph.file_name)
@@ -490,8 +484,7 @@ def check_graph(graph: Graph, folder: Path) -> float:
         named = dict(zip(graph.input_names, inputs, strict=True))
         for name, reference, value in zip(graph.output_names, expected, got, strict=True):
             mask = named.get(graph.per_token.get(name, ""))
-            difference = (_per_token(torch.from_numpy(value), mask) - _per_token(reference, mask)).abs().max()
-            largest = max(largest, float(difference))
+            largest = max(largest, max_abs_difference(reference, torch.from_numpy(value), mask))
     return largest
 
 

@@ -27,6 +27,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from .exports import RUN_EXPORT_FORMATS
+
 _UNION_TYPE = type(int | None)
 
 
@@ -191,7 +193,6 @@ def add_flags(
         )
 
 
-EXPORT_KINDS = ("native",)  # what a run can export at its end (coreformer.export.EXPORTERS has the others)
 EXPORT_FOLDER = "native"  # inside the run folder
 
 
@@ -202,5 +203,5 @@ def export_arg() -> Any:
         f"after training, also write OUTPUT_DIR/{EXPORT_FOLDER}: the model as transformers' own architecture, served "
         f"without coreformer (`coreformer export`; skipped with the reason when no native architecture computes the "
         f"same function)",
-        choices=EXPORT_KINDS,
+        choices=RUN_EXPORT_FORMATS,
     )

@@ -20,8 +20,8 @@ from typing import Any
 
 from coreformer_settings.base import (
     EXPORT_FOLDER,
-    EXPORT_KINDS,
     INTERRUPTED,
+    RUN_EXPORT_FORMATS,
     FinetuningError,
     PretrainingError,
     RunError,
@@ -36,7 +36,7 @@ from coreformer_settings.base import (
 
 __all__ = [
     "EXPORT_FOLDER",
-    "EXPORT_KINDS",
+    "RUN_EXPORT_FORMATS",
     "INTERRUPTED",
     "FinetuningError",
     "PretrainingError",

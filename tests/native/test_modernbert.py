@@ -2,7 +2,7 @@
 (norm_bias, first_layer_attention_norm, local_rope_theta, classifier_transform, head_transform_bias,
 classifier_pooling), and `convert_from_hf` of every ModernBERT head against transformers' own model.
 
-Export to ModernBERT (and export -> convert) is tested with the other targets in test_export.py.
+Export to ModernBERT (and export -> convert) is tested with the other targets in tests/native/test_export.py.
 """
 
 import pytest
@@ -12,31 +12,6 @@ from conftest import PAD, VOCAB, padded_batch, tiny_config, tiny_model
 
 import coreformer as cf
 from coreformer.conversion import convert_from_hf
-
-# A coreformer encoder shaped like ModernBERT (what convert_from_hf gives and export takes).
-MODERNBERT = dict(
-    position_embedding_type="rotary",
-    norm_position="pre",
-    gated_mlp=True,
-    attention_bias=False,
-    mlp_bias=False,
-    norm_bias=False,
-    type_vocab_size=0,
-    final_norm=True,
-    first_layer_attention_norm=False,
-    layer_types=["full", "sliding", "sliding", "full"],
-    sliding_window=2,
-    rope_theta=160000.0,
-    local_rope_theta=10.0,
-    layer_norm_eps=1e-5,
-    lm_head_bias=True,
-    head_transform_bias=False,
-    classifier_transform=True,
-    classifier_dense=False,
-    classifier_bias=True,
-    num_hidden_layers=4,
-)
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The options, one by one (defaults leave every existing model as it was)

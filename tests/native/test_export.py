@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PAD, tiny_model
-from test_modernbert import MODERNBERT
+from conftest import MODERNBERT, PAD, tiny_model
 from transformers import AutoTokenizer
 
 import coreformer as cf
@@ -32,6 +31,7 @@ from coreformer.export import (
     to_native,
 )
 from coreformer.modeling_base import CoreformerPreTrainedModel
+from coreformer_settings.exports import EXPORT_FORMATS, GGUF_DTYPES, RUN_EXPORT_FORMATS
 
 LLAMA = dict(
     position_embedding_type="rotary",
@@ -406,9 +406,11 @@ def test_cli_export_with_check_writes_a_native_folder(saved_decoder, tmp_path, c
 
 def test_the_command_line_offers_exactly_the_registered_exporters():
     import coreformer_cli
+    from coreformer.gguf_export import DTYPES
 
-    assert coreformer_cli.EXPORT_KINDS == tuple(export_module.EXPORTERS)
-    assert coreformer_cli.GGUF_DTYPES == export_module.GGUF_DTYPES
+    assert tuple(export_module.EXPORTERS) == EXPORT_FORMATS == coreformer_cli.EXPORT_FORMATS
+    assert tuple(DTYPES) == GGUF_DTYPES == coreformer_cli.GGUF_DTYPES == export_module.GGUF_DTYPES
+    assert set(RUN_EXPORT_FORMATS) <= set(EXPORT_FORMATS)
 
 
 def test_check_of_a_bf16_folder_compares_in_fp32(tmp_path):

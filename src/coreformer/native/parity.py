@@ -1,0 +1,72 @@
+"""THE parity check: how far two models' outputs are apart, and whether that is within the one tolerance of a dtype.
+
+    tolerance(dtype="f32") -> float                       coreformer_settings.exports.CHECK_TOLERANCES, one per dtype
+    max_abs_difference(reference, found, mask) -> float   one output; per-token outputs over real tokens only
+    output_differences(reference, found, mask) -> dict    every floating output both sides have, by name
+    model_differences(reference, model, inputs) -> dict   run both models in fp32 on `inputs`, then the above
+    greedy_tokens(model, inputs, new_tokens) -> tensor    the tokens greedy decoding adds (generative heads)
+    within_tolerance(differences, dtype="f32") -> bool
+
+Every check compares with these: `coreformer convert --check` (transformers source vs converted folder),
+`export --check` (coreformer vs the native folder reloaded in plain transformers), the ONNX check (onnxruntime vs
+PyTorch) and the GGUF check (the file read back vs the native model). Padding positions are left out: no supported
+architecture defines what a padding position outputs, and nothing attends to them.
+"""
+
+from collections.abc import Mapping
+
+import torch
+
+from coreformer_settings.exports import CHECK_TOLERANCES
+
+
+def tolerance(dtype: str = "f32") -> float:
+    """The largest max-abs output difference a check in `dtype` accepts."""
+    if dtype not in CHECK_TOLERANCES:
+        raise ValueError(f"no parity tolerance for dtype {dtype!r}; known: {', '.join(CHECK_TOLERANCES)}.")
+    return CHECK_TOLERANCES[dtype]
+
+
+def max_abs_difference(reference: torch.Tensor, found: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """max |reference - found| in fp32; where the output is per token (its leading dims are `mask`'s shape), only over
+    the positions `mask` marks as real."""
+    difference = (reference.float() - found.float()).abs()
+    if mask is not None and tuple(difference.shape[: mask.dim()]) == tuple(mask.shape):
+        difference = difference[mask.bool()]  # (B, T, ...) -> (real tokens, ...)
+    return difference.max().item() if difference.numel() else 0.0
+
+
+def output_differences(
+    reference: Mapping[str, object], found: Mapping[str, object], mask: torch.Tensor | None = None
+) -> dict[str, float]:
+    """`max_abs_difference` of every floating-point output both mappings hold (e.g. two ModelOutputs), by name."""
+    differences = {}
+    for key, value in reference.items():
+        other = found.get(key)
+        if not (isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor) and value.is_floating_point()):
+            continue
+        differences[key] = max_abs_difference(value, other, mask)
+    return differences
+
+
+@torch.no_grad()
+def model_differences(
+    reference: torch.nn.Module, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """Run both models in fp32 on `inputs` and compare every shared output over the real tokens."""
+    expected = reference.float()(**inputs)
+    found = model.float()(**inputs)
+    return output_differences(found, expected, inputs.get("attention_mask"))
+
+
+@torch.no_grad()
+def greedy_tokens(model: torch.nn.Module, inputs: dict[str, torch.Tensor], new_tokens: int) -> torch.Tensor:
+    """The sequence greedy decoding gives (prompt included): what a generative head's check compares exactly."""
+    return model.generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=new_tokens)
+
+
+def within_tolerance(differences: Mapping[str, float] | float, dtype: str = "f32") -> bool:
+    """Whether every difference is at most the dtype's tolerance (an empty mapping compares nothing: False)."""
+    if isinstance(differences, Mapping):
+        return bool(differences) and max(differences.values()) <= tolerance(dtype)
+    return differences <= tolerance(dtype)
