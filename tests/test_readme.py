@@ -50,7 +50,7 @@ COVERAGE: dict[str, list[str]] = {
         "placeholder paths (path/to/...); the Quickstart runs the same command on the MiniLM checkpoint",
     ],
     "Publishing": ["optional flags in [brackets] and a Hub; tests/test_publish.py runs publish.py on a loopback Hub"],
-    "Serving": ["placeholder paths (path/to/...); tests/test_export.py runs `coreformer export --check` itself"],
+    "Serving": ["placeholder paths (path/to/...); tests/native/test_export.py runs `coreformer export --check` itself"],
     "GGUF (`--to gguf`), for llama.cpp": [
         "needs llama.cpp, which does not install here (no binary wheel); tests/test_gguf_export.py loads the files "
         "back with transformers' GGUF reader instead"

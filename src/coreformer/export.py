@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from coreformer_cli import version
 from coreformer_settings.exports import EXPORT_FORMATS, GGUF_DTYPES
 
 from .configuration_coreformer import CoreformerConfig
@@ -318,8 +319,6 @@ def _card(
     how to load it from `out` (publishing.card_for_repo points those lines at the repo)."""
     import yaml
 
-    from . import __version__
-
     _, head = head_of_class(type(model).__name__)
     metadata = {
         "license": inherited_license(source) or "other",
@@ -340,7 +339,7 @@ def _card(
         ("exported from", f"`{source}`"),
         ("coreformer class", type(model).__name__),
         ("native class", native_class),
-        ("coreformer version", __version__),
+        ("coreformer version", version()),  # the installed package's, read without importing it from here
         ("check", check),
     ]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)

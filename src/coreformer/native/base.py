@@ -37,6 +37,7 @@ from ..modeling_decoder import (
     CoreformerDecoderForTokenClassification,
     CoreformerDecoderModel,
 )
+from ..modeling_encoder import CoreformerEncoderForMaskedLM, CoreformerEncoderForQuestionAnswering
 from .requirements import Requirement
 
 # A rule renames the source weights whose name matches `pattern` (re.fullmatch) to `match.expand(target)`, optionally
@@ -75,7 +76,6 @@ class NativeArchitecture:
             (Qwen2's prepare_weights only adds or drops zero biases).
         zero_filled: native weights coreformer has no counterpart for, written as zeros (regular expressions).
         adapt_weights: rewrites the coreformer state dict into the layout the native weights take, before writing.
-        native_class: a native class name -> the class (transformers' own by default).
     """
 
     name: str
@@ -89,7 +89,6 @@ class NativeArchitecture:
     restore_weights: Callable[[PreTrainedModel, StateDict], StateDict] | None = None
     zero_filled: tuple[str, ...] = ()
     adapt_weights: Callable[[CoreformerConfig, StateDict], StateDict] | None = None
-    native_class: Callable[[str], type[PreTrainedModel]] = lambda name: getattr(transformers, name)
 
     @property
     def export_heads(self) -> dict[str, str]:
@@ -118,11 +117,11 @@ class NativeArchitecture:
         """The coreformer model computing what the native `model` computes (see conversion.convert_from_hf)."""
         source_name = type(model).__name__
         head = self.heads[source_name]
-        config = self.read_config(model, head.target.__name__ == "CoreformerEncoderForMaskedLM")
+        config = self.read_config(model, head.target is CoreformerEncoderForMaskedLM)
         for name, value in head.config:
             setattr(config, name, value)
         config.validate_fields()
-        if head.target.__name__ == "CoreformerEncoderForQuestionAnswering" and model.config.num_labels != 2:
+        if head.target is CoreformerEncoderForQuestionAnswering and model.config.num_labels != 2:
             raise unsupported(source_name, f"num_labels={model.config.num_labels}", "(QA predicts a start and an end)")
         state_dict = dict(model.state_dict())
         if self.prepare_weights is not None:
@@ -136,14 +135,16 @@ class NativeArchitecture:
     def to_native(self, model: CoreformerPreTrainedModel) -> PreTrainedModel:
         """The native model computing what `model` computes; the caller has checked `differences` is empty."""
         native_config = self.write_config(model.config)
-        if type(model).__name__ == "CoreformerEncoderForQuestionAnswering":
+        if isinstance(model, CoreformerEncoderForQuestionAnswering):
             native_config.num_labels = 2  # a start and an end logit, whatever the config's labels say
         native_config._attn_implementation = model.config._attn_implementation
-        native = self.native_class(self.export_heads[type(model).__name__])(native_config)
+        native = getattr(transformers, self.export_heads[type(model).__name__])(native_config)
         native.load_state_dict(self._written_weights(native, model), strict=True)
         return native
 
-    def _native_name_map(self, native: PreTrainedModel, model: CoreformerPreTrainedModel, names) -> dict:
+    def _native_name_map(
+        self, native: PreTrainedModel, model: CoreformerPreTrainedModel, names: list[str]
+    ) -> dict[str, str | None]:
         """Every native weight name (after `prepare_weights` where it has an inverse) -> the coreformer name reading
         renames it to (None: a weight reading drops on purpose)."""
         rules = self.rename_rules(native, model)
