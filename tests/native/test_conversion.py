@@ -1,4 +1,5 @@
-"""Tests of conversion.py and cli.py: transformers BERT / RoBERTa / GPT-2 / BART -> coreformer, with exact parity.
+"""Tests of conversion.py (the reading direction of coreformer.native) and cli.py: transformers BERT / RoBERTa / GPT-2 /
+BART / Llama / Mistral / Qwen2 / GPT-NeoX / ModernBERT -> coreformer, with exact parity.
 
 Every supported class is converted from a tiny randomly initialised transformers model and compared with it on a
 padded batch (outputs, hidden states, eager attentions), under eager and sdpa; generation is compared token by token;

@@ -1,6 +1,6 @@
-"""Tests of export.py and `coreformer export`: every target and head round-trips through plain transformers in a fresh
-process without coreformer (logits and greedy tokens), export -> convert is the identity, every refusal names the
-fields that differ, and the command line's exit codes and messages.
+"""Tests of export.py (the writing direction of coreformer.native) and `coreformer export`: every target and head
+round-trips through plain transformers in a fresh process without coreformer (logits and greedy tokens), export ->
+convert is the identity, every refusal names the fields that differ, and the command line's exit codes and messages.
 
 One fresh process checks every exported folder of the module (`exported` fixture), so the file stays quick.
 """
