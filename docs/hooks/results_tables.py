@@ -2,8 +2,8 @@
 
 Two things, both at build time and offline:
 
-- every file of benchmarks/results/ that is not Markdown (json, png) is published under `results/`, so a page links
-  a results file or shows its plot with `results/NAME` (relative to the site's root) and a re-measured file needs no page edit;
+- every file of benchmarks/results/ that is not Markdown (json, png) is published under the site's `results/`, so
+  a page links a results file or shows its plot from there and a re-measured file needs no page edit;
 - a page line `<!-- results-table: NAME.json -->` is replaced by a Markdown table generated from that file: the
   rows of a compare.py file (benchmark, unit, transformers, coreformer, speedup) or the cells of a long_context.py
   file (type x length: seconds / peak MiB), headed by the machine the file names.
