@@ -46,7 +46,8 @@ def results_table(name: str, results_url: str = "results") -> str:
     else:
         raise ValueError(f"results-table: benchmarks/results/{name} holds neither `rows` nor `results`")
     source = f"[`{name}`]({results_url}/{name})"
-    return f"Machine: {data.get('machine', 'not recorded')}. Generated from {source}.\n\n{table}\n"
+    label = f" ({data['label']})" if data.get("label") else ""
+    return f"Machine: {data.get('machine', 'not recorded')}{label}. Generated from {source}.\n\n{table}\n"
 
 
 def compare_table(rows: list[dict]) -> str:
