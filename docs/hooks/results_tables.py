@@ -6,7 +6,8 @@ Two things, both at build time and offline:
   a page links a results file or shows its plot from there and a re-measured file needs no page edit;
 - a page line `<!-- results-table: NAME.json -->` is replaced by a Markdown table generated from that file: the
   rows of a compare.py file (benchmark, unit, transformers, coreformer, speedup) or the cells of a long_context.py
-  file (type x length: seconds / peak MiB), headed by the machine the file names.
+  file (type x length: seconds / peak MiB, and the associative-recall accuracy per type), headed by the machine
+  the file names and the label saying how the run was taken.
 
 Markdown results files are included with pymdownx.snippets (`--8<-- "benchmarks/results/NAME.md"`), not here.
 """
@@ -42,7 +43,7 @@ def results_table(name: str, results_url: str = "results") -> str:
     if "rows" in data:
         table = compare_table(data["rows"])
     elif "results" in data:
-        table = long_context_table(data["results"])
+        table = long_context_table(data["results"]) + recall_table(data.get("recall_accuracy") or {})
     else:
         raise ValueError(f"results-table: benchmarks/results/{name} holds neither `rows` nor `results`")
     source = f"[`{name}`]({results_url}/{name})"
@@ -74,6 +75,15 @@ def long_context_table(results: list[dict]) -> str:
         row = [format_cell(cells.get((kind, length))) for length in lengths]
         lines.append(f"| {kind} | " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def recall_table(accuracy: dict[str, float]) -> str:
+    """The associative-recall probe's accuracy per type, when the run measured it."""
+    if not accuracy:
+        return ""
+    rows = "\n".join(f"| {kind} | {value:.3f} |" for kind, value in accuracy.items())
+    heading = "Associative recall (`coreformer.synthetic`), accuracy per type:"
+    return f"\n\n{heading}\n\n| type | accuracy |\n|---|---|\n{rows}"
 
 
 def format_cell(cell: dict | None) -> str:
