@@ -287,10 +287,15 @@ TINY_FINETUNE = (
 
 
 def _tiny(script: str) -> str:
-    """A README training block with the clone's scripts and tiny sizes (flags before the README's own)."""
-    return script.replace("python training/pretrain.py", f"python {ROOT}/training/pretrain.py {TINY_PRETRAIN}").replace(
-        "python training/finetune.py", f"python {ROOT}/training/finetune.py {TINY_FINETUNE}"
-    )
+    """A README training block at tiny sizes (flags before the README's own): the clone's scripts, or the installed
+    `coreformer pretrain | finetune` commands, which take the same flags."""
+    for script_form, command, tiny in (
+        ("python training/pretrain.py", "coreformer pretrain", TINY_PRETRAIN),
+        ("python training/finetune.py", "coreformer finetune", TINY_FINETUNE),
+    ):
+        script = script.replace(script_form, f"python {ROOT}/{script_form.split()[1]} {tiny}")
+        script = script.replace(f"{command} ", f"{command} {tiny} ")
+    return script
 
 
 @pytest.mark.slow
