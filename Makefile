@@ -4,7 +4,9 @@
 #   make demo           pretrain a tiny decoder on the embedded corpus, reload it with AutoModelForCausalLM and print
 #                       a generated sample (uses every core)
 #   make test           the test suite (CPU, offline; one thread per worker, two workers)
-#   make readme-check   run the README's covered shell blocks at tiny sizes (tests/test_readme.py)
+#   make readme-check   run the README's and the docs' code blocks (tests/test_readme.py)
+#   make docs           build the documentation into site/ (mkdocs build --strict); make docs-serve serves it
+#   make docs-screenshot   render the built home page with headless Chromium into docs/assets/home.png
 PYTHON ?= python3
 # The torch requirement installed first, so that `pip install -e .` keeps it. torch==2.13.0 is the CPU build on this
 # project's package index; from pypi.org on Linux it is a CUDA build (about 20 nvidia-* packages). For the CPU build
@@ -14,7 +16,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test readme-check lint clean
+.PHONY: install demo test readme-check docs docs-serve docs-screenshot lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +44,15 @@ test: $(STAMP)
 
 readme-check: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/test_readme.py
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --strict
+
+docs-screenshot: docs
+	$(BIN)/python tests/docs/site_browser.py site --screenshot docs/assets/home.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests training benchmarks

@@ -1,16 +1,23 @@
-"""The README's shell blocks, extracted and run as written where a test can, at tiny sizes (`make readme-check`).
+"""The README's and the docs' code blocks, extracted and run as written where a test can, at tiny sizes
+(`make readme-check`).
 
-Every ```bash block of README.md is found under its heading. COVERAGE says, per heading, what is done with each of
-its blocks, in order: RUN (a test below runs it with the listed substitutions, which only shrink sizes, keep what is
-written in a temporary folder, or stand in for a step that needs the network) or a reason it is not run. A bash block
-under a heading that COVERAGE does not list fails `test_every_shell_block_is_classified`, so a new block is either
-covered or has its reason written down. `python tests/test_readme.py` prints the table.
+README.md: every ```bash and ```python block is found under its heading. COVERAGE says, per heading, what is done
+with each of its blocks, in order: RUN (a test below runs it: shell blocks with substitutions that only shrink sizes,
+keep what is written in a temporary folder, or stand in for a step that needs the network; Python blocks as written,
+in-process, in a temporary folder) or a reason it is not run. A block under a heading that COVERAGE does not list
+fails `test_every_readme_block_is_classified`, so a new block is either covered or has its reason written down.
 
-Covered now: the Quickstart's two blocks (make install / activate / --version / make demo / make test; the MiniLM
-conversion), the wheel block of "Installing into your own environment", and the runnable blocks of "Pretraining" and
-"Fine-tuning" (tiny sizes, after the Quickstart's steps).
+docs/**/*.md: the HTML comment on the line before each ```bash / ```python block says what is done with it:
+`<!-- test: run -->` (Python: run in-process with the page's other run blocks, in order, in a temporary folder),
+`<!-- test: covered-by TEST_NAME -->` (that test runs these commands: the block is one of the README's, or the
+test reads it from the page; the test must exist) or `<!-- test: skip REASON -->`. An unmarked block fails
+`test_every_docs_block_is_marked`. Python blocks here build tiny models only, so the pages cost seconds; the
+shell blocks that train are run once, by the README tests below, never a second time for the docs.
+
+`python tests/test_readme.py` prints the README's table.
 """
 
+import ast
 import os
 import re
 import subprocess
@@ -24,70 +31,72 @@ from coreformer.folders import has_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 RUN = "run"
 TEMPLATES = "a template: your files, flags or config in place of the placeholders (my_texts.jsonl, ..., FILE)"
 COVERAGE: dict[str, list[str]] = {
+    "Install": [
+        "needs the network (pip installs torch and every dependency); the wheel block of docs/getting-started.md "
+        "covers building and installing coreformer itself"
+    ],
     "Quickstart": [RUN, RUN],
-    "Installing into your own environment": [
-        "needs the network (pip installs torch and every dependency into a new venv); the wheel block below covers "
-        "building and installing coreformer itself",
-        RUN,
-    ],
+    "One model per family": [RUN],
     "Pretraining": [RUN, TEMPLATES],
-    "Scaling out": [
-        "two launchers started together on a free port P; tests/test_distributed.py starts them with these flags "
-        "(test_two_machines_of_one_process_equal_one_process_with_two_micro_batches)"
+    "Fine-tuning": [RUN],
+    "Converting, exporting and publishing": [
+        "placeholder paths (path/to/...) and a Hub; the Quickstart runs `coreformer convert` on the MiniLM "
+        "checkpoint, tests/native/test_export.py runs `coreformer export --check`, tests/test_publish.py publishes to a "
+        "loopback Hub"
     ],
-    "ELECTRA against masked LM, at equal compute": [
-        "a 25-minute benchmark; its own test runs the same script with --tiny (both kinds of budget)"
-    ],
-    "Fine-tuning": [
-        RUN,
-        "needs the network (conll2003, xsum from the Hub) or your own train.jsonl / dev.jsonl",
-        RUN,
-    ],
-    "Bring your own checkpoint": [
-        "placeholder paths (path/to/...); the Quickstart runs the same command on the MiniLM checkpoint",
-    ],
-    "Publishing": ["optional flags in [brackets] and a Hub; tests/test_publish.py runs publish.py on a loopback Hub"],
-    "Serving": ["placeholder paths (path/to/...); tests/native/test_export.py runs `coreformer export --check` itself"],
-    "GGUF (`--to gguf`), for llama.cpp": [
-        "needs llama.cpp, which does not install here (no binary wheel); tests/test_gguf_export.py loads the files "
-        "back with transformers' GGUF reader instead"
-    ],
+    "Tests": ["the suite itself; test_readme_test_command_is_what_make_test_runs checks it is `make test`'s recipe"],
 }
+LANGUAGES = ("bash", "python")
+MARKER = re.compile(r"<!-- test: (?P<kind>run|covered-by|skip)\b ?(?P<detail>.*?) ?-->")
 
 
 @dataclass(frozen=True)
-class ShellBlock:
+class CodeBlock:
     heading: str
-    index: int  # among the bash blocks under this heading
+    index: int  # among the blocks of its language under this heading
     text: str
+    language: str = "bash"
+    marker: str = ""  # the `<!-- test: ... -->` comment on the lines just before it, if any
 
 
-def shell_blocks(markdown: str) -> list[ShellBlock]:
-    """The ```bash blocks of `markdown`, each with the nearest heading above it."""
-    blocks, heading, counts = [], "", {}
+def code_blocks(markdown: str, languages: tuple[str, ...] = LANGUAGES) -> list[CodeBlock]:
+    """The fenced blocks of `markdown` in `languages`, each with the nearest heading above it and its marker."""
+    blocks, heading, counts, comments = [], "", {}, []
     lines = iter(markdown.splitlines())
     for line in lines:
         if match := re.match(r"#{1,6} (.+)", line):
-            heading = match[1].strip()
-        elif line.strip() == "```bash":
+            heading, comments = match[1].strip(), []
+        elif line.startswith("<!--"):
+            comments.append(line.strip())
+        elif (language := line.strip().removeprefix("```")) in languages and line.strip().startswith("```"):
             body = []
             for inner in lines:
                 if inner.strip() == "```":
                     break
                 body.append(inner)
-            index = counts.get(heading, 0)
-            counts[heading] = index + 1
-            blocks.append(ShellBlock(heading, index, "\n".join(body) + "\n"))
+            key = (heading, language)
+            counts[key] = counts.get(key, 0) + 1
+            marker = next((comment for comment in comments if MARKER.fullmatch(comment)), "")
+            blocks.append(CodeBlock(heading, counts[key] - 1, "\n".join(body) + "\n", language, marker))
+            comments = []
+        elif line.strip():
+            comments = []
     return blocks
 
 
-def block(heading: str, index: int) -> str:
-    matches = [b.text for b in shell_blocks(README.read_text()) if (b.heading, b.index) == (heading, index)]
-    assert matches, f"README.md has no bash block {index} under '{heading}'"
-    return matches[0]
+def shell_blocks(markdown: str) -> list[CodeBlock]:
+    """The ```bash blocks of `markdown`, each with the nearest heading above it."""
+    return code_blocks(markdown, ("bash",))
+
+
+def block(heading: str, index: int, page: Path = README, language: str = "bash") -> str:
+    found = [b.text for b in code_blocks(page.read_text(), (language,)) if (b.heading, b.index) == (heading, index)]
+    assert found, f"{page.relative_to(ROOT)} has no {language} block {index} under '{heading}'"
+    return found[0]
 
 
 def substitute(text: str, replacements: list[tuple[str, str]]) -> str:
@@ -114,23 +123,112 @@ def run_bash(script: str, cwd: Path, timeout: float = 300) -> subprocess.Complet
     return result
 
 
-def test_every_shell_block_is_classified():
+def run_python(blocks: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python blocks run in order in one namespace (a page's later blocks use its earlier names), in `cwd`."""
+    monkeypatch.chdir(cwd)
+    namespace: dict = {"__name__": "__docs__"}
+    for text in blocks:
+        exec(compile(text, "<docs block>", "exec"), namespace)
+
+
+def docs_pages() -> list[Path]:
+    return sorted(DOCS.rglob("*.md"))
+
+
+def test_every_readme_block_is_classified():
     found: dict[str, int] = {}
-    for shell_block in shell_blocks(README.read_text()):
-        found[shell_block.heading] = shell_block.index + 1
+    for code_block in code_blocks(README.read_text()):
+        found[code_block.heading] = found.get(code_block.heading, 0) + 1
     unlisted = {heading: count for heading, count in found.items() if heading not in COVERAGE}
-    assert unlisted == {}, f"bash blocks under headings COVERAGE does not list: {unlisted}"
+    assert unlisted == {}, f"code blocks under headings COVERAGE does not list: {unlisted}"
     for heading, statuses in COVERAGE.items():
-        assert found.get(heading) == len(statuses), f"'{heading}': {found.get(heading)} bash blocks, {statuses}"
+        assert found.get(heading) == len(statuses), f"'{heading}': {found.get(heading)} code blocks, {statuses}"
 
 
-def test_shell_blocks_are_found_under_their_headings():
-    text = "# A\n```bash\necho a\n```\n## B\n```python\nx\n```\n```bash\necho b1\n```\n```bash\necho b2\n```\n"
-    assert shell_blocks(text) == [
-        ShellBlock("A", 0, "echo a\n"),
-        ShellBlock("B", 0, "echo b1\n"),
-        ShellBlock("B", 1, "echo b2\n"),
+def test_blocks_are_found_under_their_headings_with_their_markers():
+    text = (
+        "# A\n```bash\necho a\n```\n## B\n```python\nx\n```\n<!-- note -->\n<!-- test: skip why -->\n"
+        "```bash\necho b1\n```\ntext\n\n```bash\necho b2\n```\n```console\n$ c\n```\n"
+    )
+    assert code_blocks(text) == [
+        CodeBlock("A", 0, "echo a\n"),
+        CodeBlock("B", 0, "x\n", "python"),
+        CodeBlock("B", 0, "echo b1\n", "bash", "<!-- test: skip why -->"),
+        CodeBlock("B", 1, "echo b2\n"),
     ]
+    assert shell_blocks(text) == [b for b in code_blocks(text) if b.language == "bash"]
+
+
+def test_readme_is_a_short_front_door():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, len(lines)
+    first_block = next(number for number, line in enumerate(lines, 1) if line.startswith("```"))
+    assert first_block <= 60, first_block
+
+
+def test_readme_test_command_is_what_make_test_runs():
+    """CI runs the README's test command (.ci/run ends with `make test`): the README states what that target runs."""
+    stated = block("Tests", 0).split("#", 1)[1].strip()
+    recipe = re.search(r"^test: .*\n\t(?P<command>.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)["command"]
+    assert recipe.replace("$(BIN)/python -m pytest", "pytest") == stated
+    assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("make test")
+
+
+@pytest.mark.slow
+def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    python = [b for b in code_blocks(README.read_text(), ("python",))]
+    assert [COVERAGE[b.heading][0] for b in python] == [RUN] * len(python)
+    run_python([b.text for b in python], tmp_path, monkeypatch)
+    assert (tmp_path / "my-decoder" / "config.json").is_file()
+
+
+def _test_sources() -> dict[str, str]:
+    """Every test function's name -> its source, across tests/."""
+    sources = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                sources[node.name] = ast.get_source_segment(text, node)
+    return sources
+
+
+def test_every_docs_block_is_marked():
+    tests = _test_sources()
+    readme_blocks = {b.text for b in shell_blocks(README.read_text())}
+    problems = []
+    for page in docs_pages():
+        name = page.relative_to(DOCS).as_posix()
+        for code_block in code_blocks(page.read_text()):
+            where = f"{name} '{code_block.heading}' {code_block.language} block {code_block.index}"
+            marker = MARKER.fullmatch(code_block.marker) if code_block.marker else None
+            if marker is None:
+                problems.append(f"{where}: no <!-- test: run | covered-by TEST | skip REASON --> marker")
+            elif marker["kind"] == "skip" and len(marker["detail"].split()) < 3:
+                problems.append(f"{where}: a skip needs its reason")
+            elif marker["kind"] == "run" and code_block.language != "python":
+                problems.append(f"{where}: shell blocks run in a README test; mark it covered-by that test")
+            elif marker["kind"] == "covered-by":
+                source = tests.get(marker["detail"])
+                if source is None:
+                    problems.append(f"{where}: no test named {marker['detail']!r}")
+                elif code_block.text not in readme_blocks and name not in source:
+                    problems.append(f"{where}: {marker['detail']} runs neither this block's README twin nor {name}")
+    assert problems == [], "\n".join(problems)
+
+
+def _pages_with_runs() -> list[str]:
+    return [
+        page.relative_to(DOCS).as_posix()
+        for page in docs_pages()
+        if any(b.marker == "<!-- test: run -->" for b in code_blocks(page.read_text(), ("python",)))
+    ]
+
+
+@pytest.mark.parametrize("page", _pages_with_runs())
+def test_docs_python_blocks_run(page, tmp_path, monkeypatch):
+    blocks = [b.text for b in code_blocks((DOCS / page).read_text(), ("python",)) if b.marker == "<!-- test: run -->"]
+    run_python(blocks, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
@@ -189,10 +287,15 @@ TINY_FINETUNE = (
 
 
 def _tiny(script: str) -> str:
-    """A README training block with the clone's scripts and tiny sizes (flags before the README's own)."""
-    return script.replace("python training/pretrain.py", f"python {ROOT}/training/pretrain.py {TINY_PRETRAIN}").replace(
-        "python training/finetune.py", f"python {ROOT}/training/finetune.py {TINY_FINETUNE}"
-    )
+    """A README training block at tiny sizes (flags before the README's own): the clone's scripts, or the installed
+    `coreformer pretrain | finetune` commands, which take the same flags."""
+    for script_form, command, tiny in (
+        ("python training/pretrain.py", "coreformer pretrain", TINY_PRETRAIN),
+        ("python training/finetune.py", "coreformer finetune", TINY_FINETUNE),
+    ):
+        script = script.replace(script_form, f"python {ROOT}/{script_form.split()[1]} {tiny}")
+        script = script.replace(f"{command} ", f"{command} {tiny} ")
+    return script
 
 
 @pytest.mark.slow
@@ -213,7 +316,9 @@ def test_fine_tuning_block_runs_after_the_quickstart(converted, tmp_path):
     assert result.stdout.count("done: {'eval_") == 5
     for folder in ("cls", "ner", "qa", "clm-lora", "sum"):
         assert (tmp_path / "out" / folder / "config.json").is_file(), folder
-    run_bash(_tiny(block("Fine-tuning", 2)), tmp_path)  # --resume-from-checkpoint latest on a new folder: starts it
+    # docs/guides/fine-tuning.md's resume block: --resume-from-checkpoint latest on a new folder starts the run
+    resume = block("Checkpoints, resume and several processes", 0, DOCS / "guides" / "fine-tuning.md")
+    run_bash(_tiny(resume), tmp_path)
     assert (tmp_path / "out" / "cls-long" / "checkpoints" / "step-2" / "fine_tuning_run.json").is_file()
 
 
@@ -221,7 +326,7 @@ def test_fine_tuning_block_runs_after_the_quickstart(converted, tmp_path):
 def test_wheel_block_builds_a_wheel_that_imports_and_runs_elsewhere(tmp_path):
     site = tmp_path / "site"
     script = substitute(
-        block("Installing into your own environment", 1),
+        block("From a wheel", 0, DOCS / "getting-started.md"),
         [
             ("pip wheel --no-deps -w dist .", f"pip wheel -q --no-deps --no-build-isolation --no-index -w dist {ROOT}"),
             ("pip install dist/", f"pip install -q --no-deps --no-index --target {site} dist/"),  # deps: this venv's
