@@ -1,6 +1,7 @@
 """The `coreformer` command's front door, importable without torch: argument parsing, `--version`, path checks.
 
     coreformer --version | --help
+    coreformer pretrain | finetune | publish ...   the runs (coreformer_settings.commands; the same as training/*.py)
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
     coreformer export FOLDER OUT [--to native|onnx|gguf] [--check] [--overwrite] [--gguf-dtype f32|f16|bf16|q8_0]
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] [--target T] -o map.png
@@ -15,9 +16,11 @@ folder answer before any of that. The work itself is in `coreformer.cli`, import
                                          that does not exist (before any Hub call and its retries)
     check_local_folder(name) -> name     an existing local folder; NoSuchFolderError otherwise
     COMMANDS                             the subcommands: arguments, checks, and the handler to import
+    SuggestingParser                     argparse, naming the closest known flag to an unknown one
 """
 
 import argparse
+import difflib
 import re
 import sys
 from collections.abc import Callable
@@ -45,6 +48,22 @@ def add_version_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--version", action="version", version=f"coreformer {version()}", help="print the version and exit"
     )
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose "unrecognized arguments" error names the closest known flag (`--lerning-rate` ->
+    "did you mean --learning-rate?"); Python 3.12's argparse suggests only for choices, and 3.11's not at all."""
+
+    def error(self, message: str):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            known = [option for option in self._option_string_actions if option.startswith("--")]
+            for given in message[len(prefix) :].split():
+                close = difflib.get_close_matches(given.split("=")[0], known, n=1) if given.startswith("--") else []
+                if close:
+                    message += f" (did you mean {close[0]}?)"
+                    break
+        super().error(message)
 
 
 class NoSuchFolderError(ValueError):
@@ -187,9 +206,13 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coreformer", description="coreformer command-line tools")
+    from coreformer_settings.commands import RUN_COMMANDS  # it imports this module: not at the top
+
+    parser = SuggestingParser(prog="coreformer", description="coreformer command-line tools")
     add_version_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for run in RUN_COMMANDS.values():  # listed here; `main` hands their arguments to their own parser
+        commands.add_parser(run.name, help=run.help, add_help=False)
     for command in COMMANDS.values():
         subparser = commands.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(subparser)
@@ -207,7 +230,16 @@ def check_paths(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Parse, check the folders, then import the handler and run it (exit codes: see coreformer.cli; 130 after
     Ctrl-C)."""
-    args = build_parser().parse_args(argv)
+    from coreformer_settings.commands import RUN_COMMANDS
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in RUN_COMMANDS:  # pretrain, finetune, publish: their own parser, help and exit codes
+        return RUN_COMMANDS[argv[0]].main(argv[1:])
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's parser knows its flags, so it names the closest one
+        subparsers = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         check_paths(args)
     except NoSuchFolderError as error:

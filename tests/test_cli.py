@@ -231,7 +231,7 @@ def test_ctrl_c_while_publishing_is_one_line_and_exit_130(tmp_path, monkeypatch,
     monkeypatch.setattr(coreformer.publishing, "publish_folder", _interrupt)
     assert script.main([str(tmp_path), "--repo-id", "me/model"]) == 130
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "publish: stopped by Ctrl-C" in err and "all of it or none of it" in err, err
+    assert err.count("\n") == 1 and "publish.py: stopped by Ctrl-C" in err and "all of it or none of it" in err, err
 
 
 def test_staged_folder_gives_saved_files_the_umasks_mode(tmp_path):

@@ -259,7 +259,7 @@ def load_model_config(path: str, task: str):
     except Exception as error:
         raise FinetuningError(
             f"Cannot load --model {path!r}: {type(error).__name__}: {error}. Pass a coreformer folder (from "
-            f"training/pretrain.py, a fine-tuning run, or `coreformer convert`)."
+            f"`coreformer pretrain`, `coreformer finetune`, or `coreformer convert`)."
         ) from error
     family = family_of(config)
     if family is None:
@@ -552,7 +552,7 @@ def _card_info(args: FinetuningArguments, family: str, num_parameters: int, metr
             )
         )
     what = "A LoRA adapter" if adapter else "A coreformer " + family + " model"
-    summary = f"{what} fine-tuned for {args.task} with coreformer's `training/finetune.py` (transformers Trainer)"
+    summary = f"{what} fine-tuned for {args.task} with `coreformer finetune` (transformers Trainer)"
     if args.peft == "lora" and not adapter:
         summary += "; LoRA adapters merged into the weights (the adapter alone is in `adapter/`)"
     return ModelCardInfo(
