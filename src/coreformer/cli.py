@@ -17,6 +17,7 @@ Each subcommand is a function `(args) -> exit code` named in `coreformer_cli.COM
 
 import argparse
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,11 +55,21 @@ class _CheckFailedError(Exception):
     """Unwinds the staging folder when --check finds a difference; `main` exits with code 1."""
 
 
+def quiet_loading() -> None:
+    """No progress bars for loading or writing weights (a command's own lines say what it did, and the work takes a
+    moment), and no word from torch.onnx about the torchvision operators it skips (coreformer uses none)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+
+
 def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A subcommand's handler: a CommandError becomes one line on stderr and exit code 2, a failed --check 1."""
 
     @functools.wraps(run)
     def handler(args: argparse.Namespace) -> int:
+        quiet_loading()
         try:
             return run(args)
         except CommandError as error:

@@ -60,7 +60,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from . import conversion
 from .configuration_coreformer import GENERIC_LAYER_TYPES, CoreformerConfig
 from .families import head_of_class
-from .folders import has_tokenizer, staged_folder
+from .folders import has_tokenizer, prepare_for_serving, staged_folder
 from .layer_types import LAYER_TYPES
 from .model_card import CARD_NAME, inherited_license, is_hub_id, validate_model_card
 from .modeling_base import CoreformerPreTrainedModel
@@ -1074,6 +1074,10 @@ def export_native(
         native.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        causal_lm = (
+            type(native).__name__ in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+        )
+        prepare_for_serving(staging, causal_lm=causal_lm)
         saved = json.loads((staging / "config.json").read_text())
         if "auto_map" in saved:
             raise ValueError(f"the exported config.json names remote code ({saved['auto_map']}); refusing to write.")
