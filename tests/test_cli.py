@@ -43,8 +43,17 @@ HEAVY_IMPORTS_AFTER = """
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["--version"], ["convert", "--help"], ["attention-map", "--help"], ["convert", "./nope", "x"]],
-    ids=["help", "version", "convert-help", "attention-map-help", "missing-folder"],
+    [
+        ["--help"],
+        ["--version"],
+        ["convert", "--help"],
+        ["attention-map", "--help"],
+        ["convert", "./nope", "x"],
+        ["pretrain", "--help"],
+        ["finetune", "--help"],
+        ["publish", "--version"],
+    ],
+    ids=["help", "version", "convert-help", "attention-map-help", "missing-folder", "pretrain", "finetune", "publish"],
 )
 def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_path, argv):
     result = run_python(HEAVY_IMPORTS_AFTER.format(argv=argv, heavy=HEAVY), tmp_path)
@@ -165,7 +174,100 @@ def test_missing_local_folders_are_refused_and_hub_ids_pass(tmp_path, monkeypatc
     with pytest.raises(coreformer_cli.NoSuchFolderError, match=r"^no such folder: outputs/nope \(looked for "):
         coreformer_cli.check_model_location("outputs/nope")
     assert coreformer_cli.check_model_location("outputs") == "outputs"
+    monkeypatch.setattr(coreformer_cli, "hub_unreachable", lambda: None)  # a Hub that answers
     assert coreformer_cli.check_model_location("owner/model") == "owner/model"  # goes on to the Hub
+
+
+@pytest.mark.parametrize(
+    "environment, reason",
+    [
+        ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+        (
+            {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"},
+            r"the Hub at http://127\.0\.0\.1:9 cannot be ",
+        ),
+    ],
+    ids=["offline", "unreachable"],
+)
+def test_a_mistyped_hub_name_fails_at_once_in_one_line(tmp_path, monkeypatch, capsys, environment, reason):
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for variable in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    start = time.perf_counter()
+    argv = ["finetune", "--task", "sequence-classification", "--model", "gtp2", "--output-dir", "out"]
+    assert coreformer_cli.main(argv) == 2
+    assert time.perf_counter() - start < 5  # before: a minute of huggingface_hub's retries, then three lines
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.match(
+        rf"coreformer finetune: error: gtp2 is not a local folder, and the Hub cannot be asked for it: {reason}", err
+    ), err
+    assert "check the name, or pass a local folder" in err and not (tmp_path / "out").exists()
+    (tmp_path / "hub" / "models--gtp2").mkdir(parents=True)  # in the local cache: it loads offline, so it passes
+    assert coreformer_cli.check_model_location("gtp2") == "gtp2"
+
+
+@pytest.mark.parametrize(
+    "argv, suggestion",
+    [
+        (["finetune", "--task", "causal-lm", "--lerning_rate", "1e-3"], "--learning_rate"),
+        (["finetune", "--task", "causal-lm", "--lerning-rate=1e-3"], "--learning-rate"),
+        (["pretrain", "--family", "decoder", "--max-step", "3"], None),  # a prefix: argparse takes it as --max-steps
+        (["pretrain", "--family", "decoder", "--max-stesp", "3"], "--max-steps"),
+        (["export", "a", "b", "--overwirte"], "--overwrite"),
+    ],
+)
+def test_an_unknown_flag_names_the_closest_one(tmp_path, monkeypatch, capsys, argv, suggestion):
+    monkeypatch.chdir(tmp_path)
+    if suggestion is None:
+        from coreformer_settings.commands import RUN_COMMANDS  # parse only: running would train
+
+        assert vars(RUN_COMMANDS["pretrain"].build_parser().parse_args(argv[1:]))["max_steps"] == 3
+        return
+    with pytest.raises(SystemExit) as exit:
+        coreformer_cli.main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"coreformer {argv[0]}: error: unrecognized arguments: ") and err.endswith(
+        f"(did you mean {suggestion}?)"
+    ), err
+
+
+def test_the_scripts_and_the_installed_command_share_one_parser():
+    from coreformer_settings.commands import RUN_COMMANDS
+
+    for name in SCRIPTS:
+        script, installed = load_script(name).build_parser(), RUN_COMMANDS[name].build_parser()
+        assert script.prog == f"{name}.py" and installed.prog == f"coreformer {name}"
+        flags = {option for action in installed._actions for option in action.option_strings}
+        assert flags == {option for action in script._actions for option in action.option_strings}
+        assert script.description == installed.description  # the usage lines wrap after the program's name
+        assert [action.help for action in script._actions] == [action.help for action in installed._actions]
+
+
+def test_presets_resolve_from_the_package():
+    from coreformer_settings.pretraining import default_configs_dir, preset_path
+
+    package = Path(coreformer.__file__).resolve().parent
+    assert default_configs_dir() == package.parent / "coreformer" / "training" / "configs"
+    shipped = {path.name for path in default_configs_dir().rglob("*.yaml")}
+    assert shipped == {path.name for path in (ROOT / "training" / "configs").rglob("*.yaml")} and shipped
+    assert (
+        preset_path("decoder", "tiny").read_text() == (ROOT / "training" / "configs" / "decoder-tiny.yaml").read_text()
+    )
+
+
+def test_no_hint_names_a_clone_only_script():
+    hints = subprocess.run(
+        ["grep", "-rn", "--include=*.py", "python training/", str(ROOT / "src")], capture_output=True, text=True
+    )
+    assert hints.stdout == ""  # a wheel install has no training/ folder: hints say `coreformer finetune ...`
 
 
 @pytest.mark.parametrize(
