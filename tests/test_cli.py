@@ -413,3 +413,76 @@ def test_a_folder_named_coreformer_in_the_working_directory_does_not_shadow_the_
     assert result.returncode == 0, result.stderr
     package = Path(result.stdout.strip())  # "None" before: the empty folder, found as a namespace package
     assert package.name == "__init__.py" and package.is_file() and not package.is_relative_to(tmp_path), package
+
+
+def test_export_is_quiet_and_its_decoder_tokenizer_pads_left(tmp_path, capsys):
+    import logging
+
+    from test_publish import build_folder
+
+    build_folder("decoder", tmp_path / "model")
+    capsys.readouterr()
+    assert cli.main(["export", str(tmp_path / "model"), str(tmp_path / "native")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines() == [
+        f"exported {tmp_path / 'model'} -> GPT2LMHeadModel: wrote {tmp_path / 'native'}"
+    ]
+    assert "Loading weights" not in captured.err and "Writing model shards" not in captured.err, captured.err
+    # torch.onnx names each torchvision operator it skips at WARNING when --to onnx runs without torchvision
+    assert logging.getLogger("torch.onnx._internal.exporter._registration").getEffectiveLevel() >= logging.ERROR
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "native").padding_side == "left"
+
+
+def test_the_summary_says_why_a_run_kept_no_checkpoints(tmp_path):
+    from types import SimpleNamespace
+
+    from coreformer.training.reports import checkpoints_line
+
+    assert checkpoints_line(SimpleNamespace(save_every=0), tmp_path) == "none (save_every is 0)"
+    # before: "none (--save-every 0)" for a short run of a preset that saves every 200 steps
+    assert checkpoints_line(SimpleNamespace(save_every=200), tmp_path) == (
+        "none (the run ended before step 200, the first save; --save-every N saves more often)"
+    )
+
+
+def test_fine_tuning_ends_with_where_everything_went(tmp_path):
+    from types import SimpleNamespace
+
+    from coreformer.training.reports import finetune_summary
+
+    folder = tmp_path / "cls"
+    make = SimpleNamespace(auto_class="AutoModelForSequenceClassification")
+    args = SimpleNamespace(output_dir=str(folder), spec=make, peft="lora", save_every=0, export=None)
+    folder.mkdir()
+    (folder / "all_results.json").write_text("{}")
+    assert finetune_summary(args).splitlines() == [
+        "where everything went:",
+        f"  model        {folder}/  (AutoModelForSequenceClassification.from_pretrained({str(folder)!r}))",
+        f"  adapter      {folder}/adapter/  (the LoRA adapter alone, for PEFT)",
+        f"  model card   {folder}/README.md",
+        f"  metrics      {folder}/all_results.json",
+        "  checkpoints  none (save_every is 0)",
+        "what to run next:",
+        f"  publish      coreformer publish {folder} --repo-id YOUR_NAME/cls",
+        f"  export       coreformer export {folder} {folder}-native --check",
+    ]
+
+
+def test_missing_columns_are_named_together():
+    from types import SimpleNamespace
+
+    import datasets
+
+    from coreformer.training.finetuning import FinetuningError, check_columns
+
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["a"], "kind": [0]})})
+    spec = SimpleNamespace(columns=("text_column", "text_pair_column", "label_column"))
+    args = SimpleNamespace(spec=spec, task="sequence-classification", text_column="text", label_column="label")
+    args.text_pair_column = None  # optional, unset: not looked for
+    with pytest.raises(FinetuningError) as error:
+        check_columns(splits, args)
+    assert str(error.value) == (
+        "The train data has no column 'text' (the input text), 'label' (the labels) for sequence-classification; its "
+        "columns are ['body', 'kind']. Pass --text-column with the column that holds the input text, --label-column "
+        "with the column that holds the labels."
+    )  # before: only 'text', and after fixing it, a second run to learn about 'label'
