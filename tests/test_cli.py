@@ -30,6 +30,10 @@ def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.Complete
     )
 
 
+NEEDS_EVALUATE = pytest.mark.skipif(
+    importlib.util.find_spec("coreformer_settings.evaluation") is None,
+    reason="`coreformer evaluate` comes with coreformer_settings.evaluation and coreformer.training.zero_shot",
+)
 HEAVY_IMPORTS_AFTER = """
     import sys, coreformer_cli
     try:
@@ -52,8 +56,19 @@ HEAVY_IMPORTS_AFTER = """
         ["pretrain", "--help"],
         ["finetune", "--help"],
         ["publish", "--version"],
+        pytest.param(["evaluate", "--help"], marks=NEEDS_EVALUATE),
     ],
-    ids=["help", "version", "convert-help", "attention-map-help", "missing-folder", "pretrain", "finetune", "publish"],
+    ids=[
+        "help",
+        "version",
+        "convert-help",
+        "attention-map-help",
+        "missing-folder",
+        "pretrain",
+        "finetune",
+        "publish",
+        "evaluate",
+    ],
 )
 def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_path, argv):
     result = run_python(HEAVY_IMPORTS_AFTER.format(argv=argv, heavy=HEAVY), tmp_path)
@@ -486,3 +501,23 @@ def test_missing_columns_are_named_together():
         "columns are ['body', 'kind']. Pass --text-column with the column that holds the input text, --label-column "
         "with the column that holds the labels."
     )  # before: only 'text', and after fixing it, a second run to learn about 'label'
+
+
+RECORDED: list[list[str]] = []
+
+
+def _record(argv: list[str]) -> int:
+    RECORDED.append(argv)
+    return 0
+
+
+def test_a_delegated_command_is_parsed_before_its_module_runs(capsys):
+    from coreformer_settings.commands import RUN_COMMANDS, DelegatedCommand
+
+    command = DelegatedCommand("demo", "a demo", "argparse:ArgumentParser", "test_cli:_record")
+    with pytest.raises(SystemExit):
+        command.main(["--nope"])  # refused by the light parser: the (heavy) module never ran
+    assert RECORDED == [] and "unrecognized arguments: --nope" in capsys.readouterr().err
+    assert command.main([]) == 0 and RECORDED == [[]]
+    # `coreformer evaluate` is offered exactly where its modules are installed
+    assert ("evaluate" in RUN_COMMANDS) == (importlib.util.find_spec("coreformer_settings.evaluation") is not None)

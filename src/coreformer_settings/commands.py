@@ -2,7 +2,8 @@
 training/pretrain.py, finetune.py, publish.py, which call the same functions (one parser and one help text each).
 
     RunCommand(name, help, description, add_arguments, run)   one command line
-    RUN_COMMANDS                        name -> RunCommand
+    RUN_COMMANDS                        name -> RunCommand (or DelegatedCommand: `evaluate`, parsed and run by
+                                        coreformer_settings.evaluation and coreformer.training.zero_shot)
     RunCommand.build_parser(prog)       its argparse parser, `prog` naming the program in usage and errors
     RunCommand.main(argv, prog)         parse, check the folders it names (still torch-free), run; the exit code
 
@@ -13,6 +14,8 @@ input (one line on stderr, nothing written), 1 the Hub refused an upload, 130 st
 """
 
 import argparse
+import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -257,6 +260,38 @@ RUN_COMMANDS = {
             _publish_arguments,
             _publish,
         ),
-        # `evaluate` (zero-shot evaluation) goes here once coreformer.training.zero_shot exists
     )
 }
+
+
+@dataclass(frozen=True)
+class DelegatedCommand:
+    """A command whose own modules parse and run its command line: a torch-free parser, then `main(argv)`."""
+
+    name: str
+    help: str
+    parser: str  # "module:function", `(prog) -> ArgumentParser`, importable without torch
+    run: str  # "module:function", `(argv) -> exit code`, parsing again with the same parser
+
+    def available(self) -> bool:
+        return importlib.util.find_spec(self.parser.split(":")[0]) is not None
+
+    def build_parser(self, prog: str | None = None) -> argparse.ArgumentParser:
+        module, function = self.parser.split(":")
+        return getattr(importlib.import_module(module), function)(prog or f"coreformer {self.name}")
+
+    def main(self, argv: list[str] | None = None, prog: str | None = None) -> int:
+        argv = sys.argv[1:] if argv is None else argv
+        self.build_parser(prog).parse_args(argv)  # --help and a bad flag answer before torch is imported
+        module, function = self.run.split(":")
+        return getattr(importlib.import_module(module), function)(argv)
+
+
+EVALUATE = DelegatedCommand(
+    "evaluate",
+    "zero-shot evaluation of a pretrained folder: held-out loss, perplexity and minimal-pair accuracy",
+    "coreformer_settings.evaluation:build_parser",
+    "coreformer.training.zero_shot:main",
+)
+if EVALUATE.available():  # it ships with coreformer.training.zero_shot
+    RUN_COMMANDS[EVALUATE.name] = EVALUATE
