@@ -296,6 +296,22 @@ def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict
     )
 
 
+def check_lines(summary: dict) -> list[str]:
+    """What `export --check` measured, printed alike for every format: the largest output difference and whether
+    greedy decoding gave the same tokens. Native exports report under "check"; ONNX and GGUF report "max_abs_diff"
+    and both sides' "greedy_tokens" at the top of their summary."""
+    check = summary.get("check")
+    if isinstance(check, dict) and "max_abs_difference" in check:
+        worst, tokens_equal = check["max_abs_difference"], check.get("tokens_equal")
+    elif "max_abs_diff" in summary:
+        worst, greedy = summary["max_abs_diff"], summary.get("greedy_tokens")
+        tokens_equal = None if not greedy else all(tokens == next(iter(greedy.values())) for tokens in greedy.values())
+    else:
+        return []
+    lines = [f"max abs difference: {worst:.3g}"]
+    return lines + ([f"greedy tokens equal: {tokens_equal}"] if tokens_equal is not None else [])
+
+
 @command
 def export(args: argparse.Namespace) -> int:
     """`coreformer export`: a coreformer folder -> a native transformers folder, ONNX or GGUF (coreformer.export)."""
@@ -315,11 +331,8 @@ def export(args: argparse.Namespace) -> int:
         raise _CheckFailedError from error
     except ValueError as error:
         raise CommandError(str(error)) from error
-    check = summary.get("check")
-    if isinstance(check, dict) and "max_abs_difference" in check:
-        print(f"max abs difference: {check['max_abs_difference']:.3g}")
-        if check.get("tokens_equal") is not None:
-            print(f"greedy tokens equal: {check['tokens_equal']}")
+    for line in check_lines(summary):
+        print(line)
     print(f"exported {args.folder} -> {summary.get('native_class') or args.to}: wrote {summary.get('out', args.out)}")
     return 0
 
