@@ -1,6 +1,7 @@
 """The `coreformer` command's front door, importable without torch: argument parsing, `--version`, path checks.
 
     coreformer --version | --help
+    coreformer pretrain | finetune | publish ...   the runs (coreformer_settings.commands; the same as training/*.py)
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
     coreformer export FOLDER OUT [--to native|onnx|gguf] [--check] [--overwrite] [--gguf-dtype f32|f16|bf16|q8_0]
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] [--target T] -o map.png
@@ -12,14 +13,20 @@ folder answer before any of that. The work itself is in `coreformer.cli`, import
     version() -> "0.1.0"                 the installed package's version (torch-free)
     add_version_argument(parser)         `--version` for any coreformer command line (training scripts too)
     check_model_location(name) -> name   a local folder, or a Hub repo id; NoSuchFolderError for a local-looking path
-                                         that does not exist (before any Hub call and its retries)
+                                         that does not exist, or a Hub id while the Hub is offline or unreachable (in
+                                         one connection attempt, before any Hub call and its retries)
     check_local_folder(name) -> name     an existing local folder; NoSuchFolderError otherwise
     COMMANDS                             the subcommands: arguments, checks, and the handler to import
+    SuggestingParser                     argparse, naming the closest known flag to an unknown one
 """
 
 import argparse
+import difflib
+import os
 import re
+import socket
 import sys
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module, metadata
@@ -48,6 +55,22 @@ def add_version_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class SuggestingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose "unrecognized arguments" error names the closest known flag (`--lerning-rate` ->
+    "did you mean --learning-rate?"); Python 3.12's argparse suggests only for choices, and 3.11's not at all."""
+
+    def error(self, message: str):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            known = [option for option in self._option_string_actions if option.startswith("--")]
+            for given in message[len(prefix) :].split():
+                close = difflib.get_close_matches(given.split("=")[0], known, n=1) if given.startswith("--") else []
+                if close:
+                    message += f" (did you mean {close[0]}?)"
+                    break
+        super().error(message)
+
+
 class NoSuchFolderError(ValueError):
     """A path meant as a local folder does not exist."""
 
@@ -69,17 +92,54 @@ def looks_local(name: str) -> bool:
     return "/" in name and Path(name).parent.is_dir()
 
 
+_TRUE = ("1", "ON", "YES", "TRUE")
+_PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hub cannot be asked right now (offline mode, or its endpoint refuses or does not answer a connection
+    within 3 s), or None. One connection attempt, no retries: huggingface_hub's own retries take a minute."""
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").upper() in _TRUE:
+            return f"{variable} is set"
+    if any(os.environ.get(variable) for variable in _PROXIES):
+        return None  # the connection goes through a proxy: let huggingface_hub make it
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urllib.parse.urlsplit(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=3).close()
+    except OSError as error:
+        return f"the Hub at {endpoint} cannot be reached ({error.strerror or type(error).__name__})"
+    return None
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """True when the local Hub cache holds something of the model repository `repo_id` (it loads offline)."""
+    from huggingface_hub import constants  # torch-free, light
+
+    return (Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}").is_dir()
+
+
 def check_model_location(name: str | Path) -> str:
-    """Return `name` when it is an existing local path or a Hub repo id; raise NoSuchFolderError (one line saying
-    which folder is missing and what to pass) when it looks local and does not exist. A Hub-id-shaped name that is
-    not a local folder is left for from_pretrained to fetch."""
+    """Return `name` when it is an existing local path or a Hub repo id the Hub can be asked for; raise
+    NoSuchFolderError (one line naming what is missing and what to pass) when it looks local and does not exist, or
+    when it is a Hub id, not in the local cache, and the Hub is offline or unreachable (instead of a minute of
+    retries)."""
     name = str(name)
     path = Path(name).expanduser()
-    if path.exists() or not looks_local(name):
+    if path.exists():
         return name
-    raise NoSuchFolderError(
-        f"no such folder: {name} (looked for {path.resolve()}); check the path, or pass a Hub repo id like owner/name."
-    )
+    if looks_local(name):
+        raise NoSuchFolderError(
+            f"no such folder: {name} (looked for {path.resolve()}); check the path, or pass a Hub repo id like "
+            f"owner/name."
+        )
+    if not in_hub_cache(name) and (reason := hub_unreachable()) is not None:
+        raise NoSuchFolderError(
+            f"{name} is not a local folder, and the Hub cannot be asked for it: {reason}; check the name, or pass a "
+            f"local folder (./{name} if you meant one here)."
+        )
+    return name
 
 
 def check_local_folder(name: str | Path) -> str:
@@ -185,9 +245,13 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coreformer", description="coreformer command-line tools")
+    from coreformer_settings.commands import RUN_COMMANDS  # it imports this module: not at the top
+
+    parser = SuggestingParser(prog="coreformer", description="coreformer command-line tools")
     add_version_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for run in RUN_COMMANDS.values():  # listed here; `main` hands their arguments to their own parser
+        commands.add_parser(run.name, help=run.help, add_help=False)
     for command in COMMANDS.values():
         subparser = commands.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(subparser)
@@ -205,7 +269,16 @@ def check_paths(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Parse, check the folders, then import the handler and run it (exit codes: see coreformer.cli; 130 after
     Ctrl-C)."""
-    args = build_parser().parse_args(argv)
+    from coreformer_settings.commands import RUN_COMMANDS
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in RUN_COMMANDS:  # pretrain, finetune, publish: their own parser, help and exit codes
+        return RUN_COMMANDS[argv[0]].main(argv[1:])
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's parser knows its flags, so it names the closest one
+        subparsers = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         check_paths(args)
     except NoSuchFolderError as error:

@@ -30,6 +30,10 @@ def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.Complete
     )
 
 
+NEEDS_EVALUATE = pytest.mark.skipif(
+    importlib.util.find_spec("coreformer_settings.evaluation") is None,
+    reason="`coreformer evaluate` comes with coreformer_settings.evaluation and coreformer.training.zero_shot",
+)
 HEAVY_IMPORTS_AFTER = """
     import sys, coreformer_cli
     try:
@@ -43,8 +47,28 @@ HEAVY_IMPORTS_AFTER = """
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["--version"], ["convert", "--help"], ["attention-map", "--help"], ["convert", "./nope", "x"]],
-    ids=["help", "version", "convert-help", "attention-map-help", "missing-folder"],
+    [
+        ["--help"],
+        ["--version"],
+        ["convert", "--help"],
+        ["attention-map", "--help"],
+        ["convert", "./nope", "x"],
+        ["pretrain", "--help"],
+        ["finetune", "--help"],
+        ["publish", "--version"],
+        pytest.param(["evaluate", "--help"], marks=NEEDS_EVALUATE),
+    ],
+    ids=[
+        "help",
+        "version",
+        "convert-help",
+        "attention-map-help",
+        "missing-folder",
+        "pretrain",
+        "finetune",
+        "publish",
+        "evaluate",
+    ],
 )
 def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_path, argv):
     result = run_python(HEAVY_IMPORTS_AFTER.format(argv=argv, heavy=HEAVY), tmp_path)
@@ -165,7 +189,100 @@ def test_missing_local_folders_are_refused_and_hub_ids_pass(tmp_path, monkeypatc
     with pytest.raises(coreformer_cli.NoSuchFolderError, match=r"^no such folder: outputs/nope \(looked for "):
         coreformer_cli.check_model_location("outputs/nope")
     assert coreformer_cli.check_model_location("outputs") == "outputs"
+    monkeypatch.setattr(coreformer_cli, "hub_unreachable", lambda: None)  # a Hub that answers
     assert coreformer_cli.check_model_location("owner/model") == "owner/model"  # goes on to the Hub
+
+
+@pytest.mark.parametrize(
+    "environment, reason",
+    [
+        ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+        (
+            {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"},
+            r"the Hub at http://127\.0\.0\.1:9 cannot be ",
+        ),
+    ],
+    ids=["offline", "unreachable"],
+)
+def test_a_mistyped_hub_name_fails_at_once_in_one_line(tmp_path, monkeypatch, capsys, environment, reason):
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for variable in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    start = time.perf_counter()
+    argv = ["finetune", "--task", "sequence-classification", "--model", "gtp2", "--output-dir", "out"]
+    assert coreformer_cli.main(argv) == 2
+    assert time.perf_counter() - start < 5  # before: a minute of huggingface_hub's retries, then three lines
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.match(
+        rf"coreformer finetune: error: gtp2 is not a local folder, and the Hub cannot be asked for it: {reason}", err
+    ), err
+    assert "check the name, or pass a local folder" in err and not (tmp_path / "out").exists()
+    (tmp_path / "hub" / "models--gtp2").mkdir(parents=True)  # in the local cache: it loads offline, so it passes
+    assert coreformer_cli.check_model_location("gtp2") == "gtp2"
+
+
+@pytest.mark.parametrize(
+    "argv, suggestion",
+    [
+        (["finetune", "--task", "causal-lm", "--lerning_rate", "1e-3"], "--learning_rate"),
+        (["finetune", "--task", "causal-lm", "--lerning-rate=1e-3"], "--learning-rate"),
+        (["pretrain", "--family", "decoder", "--max-step", "3"], None),  # a prefix: argparse takes it as --max-steps
+        (["pretrain", "--family", "decoder", "--max-stesp", "3"], "--max-steps"),
+        (["export", "a", "b", "--overwirte"], "--overwrite"),
+    ],
+)
+def test_an_unknown_flag_names_the_closest_one(tmp_path, monkeypatch, capsys, argv, suggestion):
+    monkeypatch.chdir(tmp_path)
+    if suggestion is None:
+        from coreformer_settings.commands import RUN_COMMANDS  # parse only: running would train
+
+        assert vars(RUN_COMMANDS["pretrain"].build_parser().parse_args(argv[1:]))["max_steps"] == 3
+        return
+    with pytest.raises(SystemExit) as exit:
+        coreformer_cli.main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"coreformer {argv[0]}: error: unrecognized arguments: ") and err.endswith(
+        f"(did you mean {suggestion}?)"
+    ), err
+
+
+def test_the_scripts_and_the_installed_command_share_one_parser():
+    from coreformer_settings.commands import RUN_COMMANDS
+
+    for name in SCRIPTS:
+        script, installed = load_script(name).build_parser(), RUN_COMMANDS[name].build_parser()
+        assert script.prog == f"{name}.py" and installed.prog == f"coreformer {name}"
+        flags = {option for action in installed._actions for option in action.option_strings}
+        assert flags == {option for action in script._actions for option in action.option_strings}
+        assert script.description == installed.description  # the usage lines wrap after the program's name
+        assert [action.help for action in script._actions] == [action.help for action in installed._actions]
+
+
+def test_presets_resolve_from_the_package():
+    from coreformer_settings.pretraining import default_configs_dir, preset_path
+
+    package = Path(coreformer.__file__).resolve().parent
+    assert default_configs_dir() == package.parent / "coreformer" / "training" / "configs"
+    shipped = {path.name for path in default_configs_dir().rglob("*.yaml")}
+    assert shipped == {path.name for path in (ROOT / "training" / "configs").rglob("*.yaml")} and shipped
+    assert (
+        preset_path("decoder", "tiny").read_text() == (ROOT / "training" / "configs" / "decoder-tiny.yaml").read_text()
+    )
+
+
+def test_no_hint_names_a_clone_only_script():
+    hints = subprocess.run(
+        ["grep", "-rn", "--include=*.py", "python training/", str(ROOT / "src")], capture_output=True, text=True
+    )
+    assert hints.stdout == ""  # a wheel install has no training/ folder: hints say `coreformer finetune ...`
 
 
 @pytest.mark.parametrize(
@@ -231,7 +348,7 @@ def test_ctrl_c_while_publishing_is_one_line_and_exit_130(tmp_path, monkeypatch,
     monkeypatch.setattr(coreformer.publishing, "publish_folder", _interrupt)
     assert script.main([str(tmp_path), "--repo-id", "me/model"]) == 130
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "publish: stopped by Ctrl-C" in err and "all of it or none of it" in err, err
+    assert err.count("\n") == 1 and "publish.py: stopped by Ctrl-C" in err and "all of it or none of it" in err, err
 
 
 def test_staged_folder_gives_saved_files_the_umasks_mode(tmp_path):
@@ -311,3 +428,120 @@ def test_a_folder_named_coreformer_in_the_working_directory_does_not_shadow_the_
     assert result.returncode == 0, result.stderr
     package = Path(result.stdout.strip())  # "None" before: the empty folder, found as a namespace package
     assert package.name == "__init__.py" and package.is_file() and not package.is_relative_to(tmp_path), package
+
+
+def test_export_is_quiet_and_its_decoder_tokenizer_pads_left(tmp_path, capsys):
+    import logging
+
+    from test_publish import build_folder
+
+    build_folder("decoder", tmp_path / "model")
+    capsys.readouterr()
+    assert cli.main(["export", str(tmp_path / "model"), str(tmp_path / "native")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines() == [
+        f"exported {tmp_path / 'model'} -> GPT2LMHeadModel: wrote {tmp_path / 'native'}"
+    ]
+    assert "Loading weights" not in captured.err and "Writing model shards" not in captured.err, captured.err
+    # torch.onnx names each torchvision operator it skips at WARNING when --to onnx runs without torchvision
+    assert logging.getLogger("torch.onnx._internal.exporter._registration").getEffectiveLevel() >= logging.ERROR
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "native").padding_side == "left"
+
+
+def test_the_summary_says_why_a_run_kept_no_checkpoints(tmp_path):
+    from types import SimpleNamespace
+
+    from coreformer.training.reports import checkpoints_line
+
+    assert checkpoints_line(SimpleNamespace(save_every=0), tmp_path) == "none (save_every is 0)"
+    # before: "none (--save-every 0)" for a short run of a preset that saves every 200 steps
+    assert checkpoints_line(SimpleNamespace(save_every=200), tmp_path) == (
+        "none (the run ended before step 200, the first save; --save-every N saves more often)"
+    )
+
+
+def test_fine_tuning_ends_with_where_everything_went(tmp_path):
+    from types import SimpleNamespace
+
+    from coreformer.training.reports import finetune_summary
+
+    folder = tmp_path / "cls"
+    make = SimpleNamespace(auto_class="AutoModelForSequenceClassification")
+    args = SimpleNamespace(output_dir=str(folder), spec=make, peft="lora", save_every=0, export=None)
+    folder.mkdir()
+    (folder / "all_results.json").write_text("{}")
+    assert finetune_summary(args).splitlines() == [
+        "where everything went:",
+        f"  model        {folder}/  (AutoModelForSequenceClassification.from_pretrained({str(folder)!r}))",
+        f"  adapter      {folder}/adapter/  (the LoRA adapter alone, for PEFT)",
+        f"  model card   {folder}/README.md",
+        f"  metrics      {folder}/all_results.json",
+        "  checkpoints  none (save_every is 0)",
+        "what to run next:",
+        f"  publish      coreformer publish {folder} --repo-id YOUR_NAME/cls",
+        f"  export       coreformer export {folder} {folder}-native --check",
+    ]
+
+
+def test_missing_columns_are_named_together():
+    from types import SimpleNamespace
+
+    import datasets
+
+    from coreformer.training.finetuning import FinetuningError, check_columns
+
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["a"], "kind": [0]})})
+    spec = SimpleNamespace(columns=("text_column", "text_pair_column", "label_column"))
+    args = SimpleNamespace(spec=spec, task="sequence-classification", text_column="text", label_column="label")
+    args.text_pair_column = None  # optional, unset: not looked for
+    with pytest.raises(FinetuningError) as error:
+        check_columns(splits, args)
+    assert str(error.value) == (
+        "The train data has no column 'text' (the input text), 'label' (the labels) for sequence-classification; its "
+        "columns are ['body', 'kind']. Pass --text-column with the column that holds the input text, --label-column "
+        "with the column that holds the labels."
+    )  # before: only 'text', and after fixing it, a second run to learn about 'label'
+
+
+RECORDED: list[list[str]] = []
+
+
+def _record(argv: list[str]) -> int:
+    RECORDED.append(argv)
+    return 0
+
+
+def test_a_delegated_command_is_parsed_before_its_module_runs(capsys):
+    from coreformer_settings.commands import RUN_COMMANDS, DelegatedCommand
+
+    command = DelegatedCommand("demo", "a demo", "argparse:ArgumentParser", "test_cli:_record")
+    with pytest.raises(SystemExit):
+        command.main(["--nope"])  # refused by the light parser: the (heavy) module never ran
+    assert RECORDED == [] and "unrecognized arguments: --nope" in capsys.readouterr().err
+    assert command.main([]) == 0 and RECORDED == [[]]
+    # `coreformer evaluate` is offered exactly where its modules are installed
+    assert ("evaluate" in RUN_COMMANDS) == (importlib.util.find_spec("coreformer_settings.evaluation") is not None)
+
+
+@pytest.mark.parametrize(
+    "summary, expected",
+    [
+        (
+            {"check": {"max_abs_difference": 2.5e-7, "tokens_equal": True}},
+            ["max abs difference: 2.5e-07", "greedy tokens equal: True"],
+        ),
+        (
+            {"max_abs_diff": 3e-6, "greedy_tokens": {"onnxruntime": [[1, 2]], "pytorch": [[1, 2]]}},
+            ["max abs difference: 3e-06", "greedy tokens equal: True"],
+        ),
+        (
+            {"max_abs_diff": 0.02, "greedy_tokens": {"gguf": [[1, 2]], "native": [[1, 3]]}},
+            ["max abs difference: 0.02", "greedy tokens equal: False"],
+        ),
+        ({"max_abs_diff": 1e-7, "head": "AutoModelForSequenceClassification"}, ["max abs difference: 1e-07"]),
+        ({"out": "x"}, []),  # no --check
+    ],
+    ids=["native", "onnx", "gguf-apart", "no-generation", "unchecked"],
+)
+def test_export_check_reads_alike_for_every_format(summary, expected):
+    assert cli.check_lines(summary) == expected  # before: ONNX and GGUF printed no check result

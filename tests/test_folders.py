@@ -172,3 +172,81 @@ def test_sigkill_during_coreformer_convert_leaves_the_previous_conversion(tmp_pa
     assert cli.main(["convert", str(source), str(destination), "--skip-tokenizer", "--overwrite"]) == 0
     assert not any(p.name.startswith(".converted.") for p in tmp_path.iterdir())
     assert (destination / "model.safetensors").is_file() and (destination / "README.md").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Exported folders, ready for plain transformers
+# ---------------------------------------------------------------------------------------------------------------------
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_coreformer.CoreformerDecoderConfig",
+    "AutoModelForCausalLM": "modeling_decoder.CoreformerDecoderForCausalLM",
+}
+
+
+def _json(path: Path) -> dict:
+    import json
+
+    return json.loads(path.read_text())
+
+
+def test_prepare_for_serving_keeps_only_the_auto_map_of_code_the_folder_holds(tmp_path):
+    import json
+
+    without_code = make_folder(
+        tmp_path / "onnx",
+        **{"config.json": json.dumps({"model_type": "coreformer_decoder", "auto_map": AUTO_MAP})},
+        **{"tokenizer_config.json": json.dumps({"tokenizer_class": "TokenizersBackend"})},
+    )
+    folders.prepare_for_serving(without_code, causal_lm=True)
+    assert "auto_map" not in _json(without_code / "config.json")  # the code is not there: nothing to ask about
+    assert _json(without_code / "tokenizer_config.json")["padding_side"] == "left"
+
+    with_code = make_folder(
+        tmp_path / "model",
+        **{"config.json": json.dumps({"auto_map": AUTO_MAP}), "configuration_coreformer.py": "", "x.py": ""},
+        **{"tokenizer_config.json": json.dumps({"padding_side": "right"})},
+    )
+    folders.prepare_for_serving(with_code, causal_lm=False)
+    assert _json(with_code / "config.json")["auto_map"] == {"AutoConfig": AUTO_MAP["AutoConfig"]}
+    assert _json(with_code / "tokenizer_config.json") == {"padding_side": "right"}  # an encoder's stays as it was
+
+
+# A process without coreformer, whose stdin is closed: transformers' "Do you wish to run the custom code? [y/N]"
+# prints its question and then reads nothing.
+LOAD_TOKENIZER = """
+import sys
+sys.modules["coreformer"] = None
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+print("padding", tokenizer.padding_side)
+"""
+
+
+def _load_tokenizer_without_coreformer(folder: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD_TOKENIZER, str(folder)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_an_onnx_exports_tokenizer_loads_without_asking_to_run_custom_code(tmp_path):
+    from test_publish import build_folder
+
+    from coreformer.onnx_export import copy_companions
+
+    build_folder("decoder", tmp_path / "model")
+    for name in ("as-copied", "served"):  # what --to onnx writes beside its graphs, before and after the fix
+        (tmp_path / name).mkdir()
+        copy_companions(tmp_path / "model", tmp_path / name)
+    folders.prepare_for_serving(tmp_path / "served", causal_lm=True)
+    assert "Do you wish to run the custom code?" in _load_tokenizer_without_coreformer(tmp_path / "as-copied")
+    output = _load_tokenizer_without_coreformer(tmp_path / "served")
+    assert "custom code" not in output and "padding left" in output, output

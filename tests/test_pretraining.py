@@ -784,12 +784,12 @@ def test_run_summary_names_every_output_and_the_exact_next_commands(tmp_path):
         f"  checkpoints  {output_dir}/checkpoints/ (step-400, step-600; go on with --resume-from-checkpoint latest)"
         in lines
     )
-    finetune = f"python training/finetune.py --task causal-lm --model {output_dir} --output-dir {output_dir}-causal-lm"
+    finetune = f"coreformer finetune --task causal-lm --model {output_dir} --output-dir {output_dir}-causal-lm"
     assert f"  fine-tune    {finetune}" in lines
-    assert f"  publish      python training/publish.py {output_dir} --repo-id YOUR_NAME/demo" in lines
+    assert f"  publish      coreformer publish {output_dir} --repo-id YOUR_NAME/demo" in lines
     encoder = PretrainingArguments(family="encoder", objective="electra", output_dir=str(tmp_path / "e"), save_every=0)
     summary = run_summary(encoder, tmp_path / "e")
-    assert "checkpoints  none (--save-every 0)" in summary and "--task sequence-classification" in summary
+    assert "checkpoints  none (save_every is 0)" in summary and "--task sequence-classification" in summary
 
 
 def test_time_line_says_minutes_and_seconds_and_whether_the_sample_is_counted():

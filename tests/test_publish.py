@@ -276,7 +276,7 @@ def test_bad_folder_fails_with_one_message_before_contacting_the_hub(
     # the script: exit code 2, one error line, and it stops before huggingface_hub is asked anything
     assert _load_script().main([str(folder), "--repo-id", "user/never"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 1 and errors[0].startswith("publish: error: "), errors
+    assert len(errors) == 1 and errors[0].startswith("publish.py: error: "), errors
 
 
 def test_missing_folder_is_named(tmp_path):

@@ -258,7 +258,7 @@ def test_quickstart_block_runs_with_a_tiny_demo(tmp_path):
     # the demo ends by saying where everything went and what to run next
     folder = tmp_path / "quickstart"
     assert "where everything went:" in result.stdout and f"  model card   {folder}/README.md" in result.stdout
-    assert f"python training/finetune.py --task causal-lm --model {folder} --output-dir" in result.stdout
+    assert f"coreformer finetune --task causal-lm --model {folder} --output-dir" in result.stdout
 
 
 @pytest.fixture(scope="module")

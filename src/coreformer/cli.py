@@ -17,6 +17,7 @@ Each subcommand is a function `(args) -> exit code` named in `coreformer_cli.COM
 
 import argparse
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,11 +55,21 @@ class _CheckFailedError(Exception):
     """Unwinds the staging folder when --check finds a difference; `main` exits with code 1."""
 
 
+def quiet_loading() -> None:
+    """No progress bars for loading or writing weights (a command's own lines say what it did, and the work takes a
+    moment), and no word from torch.onnx about the torchvision operators it skips (coreformer uses none)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+
+
 def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A subcommand's handler: a CommandError becomes one line on stderr and exit code 2, a failed --check 1."""
 
     @functools.wraps(run)
     def handler(args: argparse.Namespace) -> int:
+        quiet_loading()
         try:
             return run(args)
         except CommandError as error:
@@ -274,6 +285,22 @@ def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict
     )
 
 
+def check_lines(summary: dict) -> list[str]:
+    """What `export --check` measured, printed alike for every format: the largest output difference and whether
+    greedy decoding gave the same tokens. Native exports report under "check"; ONNX and GGUF report "max_abs_diff"
+    and both sides' "greedy_tokens" at the top of their summary."""
+    check = summary.get("check")
+    if isinstance(check, dict) and "max_abs_difference" in check:
+        worst, tokens_equal = check["max_abs_difference"], check.get("tokens_equal")
+    elif "max_abs_diff" in summary:
+        worst, greedy = summary["max_abs_diff"], summary.get("greedy_tokens")
+        tokens_equal = None if not greedy else all(tokens == next(iter(greedy.values())) for tokens in greedy.values())
+    else:
+        return []
+    lines = [f"max abs difference: {worst:.3g}"]
+    return lines + ([f"greedy tokens equal: {tokens_equal}"] if tokens_equal is not None else [])
+
+
 @command
 def export(args: argparse.Namespace) -> int:
     """`coreformer export`: a coreformer folder -> a native transformers folder, ONNX or GGUF (coreformer.export)."""
@@ -293,11 +320,8 @@ def export(args: argparse.Namespace) -> int:
         raise _CheckFailedError from error
     except ValueError as error:
         raise CommandError(str(error)) from error
-    check = summary.get("check")
-    if isinstance(check, dict) and "max_abs_difference" in check:
-        print(f"max abs difference: {check['max_abs_difference']:.3g}")
-        if check.get("tokens_equal") is not None:
-            print(f"greedy tokens equal: {check['tokens_equal']}")
+    for line in check_lines(summary):
+        print(line)
     print(f"exported {args.folder} -> {summary.get('native_class') or args.to}: wrote {summary.get('out', args.out)}")
     return 0
 

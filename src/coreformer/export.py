@@ -53,6 +53,7 @@ from importlib import import_module
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import PreTrainedModel
 
 from coreformer_cli import version
@@ -60,7 +61,7 @@ from coreformer_settings.exports import EXPORT_FORMATS, GGUF_DTYPES
 
 from .configuration_coreformer import CoreformerConfig
 from .families import head_of_class
-from .folders import has_tokenizer, staged_folder
+from .folders import has_tokenizer, prepare_for_serving, staged_folder
 from .model_card import CARD_NAME, inherited_license, is_hub_id, validate_model_card
 from .modeling_base import CoreformerPreTrainedModel
 from .native import NATIVE_ARCHITECTURES, NativeArchitecture
@@ -136,6 +137,7 @@ except ImportError:
 else:
     raise SystemExit("coreformer is importable in the check process")
 import torch
+import transformers
 import transformers
 
 jobs = torch.load(sys.argv[1], weights_only=False)
@@ -384,6 +386,10 @@ def export_native(
         native.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        causal_lm = (
+            type(native).__name__ in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+        )
+        prepare_for_serving(staging, causal_lm=causal_lm)
         saved = json.loads((staging / "config.json").read_text())
         if "auto_map" in saved:
             raise ValueError(f"the exported config.json names remote code ({saved['auto_map']}); refusing to write.")

@@ -14,7 +14,9 @@ are removed (or put back) by the next save to the same destination. Before the s
 mode the user's umask gives new files (0644 under the usual 022): transformers writes the weights through a private
 temporary file (0600), which would otherwise be the one file others cannot read.
 
-`folder_tokenizer(folder)` loads a local folder's tokenizer, or says that the folder has none and how to add one
+`prepare_for_serving(folder, causal_lm=...)` readies an exported folder for plain transformers: no `auto_map` naming
+code the folder does not hold, and a decoder's tokenizer padding on the left. `folder_tokenizer(folder)` loads a local
+folder's tokenizer, or says that the folder has none and how to add one
 (transformers' own error for a missing tokenizer is about sentencepiece). Nothing here imports the modeling files.
 """
 
@@ -22,6 +24,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import os
 import re
 import shutil
@@ -226,3 +229,43 @@ def folder_tokenizer(name_or_path: str | Path):
             f"next to it with tokenizer.save_pretrained({str(name_or_path)!r}), or pass the tokenizer explicitly."
         )
     return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def _present_code(auto_map: dict, folder: Path) -> dict:
+    """The entries of an `auto_map` whose module ("module.Class", or a tokenizer's [slow, fast] pair) is a file in
+    `folder`."""
+
+    def present(reference) -> bool:
+        references = reference if isinstance(reference, list | tuple) else [reference]
+        return any(
+            isinstance(ref, str) and (folder / f"{ref.split('--')[-1].split('.')[0]}.py").is_file()
+            for ref in references
+        )
+
+    return {name: reference for name, reference in auto_map.items() if present(reference)}
+
+
+def prepare_for_serving(folder: str | Path, *, causal_lm: bool) -> None:
+    """Ready an exported folder (native or ONNX) for plain transformers, without coreformer and without remote code:
+
+    - config.json and tokenizer_config.json keep only the `auto_map` entries whose code file is in the folder; an
+      entry naming absent code makes every AutoConfig / AutoTokenizer load ask "Do you wish to run the custom
+      code? [y/N]" for code that is not there;
+    - a causal LM's tokenizer pads on the left (`padding_side`), as batched generation needs: right padding puts the
+      pad tokens between a prompt and what is generated after it, and transformers warns.
+    """
+    folder = Path(folder)
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        saved = json.loads(path.read_text())
+        changed = dict(saved)
+        if isinstance(saved.get("auto_map"), dict):
+            changed["auto_map"] = _present_code(saved["auto_map"], folder)
+            if not changed["auto_map"]:
+                del changed["auto_map"]
+        if causal_lm and name == "tokenizer_config.json":
+            changed["padding_side"] = "left"
+        if changed != saved:
+            path.write_text(json.dumps(changed, indent=2, sort_keys=True) + "\n")

@@ -61,7 +61,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from .families import Family, family_of_model_type, head_of_class
-from .folders import staged_folder
+from .folders import prepare_for_serving, staged_folder
 from .layer_types import LAYER_TYPES
 from .native.parity import max_abs_difference, tolerance
 from .publishing import CONFIG_FILES, PUSHED_TOKENIZER_FILES
@@ -591,6 +591,7 @@ def export_onnx(source: Path, out: Path, *, check: bool = False) -> dict:
                 report["greedy_tokens"] = greedy_check(model, staging, graphs)
             _raise_on_mismatch(report)
         copy_companions(source, staging)
+        prepare_for_serving(staging, causal_lm=auto_class == "AutoModelForCausalLM")
         report["files"] = sorted(path.name for path in staging.iterdir()) + [MANIFEST_NAME]
         (staging / MANIFEST_NAME).write_text(json.dumps(report, indent=2) + "\n")
     return report

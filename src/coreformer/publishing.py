@@ -83,7 +83,7 @@ def check_folder(folder: str | Path) -> list[Path]:
     if not (folder / CARD_NAME).is_file():
         raise PublishError(
             f"{folder} has no model card ({CARD_NAME}). Write one with coreformer.model_card.write_model_card("
-            f"folder, ModelCardInfo(...)); training/pretrain.py, fine-tuning and `coreformer convert` write it for you."
+            f"folder, ModelCardInfo(...)); `coreformer pretrain`, `finetune` and `convert` write it for you."
         )
     try:
         validate_model_card(folder / CARD_NAME)

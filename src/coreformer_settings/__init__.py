@@ -4,8 +4,9 @@ anything inside `coreformer` registers its classes with transformers and so impo
     base.py          the settings base (RunSettings, arg, flags, config files, coercion) and the run errors
     pretraining.py   PretrainingSettings, the presets and how a run's settings are gathered
     finetuning.py    FinetuningSettings
+    commands.py      the run command lines: `coreformer pretrain | finetune | publish` and training/*.py
 
-training/pretrain.py and finetune.py build their parsers from these, so `--help`, `--version` and a bad flag answer
+The command lines build their parsers from these, so `--help`, `--version` and a bad flag answer
 before torch is imported; the runs (`coreformer.training.pretraining` / `finetuning`) subclass the settings with the
 checks that need the registries.
 """

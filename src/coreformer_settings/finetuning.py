@@ -37,7 +37,7 @@ class FinetuningSettings(RunSettings):
     task: str = arg("sequence-classification", f"what to fine-tune for: {', '.join(TASK_NAMES)}")
     model: str = arg(
         "",
-        "a coreformer folder: pretrained (training/pretrain.py), fine-tuned, or converted (coreformer convert)",
+        "a coreformer folder: pretrained (`coreformer pretrain`), fine-tuned, or converted (coreformer convert)",
         aliases=("--model_name_or_path", "--model-name-or-path"),
     )
     tokenizer: str | None = arg(

@@ -4,7 +4,7 @@ run's settings are gathered from a preset or config file and the flags.
     PretrainingSettings              every run setting (a CLI flag per field): the one declaration of each
     FAMILY_NAMES, OBJECTIVE_NAMES    the registries' names (coreformer.families, training.objectives; a test keeps
                                      them equal), for the flags' choices without importing the registries
-    PRESETS, preset_path(...)        training/configs/{family}-{preset}.yaml
+    PRESETS, preset_path(...)        coreformer/training/configs/{family}-{preset}.yaml (training/configs in a clone)
     preset_defaults(configs_dir)     for --help: the value each preset gives a setting it sets
     gather_settings(...) -> (values, source)   preset or config file < flags given; untyped, unchecked
 
@@ -119,8 +119,9 @@ class PretrainingSettings(RunSettings):
 
 
 def default_configs_dir() -> Path:
-    """training/configs of the source checkout this module was installed from (editable install)."""
-    return Path(__file__).resolve().parents[2] / "training" / "configs"
+    """The presets shipped inside the package, coreformer/training/configs (in a clone, a link to training/configs);
+    found beside this package without importing coreformer (which imports torch)."""
+    return Path(__file__).resolve().parent.parent / "coreformer" / "training" / "configs"
 
 
 def preset_path(family: str, preset: str, configs_dir: str | Path | None = None) -> Path:

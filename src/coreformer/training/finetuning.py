@@ -209,18 +209,23 @@ def load_task_data(args: FinetuningArguments) -> tuple[datasets.DatasetDict, str
 
 
 def check_columns(splits: datasets.DatasetDict, args: FinetuningArguments) -> None:
-    """Every column the task reads is in both splits, or one error naming it, the columns there are, and the flag."""
-    for argument in args.spec.columns:
-        column = getattr(args, argument)
-        if column is None or argument not in COLUMN_FLAGS:  # an optional column left unset, or never required
-            continue
-        for name, split in splits.items():
-            if column not in split.column_names:
-                flag, what = COLUMN_FLAGS[argument]
-                raise FinetuningError(
-                    f"The {name} data has no column {column!r} ({what} for {args.task}); its columns are "
-                    f"{split.column_names}. Pass {flag} with the column that holds {what}."
-                )
+    """Every column the task reads is in both splits, or one error naming all that are missing (each with what it
+    holds and its flag) and the columns there are."""
+    for name, split in splits.items():
+        missing = [
+            (getattr(args, argument), *COLUMN_FLAGS[argument])
+            for argument in args.spec.columns
+            # an optional column left unset, or one never required, is not looked for
+            if getattr(args, argument) is not None and argument in COLUMN_FLAGS
+            if getattr(args, argument) not in split.column_names
+        ]
+        if missing:
+            columns = ", ".join(f"{column!r} ({what})" for column, _, what in missing)
+            flags = ", ".join(f"{flag} with the column that holds {what}" for _, flag, what in missing)
+            raise FinetuningError(
+                f"The {name} data has no column {columns} for {args.task}; its columns are {split.column_names}. "
+                f"Pass {flags}."
+            )
 
 
 def read_label_names(splits: datasets.DatasetDict, column: str, *, per_token: bool) -> tuple[list[str], Callable]:
@@ -259,7 +264,7 @@ def load_model_config(path: str, task: str):
     except Exception as error:
         raise FinetuningError(
             f"Cannot load --model {path!r}: {type(error).__name__}: {error}. Pass a coreformer folder (from "
-            f"training/pretrain.py, a fine-tuning run, or `coreformer convert`)."
+            f"`coreformer pretrain`, `coreformer finetune`, or `coreformer convert`)."
         ) from error
     family = family_of(config)
     if family is None:
@@ -552,7 +557,7 @@ def _card_info(args: FinetuningArguments, family: str, num_parameters: int, metr
             )
         )
     what = "A LoRA adapter" if adapter else "A coreformer " + family + " model"
-    summary = f"{what} fine-tuned for {args.task} with coreformer's `training/finetune.py` (transformers Trainer)"
+    summary = f"{what} fine-tuned for {args.task} with `coreformer finetune` (transformers Trainer)"
     if args.peft == "lora" and not adapter:
         summary += "; LoRA adapters merged into the weights (the adapter alone is in `adapter/`)"
     return ModelCardInfo(

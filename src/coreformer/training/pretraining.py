@@ -320,7 +320,8 @@ def check_world_size(world: int, environ: typing.Mapping[str, str] = os.environ)
     if launched != world:
         raise PretrainingError(
             f"The launcher started {launched} processes but Accelerate set up {world}. On CPU, launch with "
-            f"ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes {launched} training/pretrain.py ..."
+            f"ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes {launched} -m coreformer_cli "
+            "pretrain ..."
         )
 
 

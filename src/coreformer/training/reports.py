@@ -1,9 +1,11 @@
-"""What a pretraining run reports: FLOPs per token (for MFU), the loss plot, and the final folder's model card.
+"""What a run reports: FLOPs per token (for MFU), the loss plot, the final folder's model card (pretraining), and
+the summary both runs end with.
 
     flops_per_token(config, num_parameters, block_size)    training FLOPs per token (flops.py, for MFU)
     plot_losses(history, path, title)                        loss.png: train and held-out loss against the step
     model_card_info(args, metrics) / render_model_card       README.md (model_cards/pretrained.md via model_card)
     run_summary(args, output_dir)                            the run's last lines: what it wrote, what to run next
+    finetune_summary(args)                                   the same for a fine-tuning run
     time_line(seconds, sampled)                              the run's wall time and what it includes
 
 The card's family facts come from families.py, its objective text from the run's objective (objectives/).
@@ -14,6 +16,7 @@ from typing import Any
 
 from ..model_card import ModelCardInfo, is_hub_id
 from ..model_card import render_model_card as render_card
+from .arguments import EXPORT_FOLDER
 from .checkpoints import list_checkpoints
 from .families import FAMILIES
 from .flops import flops_per_token  # noqa: F401  (re-exported: pretraining.py imports it from here)
@@ -57,7 +60,7 @@ def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
     numbers = held_out_numbers(metrics["history"]["eval"][-1], objective.card_metrics)
     summary = (
         f"A {family.description} with {metrics['num_parameters']:,} parameters, pretrained from scratch with "
-        f"coreformer's `training/pretrain.py` on {dataset_description} ({objective.name} objective). After "
+        f"`coreformer pretrain` on {dataset_description} ({objective.name} objective). After "
         f"{metrics['steps']} steps ({metrics['tokens_seen']:,} training tokens, {tokens_per_second} tokens/s on "
         f"{metrics['device']}) the held-out numbers are: {numbers} (losses in nats per token, over "
         f"{metrics['final_eval_tokens']:,} held-out label tokens). The architecture is coreformer's "
@@ -102,30 +105,68 @@ def render_model_card(args: Any, metrics: dict[str, Any], path_hint: str) -> str
     return str(render_card(model_card_info(args, metrics), path_hint))
 
 
-def run_summary(args: Any, output_dir: Path) -> str:
-    """The lines a finished run ends with: where everything went (the model and how to load it, the card, metrics,
-    checkpoints) and the commands to run next (fine-tune, publish), written for the folder as the user named it."""
-    objective, folder = OBJECTIVES[args.objective], str(output_dir)
+def checkpoints_line(args: Any, output_dir: Path) -> str:
+    """Where a run's checkpoints are, or why there are none (saving off, or the run ended before the first save)."""
     checkpoints = [path.name for path in list_checkpoints(output_dir)]
-    kept = (
-        f"{folder}/checkpoints/ ({', '.join(checkpoints)}; go on with --resume-from-checkpoint latest)"
-        if checkpoints
-        else "none (--save-every 0)"
-    )
+    if checkpoints:
+        return f"{output_dir}/checkpoints/ ({', '.join(checkpoints)}; go on with --resume-from-checkpoint latest)"
+    if not args.save_every:
+        return "none (save_every is 0)"
+    return f"none (the run ended before step {args.save_every}, the first save; --save-every N saves more often)"
+
+
+def _summary(where: list[tuple[str, str]], next_steps: list[tuple[str, str]]) -> str:
+    lines = ["where everything went:", *(f"  {name:<12} {text}" for name, text in where), "what to run next:"]
+    return "\n".join(lines + [f"  {name:<12} {command}" for name, command in next_steps])
+
+
+def _export_lines(args: Any, folder: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The native export a run wrote (--export native), or the command that writes one."""
+    native = Path(folder) / EXPORT_FOLDER
+    if args.export is not None and native.is_dir():
+        return [("native", f"{native}/  (transformers' own architecture, no coreformer needed)")], []
+    return [], [("export", f"coreformer export {folder} {folder}-native --check")]
+
+
+def run_summary(args: Any, output_dir: Path) -> str:
+    """The lines a finished pretraining run ends with: where everything went (the model and how to load it, the card,
+    metrics, checkpoints) and the commands to run next (fine-tune, publish, export), for the folder as the user named
+    it; each command is the installed `coreformer`, so it works from any folder."""
+    objective, folder = OBJECTIVES[args.objective], str(output_dir)
     logs = ", logs/ (TensorBoard)" if (Path(output_dir) / "logs").is_dir() else ""
     task = objective.finetune_task
-    return "\n".join(
-        [
-            "where everything went:",
-            f"  model        {folder}/  ({objective.auto_class}.from_pretrained({folder!r}))",
-            f"  model card   {folder}/README.md",
-            f"  metrics      {folder}/metrics.json, {folder}/loss.png{logs}",
-            f"  checkpoints  {kept}",
-            "what to run next:",
-            f"  fine-tune    python training/finetune.py --task {task} --model {folder} --output-dir {folder}-{task}",
-            f"  publish      python training/publish.py {folder} --repo-id YOUR_NAME/{Path(folder).name}",
-        ]
-    )
+    exported, export = _export_lines(args, folder)
+    where = [
+        ("model", f"{folder}/  ({objective.auto_class}.from_pretrained({folder!r}))"),
+        ("model card", f"{folder}/README.md"),
+        ("metrics", f"{folder}/metrics.json, {folder}/loss.png{logs}"),
+        ("checkpoints", checkpoints_line(args, output_dir)),
+        *exported,
+    ]
+    next_steps = [
+        ("fine-tune", f"coreformer finetune --task {task} --model {folder} --output-dir {folder}-{task}"),
+        ("publish", f"coreformer publish {folder} --repo-id YOUR_NAME/{Path(folder).name}"),
+        *export,
+    ]
+    return _summary(where, next_steps)
+
+
+def finetune_summary(args: Any) -> str:
+    """The lines a finished fine-tuning run ends with, as `run_summary` for pretraining: the model and how to load it,
+    the adapter (LoRA), the card, results and predictions, checkpoints, and the commands to run next."""
+    folder = str(args.output_dir)
+    results = [name for name in ("all_results.json", "eval_predictions.jsonl") if (Path(folder) / name).is_file()]
+    exported, export = _export_lines(args, folder)
+    where = [
+        ("model", f"{folder}/  ({args.spec.auto_class}.from_pretrained({folder!r}))"),
+        *([("adapter", f"{folder}/adapter/  (the LoRA adapter alone, for PEFT)")] if args.peft == "lora" else []),
+        ("model card", f"{folder}/README.md"),
+        ("metrics", ", ".join(f"{folder}/{name}" for name in results) or "none"),
+        ("checkpoints", checkpoints_line(args, Path(folder))),
+        *exported,
+    ]
+    next_steps = [("publish", f"coreformer publish {folder} --repo-id YOUR_NAME/{Path(folder).name}"), *export]
+    return _summary(where, next_steps)
 
 
 def held_out_numbers(result: dict[str, float], names: tuple[str, ...]) -> str:

@@ -217,7 +217,7 @@ def resolve_resume(
     if not (checkpoint / RUN_RECORD).is_file():
         raise FinetuningError(
             f"{str(checkpoint)!r} is not a fine-tuning checkpoint (no {RUN_RECORD}): pass a checkpoints/step-N folder "
-            f"of a training/finetune.py run."
+            f"of a `coreformer finetune` run."
         )
     record = json.loads((checkpoint / RUN_RECORD).read_text())
     check_unchanged(
