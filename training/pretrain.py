@@ -24,8 +24,8 @@ from coreformer_cli import (
     check_local_folder,
     check_model_location,
 )
-from coreformer_settings.base import INTERRUPTED, PretrainingError, RunStoppedError, add_flags
-from coreformer_settings.pretraining import PRESETS, PretrainingSettings, gather_settings, preset_defaults
+from coreformer_settings.base import INTERRUPTED, PretrainingError, RunStoppedError
+from coreformer_settings.pretraining import PRESETS, add_settings_flags, gather_settings, preset_defaults
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--preset", choices=PRESETS, help="model + run settings from training/configs (default: tiny)")
     source.add_argument("--config", metavar="FILE", help="a YAML/JSON file of model + run settings")
     # only flags given override the preset / config; the help shows what each preset sets
-    add_flags(parser, PretrainingSettings, PretrainingSettings.cli_fields(), default_text=preset_defaults(CONFIGS_DIR))
+    add_settings_flags(parser, default_text=preset_defaults(CONFIGS_DIR))
     add_version_argument(parser)
     return parser
 

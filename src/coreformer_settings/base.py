@@ -4,7 +4,7 @@ help text, config files, value coercion and one argparse flag per field.
     RunError / PretrainingError / FinetuningError   one clear message about a bad input, nothing written yet
     RunStoppedError, INTERRUPTED                Ctrl-C during a run: the one line to print, and the exit code (130)
     RunSettings                            the settings base: resolve(config file values + flags), cli_fields(),
-                                           and the range checks every __post_init__ uses
+                                           setting_names(), and the range checks every __post_init__ uses
     arg(default, help, **metadata)         a dataclass field whose metadata carries its CLI help (and `choices`,
                                            `aliases`, `cli=False`, `show_default=False`)
     load_config_file(path, error=...)      a YAML / JSON run config as a dict ("_"-prefixed keys are comments)
@@ -60,14 +60,19 @@ class RunSettings:
         return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
 
     @classmethod
+    def setting_names(cls) -> list[str]:
+        """The names `resolve` takes: the fields (a subclass adds settings it gathers into one field)."""
+        return [spec.name for spec in dataclasses.fields(cls)]
+
+    @classmethod
     def resolve(cls, values: dict[str, Any], *, source: str | None = None) -> "RunSettings":
         """Settings from a mapping of names to raw values (a config file updated by the flags given): unknown names
         are refused with the known ones, each value is coerced to its field's type."""
-        hints = typing.get_type_hints(cls)
-        unknown = sorted(set(values) - set(hints))
+        hints, known = typing.get_type_hints(cls), cls.setting_names()
+        unknown = sorted(set(values) - set(known))
         if unknown:
             where = f" in {source}" if source else ""
-            raise cls.error(f"Unknown setting(s) {', '.join(unknown)}{where}; known: {', '.join(sorted(hints))}.")
+            raise cls.error(f"Unknown setting(s) {', '.join(unknown)}{where}; known: {', '.join(sorted(known))}.")
         return cls(**{name: coerce(name, value, hints[name], error=cls.error) for name, value in values.items()})
 
     def check_choices(self, **allowed: Sequence[str]) -> None:
