@@ -183,15 +183,16 @@ TINY_PRETRAIN = (
     "--max-steps 4 --warmup-steps 1 --eval-every 4 --eval-batches 1 --save-every 2 --report-to none "
     "--max-documents 40 --batch-size 4 --block-size 32 --vocab-size 512"
 )
-TINY_FINETUNE = (
-    "--max-steps 2 --max-train-examples 16 --max-eval-examples 4 --max-length 32 --doc-stride 8 --batch-size 4"
-)
+TINY_FINETUNE = "--max-steps 2 --max-train-examples 16 --max-eval-examples 4 --max-length 32 --batch-size 4"
+TINY_QA = "--task question-answering --doc-stride 8"  # a setting of the question-answering task alone
 
 
 def _tiny(script: str) -> str:
     """A README training block with the clone's scripts and tiny sizes (flags before the README's own)."""
-    return script.replace("python training/pretrain.py", f"python {ROOT}/training/pretrain.py {TINY_PRETRAIN}").replace(
-        "python training/finetune.py", f"python {ROOT}/training/finetune.py {TINY_FINETUNE}"
+    return (
+        script.replace("python training/pretrain.py", f"python {ROOT}/training/pretrain.py {TINY_PRETRAIN}")
+        .replace("python training/finetune.py", f"python {ROOT}/training/finetune.py {TINY_FINETUNE}")
+        .replace("--task question-answering", TINY_QA)
     )
 
 

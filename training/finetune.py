@@ -26,8 +26,8 @@ import sys
 
 # torch-free imports only (the package's run module, which imports torch, comes in main after parsing)
 from coreformer_cli import USAGE_ERROR, NoSuchFolderError, add_version_argument, check_model_location
-from coreformer_settings.base import INTERRUPTED, FinetuningError, RunStoppedError, add_flags, load_config_file
-from coreformer_settings.finetuning import FinetuningSettings
+from coreformer_settings.base import INTERRUPTED, FinetuningError, RunStoppedError, load_config_file
+from coreformer_settings.finetuning import add_settings_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", metavar="FILE", help="a YAML/JSON file of settings (the flags' names as keys)")
     # --field-name, --field_name and the example scripts' names; only flags given override the config file
-    add_flags(parser, FinetuningSettings, FinetuningSettings.cli_fields(), underscore_names=True)
+    add_settings_flags(parser)
     add_version_argument(parser)
     return parser
 

@@ -4,7 +4,7 @@ help text, config files, value coercion and one argparse flag per field.
     RunError / PretrainingError / FinetuningError   one clear message about a bad input, nothing written yet
     RunStoppedError, INTERRUPTED                Ctrl-C during a run: the one line to print, and the exit code (130)
     RunSettings                            the settings base: resolve(config file values + flags), cli_fields(),
-                                           setting_names(), and the range checks every __post_init__ uses
+                                           setting_names(), and the range checks the __post_init__ methods use
     arg(default, help, **metadata)         a dataclass field whose metadata carries its CLI help (and `choices`,
                                            `aliases`, `cli=False`, `show_default=False`)
     load_config_file(path, error=...)      a YAML / JSON run config as a dict ("_"-prefixed keys are comments)
@@ -86,6 +86,20 @@ class RunSettings:
             value = getattr(self, name)
             if not (unset_ok and value is None) and value < minimum:
                 raise self.error(f"`{name}` must be >= {minimum}{note}, got {value}.")
+
+    def check_between(self, name: str, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
+        """`name` lies between `low` and `high`, each end open or closed as given."""
+        value = getattr(self, name)
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        if not (above and below):
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise self.error(f"`{name}` must be in {interval}, got {value}.")
+
+    def check_positive(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) <= 0:
+                raise self.error(f"`{name}` must be > 0, got {getattr(self, name)}.")
 
 
 def arg(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - `help` reads as argparse's

@@ -1,8 +1,8 @@
 """THE pretraining objective registry and each objective's own settings, importable without torch: where
-`--objective NAME` finds its objective, and the flags, config-file keys and checks of the settings it owns.
+`--objective NAME` finds its objective, and the flags, config keys and checks of the settings it owns.
 
-    OBJECTIVE_REGISTRY              objective name -> ObjectiveEntry: one line per objective
-    ObjectiveEntry(objective, settings)   "module:NAME" of the `Objective`, and the class of its own settings
+    OBJECTIVE_REGISTRY              objective name -> Registered("module:NAME" of the Objective, its settings class):
+                                    one line per objective
     ObjectiveSettings               the base of an objective's settings: a dataclass of `arg` fields (a flag each),
                                     checked in its __post_init__ (one PretrainingError per bad value)
     MaskedLMSettings, DenoisingSettings, ElectraSettings   the settings of the built-in objectives that have some
@@ -12,7 +12,7 @@
 A run's settings hold the chosen objective's in `objective_settings` (an instance of its settings class), which the
 objective reads (`args.objective_settings.mlm_probability`); on the command line and in a config file they are flat
 keys like every other setting (`--mlm-probability 0.2`, `mlm_probability: 0.2`). A setting of another objective is
-refused, with the objective that owns it.
+refused, naming the objective that owns it.
 
 To add an objective: write one file holding the `Objective` (and, when it has settings, its `ObjectiveSettings`
 subclass), then add one line here. The built-in objectives' settings classes live in this file rather than beside
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import PretrainingError, RunSettings, arg
+from .components import Registered, owned_fields, owned_settings
 
 
 @dataclass
@@ -34,20 +35,6 @@ class ObjectiveSettings(RunSettings):
     """An objective's own settings (none here): subclasses add `arg` fields and check them in __post_init__."""
 
     error: typing.ClassVar[type[PretrainingError]] = PretrainingError
-
-    def check_between(self, name: str, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
-        """`name` lies in the interval from `low` to `high`, each end open or closed as given."""
-        value = getattr(self, name)
-        above = value > low if low_open else value >= low
-        below = value < high if high_open else value <= high
-        if not (above and below):
-            interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-            raise self.error(f"`{name}` must be in {interval}, got {value}.")
-
-    def check_positive(self, *names: str) -> None:
-        for name in names:
-            if getattr(self, name) <= 0:
-                raise self.error(f"`{name}` must be > 0, got {getattr(self, name)}.")
 
 
 @dataclass
@@ -87,51 +74,21 @@ class ElectraSettings(MaskedLMSettings):
         self.check_positive("rtd_weight")
 
 
-@dataclass(frozen=True)
-class ObjectiveEntry:
-    """One registered objective: where its `Objective` is ("package.module:NAME", imported only when a run needs
-    it) and the class of its own settings."""
-
-    objective: str
-    settings: type[ObjectiveSettings] = ObjectiveSettings
-
-
-OBJECTIVE_REGISTRY: dict[str, ObjectiveEntry] = {
-    "masked-lm": ObjectiveEntry("coreformer.training.objectives.masked_lm:MASKED_LM", MaskedLMSettings),
-    "causal-lm": ObjectiveEntry("coreformer.training.objectives.causal_lm:CAUSAL_LM"),
-    "denoising": ObjectiveEntry("coreformer.training.objectives.denoising:DENOISING", DenoisingSettings),
-    "electra": ObjectiveEntry("coreformer.training.objectives.electra:ELECTRA", ElectraSettings),
+OBJECTIVE_REGISTRY: dict[str, Registered] = {
+    "masked-lm": Registered("coreformer.training.objectives.masked_lm:MASKED_LM", MaskedLMSettings),
+    "causal-lm": Registered("coreformer.training.objectives.causal_lm:CAUSAL_LM", ObjectiveSettings),
+    "denoising": Registered("coreformer.training.objectives.denoising:DENOISING", DenoisingSettings),
+    "electra": Registered("coreformer.training.objectives.electra:ELECTRA", ElectraSettings),
 }
 
 
 def objective_fields() -> dict[str, tuple[str, dataclasses.Field]]:
-    """setting name -> (the first registered objective that owns it, its field), in registry order; a setting that
-    several objectives share (ELECTRA's masking probability is masked-lm's) is listed once."""
-    owned: dict[str, tuple[str, dataclasses.Field]] = {}
-    for name, entry in OBJECTIVE_REGISTRY.items():
-        for spec in entry.settings.cli_fields():
-            owned.setdefault(spec.name, (name, spec))
-    return owned
+    """setting name -> (the first registered objective that owns it, its field); ELECTRA's masking probability is
+    masked-lm's, listed once."""
+    return owned_fields(OBJECTIVE_REGISTRY)
 
 
 def objective_settings(objective: str, values: Mapping[str, Any] | ObjectiveSettings) -> ObjectiveSettings:
-    """The settings of the registered `objective`: `values` (raw names -> values, or settings already built) typed
-    and checked by its settings class. A setting another objective owns is refused, naming that objective."""
-    if isinstance(values, ObjectiveSettings):
-        values = dataclasses.asdict(values)
-    settings = OBJECTIVE_REGISTRY[objective].settings
-    own = {spec.name for spec in dataclasses.fields(settings)}
-    owners = objective_fields()
-    for name in values:
-        if name in own:
-            continue
-        if name in owners:
-            owner = owners[name][0]
-            raise PretrainingError(
-                f"`{name}` is a setting of the {owner} objective, and this run's objective is {objective}; drop it "
-                f"or pass --objective {owner}."
-            )
-        raise PretrainingError(
-            f"Unknown objective setting {name!r}; the {objective} objective has {', '.join(sorted(own)) or 'none'}."
-        )
-    return settings.resolve(dict(values))
+    """The settings of the registered `objective` from raw values, typed and checked by its settings class; a setting
+    another objective owns is refused, naming that objective."""
+    return owned_settings(OBJECTIVE_REGISTRY, objective, values, kind="objective")

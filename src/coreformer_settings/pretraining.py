@@ -22,6 +22,7 @@ from typing import Any
 
 from . import base
 from .base import PretrainingError, RunSettings, add_flags, arg, export_arg
+from .components import add_owned_flags, gather_owned
 from .families import FAMILY_NAMES
 from .objectives import OBJECTIVE_REGISTRY, ObjectiveSettings, objective_fields
 
@@ -125,23 +126,14 @@ class PretrainingSettings(RunSettings):
     def resolve(cls, values: dict[str, Any], *, source: str | None = None) -> "PretrainingSettings":
         """As RunSettings.resolve, the objectives' settings (flat keys, or an `objective_settings` mapping as
         run_config.json holds them) gathered into `objective_settings`, which the run's objective types and checks."""
-        values = dict(values)
-        own = dict(values.pop("objective_settings", None) or {})
-        owned = objective_fields()
-        own.update({name: values.pop(name) for name in list(values) if name in owned})
-        return super().resolve({**values, "objective_settings": own}, source=source)
+        return super().resolve(gather_owned(values, OBJECTIVE_REGISTRY, "objective_settings"), source=source)
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, *, default_text: dict[str, str] | None = None) -> None:
     """`--field-name` for every PretrainingSettings field, then, under a heading per registered objective, the
     flags of the settings it owns (a setting two objectives share is shown under the first)."""
     add_flags(parser, PretrainingSettings, PretrainingSettings.cli_fields(), default_text=default_text)
-    owners: dict[str, list] = {}
-    for owner, spec in objective_fields().values():
-        owners.setdefault(owner, []).append(spec)
-    for owner, fields in owners.items():
-        group = parser.add_argument_group(f"settings of the {owner} objective")
-        add_flags(group, OBJECTIVE_REGISTRY[owner].settings, fields, default_text=default_text)
+    add_owned_flags(parser, OBJECTIVE_REGISTRY, kind="objective", default_text=default_text)
 
 
 def default_configs_dir() -> Path:

@@ -97,4 +97,3 @@ def test_each_objective_setting_is_a_flag_of_the_pretraining_script_under_its_ob
     for owner, spec in objective_fields().values():
         section = help_text.split(f"settings of the {owner} objective:")[1]
         assert "--" + spec.name.replace("_", "-") in section.split("\n\n")[0]
-

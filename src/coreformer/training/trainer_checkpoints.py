@@ -180,7 +180,9 @@ CHECKPOINTING_TRAINERS = {False: CheckpointingTrainer, True: CheckpointingSeq2Se
 
 def run_settings(args) -> dict[str, Any]:
     """The settings a resume must keep (everything but RESUME_FREE)."""
-    return {key: value for key, value in dataclasses.asdict(args).items() if key not in RESUME_FREE}
+    settings = dataclasses.asdict(args)
+    settings.update(settings.pop("task_settings", {}))  # the task's own, by their names as flags and configs give them
+    return {key: value for key, value in settings.items() if key not in RESUME_FREE}
 
 
 def _finished_here(output_dir: Path, record: dict, state: dict, run_config: str) -> bool:

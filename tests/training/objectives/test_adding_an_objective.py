@@ -13,7 +13,8 @@ from test_pretraining import PRETRAIN, tiny_settings
 
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.pretraining import PretrainingArguments
-from coreformer_settings.objectives import OBJECTIVE_REGISTRY, ObjectiveEntry
+from coreformer_settings.components import Registered
+from coreformer_settings.objectives import OBJECTIVE_REGISTRY
 
 # Next-token prediction with the loss on the end of each block only: a causal LM whose collator drops the labels of
 # the first (1 - labeled_share) of the positions.
@@ -71,7 +72,7 @@ def suffix_lm(tmp_path, monkeypatch):
     (tmp_path / "toy_suffix_lm.py").write_text(textwrap.dedent(TOY_OBJECTIVE))
     monkeypatch.syspath_prepend(str(tmp_path))
     toy = importlib.import_module("toy_suffix_lm")
-    monkeypatch.setitem(OBJECTIVE_REGISTRY, "suffix-lm", ObjectiveEntry("toy_suffix_lm:SUFFIX_LM", toy.SuffixSettings))
+    monkeypatch.setitem(OBJECTIVE_REGISTRY, "suffix-lm", Registered("toy_suffix_lm:SUFFIX_LM", toy.SuffixSettings))
     yield toy
     sys.modules.pop("toy_suffix_lm")
 
