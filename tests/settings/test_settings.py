@@ -12,10 +12,12 @@ from coreformer import families
 from coreformer.training.finetuning import FinetuningArguments
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.pretraining import PretrainingArguments
+from coreformer.training.tasks import TASKS
 from coreformer_settings import finetuning, pretraining
-from coreformer_settings.base import PretrainingError
+from coreformer_settings.base import FinetuningError, PretrainingError
 from coreformer_settings.families import FAMILY_NAMES
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, ElectraSettings, objective_fields
+from coreformer_settings.tasks import TASK_REGISTRY, QuestionAnsweringSettings, task_fields
 
 PRETRAIN_SCRIPT = pretraining.default_configs_dir().parent / "pretrain.py"
 
@@ -24,10 +26,11 @@ def test_family_names_are_read_from_the_family_registry_file():
     assert FAMILY_NAMES == tuple(families.FAMILIES)
 
 
-def test_every_registered_objective_loads_as_the_objective_of_its_name():
-    assert list(OBJECTIVES) == list(OBJECTIVE_REGISTRY)
-    for name, objective in OBJECTIVES.items():
-        assert objective.name == name
+@pytest.mark.parametrize("loaded, registry", [(OBJECTIVES, OBJECTIVE_REGISTRY), (TASKS, TASK_REGISTRY)])
+def test_every_registry_entry_loads_as_the_member_of_its_name(loaded, registry):
+    assert list(loaded) == list(registry)
+    for name, member in loaded.items():
+        assert member.name == name
 
 
 @pytest.mark.parametrize(
@@ -97,3 +100,28 @@ def test_each_objective_setting_is_a_flag_of_the_pretraining_script_under_its_ob
     for owner, spec in objective_fields().values():
         section = help_text.split(f"settings of the {owner} objective:")[1]
         assert "--" + spec.name.replace("_", "-") in section.split("\n\n")[0]
+
+
+FINETUNE_RUN = {"model": "unused", "output_dir": "unused"}
+
+
+def test_a_task_reads_its_own_flat_settings_with_their_aliases_typed_into_its_settings_class():
+    given = {"task": "question-answering", "doc_stride": "16", "question_column": "q", **FINETUNE_RUN}
+    args = FinetuningArguments.resolve(given)
+    assert args.task_settings == QuestionAnsweringSettings(question_column="q", doc_stride=16)
+    assert args.setting("question_column") == "q" and args.setting("text_column") == "text"
+    assert FinetuningArguments.resolve(dataclasses.asdict(args)).task_settings == args.task_settings
+    assert not {spec.name for spec in dataclasses.fields(finetuning.FinetuningSettings)} & set(task_fields())
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"doc_stride": 8}, r"`doc_stride` is a setting of the question-answering task, .* sequence-classification"),
+        ({"task": "question-answering", "doc_stride": -1}, r"`doc_stride` must be >= 0, got -1"),
+        ({"task": "question-answering", "max_answer_length": 0}, r"`max_answer_length` must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_or_misplaced_task_setting_gets_one_clear_error(values, message):
+    with pytest.raises(FinetuningError, match=message):
+        FinetuningArguments.resolve({**FINETUNE_RUN, **values})
