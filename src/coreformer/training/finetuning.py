@@ -80,7 +80,8 @@ __all__ = ["TASKS", "FinetuningArguments", "FinetuningError", "embedded_dataset"
 @dataclass
 class FinetuningArguments(FinetuningSettings):
     """Every setting of a fine-tuning run (declared in coreformer_settings.finetuning, so that --help needs no torch),
-    checked here against the task registry."""
+    checked here against the task registry; the task's own settings are typed and checked by its settings class
+    (coreformer_settings.tasks)."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -109,7 +109,8 @@ __all__ = [
 @dataclass
 class PretrainingArguments(PretrainingSettings):
     """Every setting of a pretraining run (declared in coreformer_settings.pretraining, so that --help needs no
-    torch), checked here against the registries: the objective's families, the family config's fields."""
+    torch), checked here against the registries: the objective's families, the family config's fields; the
+    objective's own settings are typed and checked by its settings class (coreformer_settings.objectives)."""
 
     def __post_init__(self) -> None:
         self.check_choices(family=FAMILY_NAMES, mixed_precision=MIXED_PRECISION, report_to=REPORT_TO)
@@ -128,8 +129,7 @@ class PretrainingArguments(PretrainingSettings):
             raise PretrainingError(f"`max_documents` must be >= 2 (train + held out), got {self.max_documents}.")
         if self.lr <= 0:
             raise PretrainingError(f"`lr` must be > 0, got {self.lr}.")
-        if not 0.0 <= self.validation_fraction < 1.0:
-            raise PretrainingError(f"`validation_fraction` must be in [0, 1), got {self.validation_fraction}.")
+        self.check_between("validation_fraction", 0.0, 1.0, low_open=False, high_open=True)
         self.objective_settings = objective_settings(self.objective, self.objective_settings)  # checked there
         if not isinstance(self.model, dict):
             raise PretrainingError(f"`model` must be a mapping of config fields, got {type(self.model).__name__}.")
