@@ -49,12 +49,19 @@ def owned_fields(registry: Mapping[str, Registered]) -> dict[str, tuple[str, dat
     return owned
 
 
-def gather_owned(values: Mapping[str, Any], registry: Mapping[str, Registered], into: str) -> dict[str, Any]:
+def gather_owned(
+    values: Mapping[str, Any], registry: Mapping[str, Registered], into: str, *, run: type[RunSettings]
+) -> dict[str, Any]:
     """`values` with every registered member's settings (flat keys, or an `into` mapping as run_config.json holds
-    them) gathered into `values[into]`, which the run's member types and checks."""
+    them) gathered into `values[into]`, which the run's member types and checks. A member's setting may not take
+    the name of a setting of the `run` itself (the flag would be two)."""
     values = dict(values)
     gathered = dict(values.pop(into, None) or {})
     owned = owned_fields(registry)
+    clash = sorted(set(owned) & {spec.name for spec in dataclasses.fields(run)})
+    if clash:
+        name = clash[0]
+        raise run.error(f"`{name}` of {owned[name][0]} is a setting of every run already; give it another name.")
     gathered.update({name: values.pop(name) for name in list(values) if name in owned})
     return {**values, into: gathered}
 

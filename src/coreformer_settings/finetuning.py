@@ -132,7 +132,7 @@ class FinetuningSettings(RunSettings):
     def resolve(cls, values: dict[str, Any], *, source: str | None = None) -> "FinetuningSettings":
         """As RunSettings.resolve, the tasks' settings (flat keys, or a `task_settings` mapping as run_config.json
         holds them) gathered into `task_settings`, which the run's task types and checks."""
-        return super().resolve(gather_owned(values, TASK_REGISTRY, "task_settings"), source=source)
+        return super().resolve(gather_owned(values, TASK_REGISTRY, "task_settings", run=cls), source=source)
 
     def setting(self, name: str) -> Any:
         """The value of a run setting or of the task's own, by name (a column a task names as a setting)."""

@@ -126,7 +126,7 @@ class PretrainingSettings(RunSettings):
     def resolve(cls, values: dict[str, Any], *, source: str | None = None) -> "PretrainingSettings":
         """As RunSettings.resolve, the objectives' settings (flat keys, or an `objective_settings` mapping as
         run_config.json holds them) gathered into `objective_settings`, which the run's objective types and checks."""
-        return super().resolve(gather_owned(values, OBJECTIVE_REGISTRY, "objective_settings"), source=source)
+        return super().resolve(gather_owned(values, OBJECTIVE_REGISTRY, "objective_settings", run=cls), source=source)
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, *, default_text: dict[str, str] | None = None) -> None:

@@ -14,7 +14,8 @@ from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.pretraining import PretrainingArguments
 from coreformer.training.tasks import TASKS
 from coreformer_settings import finetuning, pretraining
-from coreformer_settings.base import FinetuningError, PretrainingError
+from coreformer_settings.base import FinetuningError, PretrainingError, arg
+from coreformer_settings.components import Registered
 from coreformer_settings.families import FAMILY_NAMES
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, ElectraSettings, objective_fields
 from coreformer_settings.tasks import TASK_REGISTRY, QuestionAnsweringSettings, task_fields
@@ -125,3 +126,13 @@ def test_a_task_reads_its_own_flat_settings_with_their_aliases_typed_into_its_se
 def test_a_bad_or_misplaced_task_setting_gets_one_clear_error(values, message):
     with pytest.raises(FinetuningError, match=message):
         FinetuningArguments.resolve({**FINETUNE_RUN, **values})
+
+
+def test_an_objective_setting_named_like_a_run_setting_is_refused(monkeypatch):
+    @dataclasses.dataclass
+    class Clashing(ElectraSettings):
+        seed: int = arg(0, "a second --seed")
+
+    monkeypatch.setitem(OBJECTIVE_REGISTRY, "clashing", Registered("nowhere:CLASHING", Clashing))
+    with pytest.raises(PretrainingError, match=r"`seed` of clashing is a setting of every run already"):
+        PretrainingArguments.resolve({"family": "encoder"})
