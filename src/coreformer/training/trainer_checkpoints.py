@@ -222,10 +222,13 @@ def resolve_resume(
             f"of a training/finetune.py run."
         )
     record = json.loads((checkpoint / RUN_RECORD).read_text())
+    saved, current = record["args"], run_settings(args)
+    if saved.get("task") != args.task:  # another task owns other settings: the task is the difference to name
+        saved, current = {"task": saved.get("task")}, {"task": args.task}
     check_unchanged(
         checkpoint,
-        record["args"],
-        run_settings(args),
+        saved,
+        current,
         what="other settings",
         fix="resume with the settings it was started with, listed in its " + RUN_RECORD,
         error=FinetuningError,
