@@ -16,7 +16,7 @@ tied to the embeddings counts as the (V, d) matmul it is; embedding lookups do n
 scores and values (PaLM appendix B). Masked LM: the encoder and its vocabulary head at every position. ELECTRA:
 the generator (with its (V, d_g) head) plus the discriminator (with its one-logit head), plus once per step 6 x rows
 x d x d_g for projecting the shared embedding tables. A pretraining run's FLOPs are per token x tokens seen + per
-step x steps (checked against torch's FLOP counter in tests/test_objectives_electra.py).
+step x steps (checked against torch's FLOP counter in tests/training/objectives/test_electra.py).
 
 Each pretrained encoder, and a randomly initialised one (compute 0, fine-tuned once per run), is then loaded with
 AutoModelForSequenceClassification (its load report printed and recorded: only the new classifier may be missing),

@@ -21,7 +21,7 @@ import coreformer as cf  # noqa: E402
 VOCAB = 99
 PAD, BOS, EOS = 0, 1, 2
 
-FAMILIES = {
+FAMILY_CLASSES = {  # family -> (config class, base model class)
     "encoder": (cf.CoreformerEncoderConfig, cf.CoreformerEncoderModel),
     "decoder": (cf.CoreformerDecoderConfig, cf.CoreformerDecoderModel),
     "seq2seq": (cf.CoreformerSeq2SeqConfig, cf.CoreformerSeq2SeqModel),
@@ -105,7 +105,7 @@ def free_port() -> int:
 
 def tiny_config(family: str, **overrides):
     """A tiny config of `family` with dropout off, so outputs are deterministic."""
-    config_class = FAMILIES[family][0]
+    config_class = FAMILY_CLASSES[family][0]
     fields = dict(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -158,7 +158,7 @@ def decode_incrementally(model, ids: torch.Tensor, mask: torch.Tensor, prefix: i
     return torch.cat(steps, 1), full, cache
 
 
-@pytest.fixture(params=list(FAMILIES))
+@pytest.fixture(params=list(FAMILY_CLASSES))
 def family(request) -> str:
     return request.param
 
@@ -198,3 +198,17 @@ def interrupt_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 
     child.send_signal(signal.SIGINT)
     _, stderr = child.communicate(timeout=120)
     return child.returncode, stderr
+
+
+def tiny_electra(vocab: int = 40):
+    """A seeded tiny ELECTRA module (generator + discriminator) and the run arguments it was built from."""
+    from coreformer.training.objectives.electra import ELECTRA
+    from coreformer.training.pretraining import PretrainingArguments
+
+    config = cf.CoreformerEncoderConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=64,
+    )  # fmt: skip
+    args = PretrainingArguments(family="encoder", objective="electra", output_dir="unused")
+    torch.manual_seed(0)
+    return ELECTRA.build_model(config, args), args

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import FAMILIES, PAD, VARIANTS, VOCAB, padded_batch, tiny_config, tiny_model
+from conftest import FAMILY_CLASSES, PAD, VARIANTS, VOCAB, padded_batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import coreformer as cf
@@ -34,7 +34,7 @@ def _forward(model, ids, mask, family):
 
 
 def _assert_backend_matches_eager(family: str, backend: str, variant: dict) -> None:
-    model = tiny_model(FAMILIES[family][1], family, **variant)
+    model = tiny_model(FAMILY_CLASSES[family][1], family, **variant)
     ids, mask = padded_batch(left=family == "decoder")
     model.set_attn_implementation("eager")
     reference, out_mask = _forward(model, ids, mask, family)
@@ -183,7 +183,8 @@ def _loss_and_gradients(model, ids, mask, family):
 def test_unpadded_stack_computes_what_the_padded_one_does(family, variant, left, monkeypatch):
     # The stack runs projections/MLPs on the real tokens only (Unpadding); against the padded computation the real
     # tokens' outputs, every layer's hidden states and the gradients must agree.
-    model = tiny_model(FAMILIES[family][1], family, **variant).train()  # dropout is 0: training mode is deterministic
+    # dropout is 0: training mode is deterministic
+    model = tiny_model(FAMILY_CLASSES[family][1], family, **variant).train()
     ids, mask = padded_batch(left=left)
     calls = []
     original = cf.modeling_base.CoreformerStack.unpadding

@@ -113,7 +113,7 @@ def test_probe_auc_is_the_share_of_replaced_original_pairs_ranked_right():
 
 
 def test_probe_gradient_groups_split_every_parameter_once():
-    from test_objectives_electra import tiny_electra
+    from conftest import tiny_electra
 
     model, _ = tiny_electra()
     groups = load_probe().parameter_groups(model)

@@ -51,6 +51,7 @@ from coreformer.training.pretraining import (
     run_pretraining,
 )
 from coreformer.training.tokenizer_training import train_tokenizer
+from coreformer_settings.families import FAMILY_NAMES
 
 # One worker runs the whole module under `pytest -n 2 --dist loadgroup` (make test): the `runs` fixture once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
@@ -59,7 +60,6 @@ REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "training" / "pretrain.py"
 ACCELERATE_CONFIGS = REPO / "training" / "configs" / "accelerate"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
-FAMILIES = ("encoder", "decoder", "seq2seq")
 # run name -> (family, settings beyond the family's tiny run). The decoder and seq2seq accumulate 2 micro-batches of
 # 4 on each rank (FSDP reduce-scatters each into the sharded gradients); their 1-process references accumulate 4 of 4,
 # and the decoder's step-6 checkpoint resumes on 4 ranks x 1 micro-batch of 4: the same 16 examples per step.
@@ -226,7 +226,7 @@ def runs(tmp_path_factory):
     torch.set_num_threads(1)  # as the children: one thread
     try:
         settings, tokenizers = {}, {}
-        for family in FAMILIES:
+        for family in FAMILY_NAMES:
             tokenizers[family] = tmp / f"tokenizer-{family}"
             args = PretrainingArguments(**tiny_settings(family), output_dir=str(tmp / "unused"))
             tokenizer = train_tokenizer(family, iter_texts(load_dataset_splits(args)["train"]), args.vocab_size)

@@ -160,7 +160,8 @@ def local_files(tmp_path_factory) -> dict[str, dict]:
 
 
 def tiny_args(task: str, model: Path, output_dir: Path, **overrides) -> FinetuningArguments:
-    return FinetuningArguments(task=task, model=str(model), output_dir=str(output_dir), **{**TINY_RUN, **overrides})
+    values = {**TINY_RUN, **overrides, "task": task, "model": str(model), "output_dir": str(output_dir)}
+    return FinetuningArguments.resolve(values)  # the task's own settings (tokens_column, ...) given flat
 
 
 @pytest.fixture(scope="module")

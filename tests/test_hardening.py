@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, padded_batch, tiny_model
+from conftest import FAMILY_CLASSES, VOCAB, padded_batch, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModel, AutoModelForCausalLM
@@ -28,7 +28,7 @@ CONFIG_FIELDS = set(cf.CoreformerSeq2SeqConfig.__dataclass_fields__) | {"num_hid
 @st.composite
 def config_fields(draw):
     """Config values, valid and invalid alike: small ranges so that every valid draw runs in milliseconds."""
-    family = draw(st.sampled_from(list(FAMILIES)))
+    family = draw(st.sampled_from(list(FAMILY_CLASSES)))
     layers = draw(st.integers(-1, 3))
     types = st.lists(st.sampled_from(LAYER_TYPES), min_size=max(layers, 0), max_size=max(layers, 0))
     fields = dict(
@@ -70,7 +70,7 @@ def config_fields(draw):
 @given(config_fields())
 def test_every_config_builds_a_working_model_or_is_refused_naming_the_field(case):
     family, fields = case
-    config_class = FAMILIES[family][0]
+    config_class = FAMILY_CLASSES[family][0]
     try:
         config = config_class(**fields)
     except ValueError as error:
@@ -140,7 +140,7 @@ def test_low_precision_long_sequences_with_large_activations_stay_finite(family,
     # eager; the kernels' own scaling in sdpa), and eager and sdpa must agree on real tokens.
     outputs = {}
     for backend in ("eager", "sdpa"):
-        model = tiny_model(FAMILIES[family][1], family, max_position_embeddings=1024).to(dtype)
+        model = tiny_model(FAMILY_CLASSES[family][1], family, max_position_embeddings=1024).to(dtype)
         model.set_attn_implementation(backend)
         with torch.no_grad():
             for name, parameter in model.named_parameters():

@@ -31,7 +31,7 @@ from coreformer.training.batches import GlobalBatches
 from coreformer.training.checkpoints import _quiet_about_ties, find_latest_checkpoint, list_checkpoints
 from coreformer.training.objectives.masked_lm import MaskedLMCollator
 from coreformer.training.pretraining import (
-    FAMILIES,
+    FAMILY_NAMES,
     PRESETS,
     PretrainingArguments,
     PretrainingError,
@@ -126,7 +126,7 @@ def one_thread():
 def trained(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     """One finished tiny run per family (the decoder with the default tracker setting), with checkpoints."""
     runs = {}
-    for family in FAMILIES:
+    for family in FAMILY_NAMES:
         output_dir = tmp_path_factory.mktemp(f"run-{family}")
         report_to = "auto" if family == "decoder" else "none"
         prompt = "import " if family == "encoder" else "def "
@@ -140,7 +140,7 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_each_family_lowers_held_out_loss_on_the_embedded_corpus(trained, family):
     _, metrics = trained[family]
     evals = [record["loss"] for record in metrics["history"]["eval"]]
@@ -153,7 +153,7 @@ def test_each_family_lowers_held_out_loss_on_the_embedded_corpus(trained, family
     assert metrics["tokens_per_second"] > 0 and metrics["wall_time_s"] >= metrics["train_time_s"] > 0
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_output_folder_loads_with_auto_classes_and_holds_card_metrics_plot(trained, family):
     output_dir, metrics = trained[family]
     model = AUTO_CLASSES[family].from_pretrained(output_dir).eval()
@@ -618,7 +618,7 @@ def test_cli_help_documents_every_flag_and_errors_are_one_line(tmp_path, capsys)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_every_preset_resolves_and_pads_the_vocabulary_to_64(trained, family):
     tokenizer = AutoTokenizer.from_pretrained(trained[family][0])
     for preset in PRESETS:
@@ -759,7 +759,7 @@ def test_a_tokenizer_folder_without_a_tokenizer_or_a_missing_path_is_one_clear_e
 
 
 def test_objective_defaults_to_the_familys_and_one_that_trains_another_family_is_refused(tmp_path):
-    defaults = {family: tiny_args(family, tmp_path).objective for family in FAMILIES}
+    defaults = {family: tiny_args(family, tmp_path).objective for family in FAMILY_NAMES}
     assert defaults == {"encoder": "masked-lm", "decoder": "causal-lm", "seq2seq": "denoising"}
     with pytest.raises(PretrainingError, match="The causal-lm objective trains decoder models; --family is encoder"):
         tiny_args("encoder", tmp_path, objective="causal-lm")

@@ -7,7 +7,8 @@ from transformers import AutoTokenizer
 
 import coreformer as cf
 from coreformer.training.data import iter_texts, load_embedded_corpus
-from coreformer.training.tokenizer_training import FAMILIES, SPECIAL_TOKENS, token_config_kwargs, train_tokenizer
+from coreformer.training.tokenizer_training import SPECIAL_TOKENS, token_config_kwargs, train_tokenizer
+from coreformer_settings.families import FAMILY_NAMES
 
 SNIPPET = 'def area(r: float) -> float:\n    """Circle area."""\n\treturn 3.14159 * r ** 2  # é, 中\n'
 EXPECTED_IDS = {
@@ -31,7 +32,7 @@ def texts() -> list[str]:
 def saved(texts, tmp_path_factory) -> dict[str, tuple[str, float]]:
     """family -> (saved directory, training seconds), for a 500-token vocabulary."""
     out = {}
-    for family in FAMILIES:
+    for family in FAMILY_NAMES:
         output_dir = str(tmp_path_factory.mktemp(family))
         start = time.perf_counter()
         train_tokenizer(family, texts, vocab_size=500, output_dir=output_dir)
@@ -39,7 +40,7 @@ def saved(texts, tmp_path_factory) -> dict[str, tuple[str, float]]:
     return out
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_tokenizer_trains_quickly_and_reloads_with_auto_tokenizer(saved, family):
     output_dir, seconds = saved[family]
     assert seconds < 10
@@ -83,7 +84,7 @@ def test_encoder_adds_cls_sep_and_token_types(saved):
     assert pair["token_type_ids"] == [0] * (first_sep + 1) + [1] * (len(tokens) - first_sep - 1)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_token_config_kwargs_match_the_family_config(saved, family):
     tokenizer = AutoTokenizer.from_pretrained(saved[family][0])
     kwargs = token_config_kwargs(tokenizer, family)

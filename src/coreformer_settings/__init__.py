@@ -2,6 +2,10 @@
 anything inside `coreformer` registers its classes with transformers and so imports torch, about 5 s).
 
     base.py          the settings base (RunSettings, arg, flags, config files, coercion) and the run errors
+    families.py      FAMILY_NAMES, read from the family registry file (coreformer/families.py)
+    components.py    what the objective and task registries share: entries, owned settings, their flags
+    objectives.py    OBJECTIVE_REGISTRY and each objective's own settings
+    tasks.py         TASK_REGISTRY and each task's own settings
     pretraining.py   PretrainingSettings, the presets and how a run's settings are gathered
     finetuning.py    FinetuningSettings
     commands.py      the run command lines: `coreformer pretrain | finetune | publish` and training/*.py

@@ -4,7 +4,7 @@ help text, config files, value coercion and one argparse flag per field.
     RunError / PretrainingError / FinetuningError   one clear message about a bad input, nothing written yet
     RunStoppedError, INTERRUPTED                Ctrl-C during a run: the one line to print, and the exit code (130)
     RunSettings                            the settings base: resolve(config file values + flags), cli_fields(),
-                                           and the range checks every __post_init__ uses
+                                           setting_names(), and the range checks the __post_init__ methods use
     arg(default, help, **metadata)         a dataclass field whose metadata carries its CLI help (and `choices`,
                                            `aliases`, `cli=False`, `show_default=False`)
     load_config_file(path, error=...)      a YAML / JSON run config as a dict ("_"-prefixed keys are comments)
@@ -62,14 +62,19 @@ class RunSettings:
         return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
 
     @classmethod
+    def setting_names(cls) -> list[str]:
+        """The names `resolve` takes: the fields (a subclass adds settings it gathers into one field)."""
+        return [spec.name for spec in dataclasses.fields(cls)]
+
+    @classmethod
     def resolve(cls, values: dict[str, Any], *, source: str | None = None) -> "RunSettings":
         """Settings from a mapping of names to raw values (a config file updated by the flags given): unknown names
         are refused with the known ones, each value is coerced to its field's type."""
-        hints = typing.get_type_hints(cls)
-        unknown = sorted(set(values) - set(hints))
+        hints, known = typing.get_type_hints(cls), cls.setting_names()
+        unknown = sorted(set(values) - set(known))
         if unknown:
             where = f" in {source}" if source else ""
-            raise cls.error(f"Unknown setting(s) {', '.join(unknown)}{where}; known: {', '.join(sorted(hints))}.")
+            raise cls.error(f"Unknown setting(s) {', '.join(unknown)}{where}; known: {', '.join(sorted(known))}.")
         return cls(**{name: coerce(name, value, hints[name], error=cls.error) for name, value in values.items()})
 
     def check_choices(self, **allowed: Sequence[str]) -> None:
@@ -83,6 +88,20 @@ class RunSettings:
             value = getattr(self, name)
             if not (unset_ok and value is None) and value < minimum:
                 raise self.error(f"`{name}` must be >= {minimum}{note}, got {value}.")
+
+    def check_between(self, name: str, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
+        """`name` lies between `low` and `high`, each end open or closed as given."""
+        value = getattr(self, name)
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        if not (above and below):
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise self.error(f"`{name}` must be in {interval}, got {value}.")
+
+    def check_positive(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) <= 0:
+                raise self.error(f"`{name}` must be > 0, got {getattr(self, name)}.")
 
 
 def arg(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - `help` reads as argparse's

@@ -21,9 +21,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .base import INTERRUPTED, FinetuningError, PretrainingError, RunStoppedError, add_flags, load_config_file
-from .finetuning import FinetuningSettings
-from .pretraining import PRESETS, PretrainingSettings, default_configs_dir, gather_settings, preset_defaults
+from . import finetuning, pretraining
+from .base import INTERRUPTED, FinetuningError, PretrainingError, RunStoppedError, load_config_file
+from .pretraining import PRESETS, default_configs_dir, gather_settings, preset_defaults
 
 USAGE_ERROR = 2  # as coreformer_cli.USAGE_ERROR: argparse's exit code for a bad command line
 HUB_FAILED = 1
@@ -86,7 +86,7 @@ def _pretrain_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--preset", choices=PRESETS, help="model + run settings of a shipped preset (default: tiny)")
     source.add_argument("--config", metavar="FILE", help="a YAML/JSON file of model + run settings")
     # only flags given override the preset / config; the help shows what each preset sets
-    add_flags(parser, PretrainingSettings, PretrainingSettings.cli_fields(), default_text=preset_defaults())
+    pretraining.add_settings_flags(parser, default_text=preset_defaults())
 
 
 def _pretrain(given: dict, prog: str) -> int:
@@ -150,7 +150,7 @@ then --config FILE (YAML/JSON of the same keys), then the flags given here; the 
 def _finetune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="a YAML/JSON file of settings (the flags' names as keys)")
     # --field-name, --field_name and the example scripts' names; only flags given override the config file
-    add_flags(parser, FinetuningSettings, FinetuningSettings.cli_fields(), underscore_names=True)
+    finetuning.add_settings_flags(parser)
 
 
 def _finetune(given: dict, prog: str) -> int:

@@ -1,26 +1,24 @@
 """The settings of a fine-tuning run, importable without torch: what `training/finetune.py --help` shows.
 
     FinetuningSettings     every run setting (a CLI flag per field, plus run_glue / run_qa style aliases): the one
-                           declaration of each
-    TASK_NAMES             the task registry's names (coreformer.training.tasks.TASKS; a test keeps them equal)
+                           declaration of each; the task's own settings are declared by the task (tasks.py) and
+                           gathered into `task_settings`
+    add_settings_flags(parser)   a flag per run setting, then a group of flags per registered task
 
 `coreformer.training.finetuning.FinetuningArguments` subclasses FinetuningSettings with the checks that need the task
 registry, and its `resolve_arguments` reads a --config file and the flags into it.
 """
 
+import argparse
+import dataclasses
 import typing
 from dataclasses import dataclass
+from typing import Any
 
-from .base import FinetuningError, RunSettings, arg, export_arg
+from .base import FinetuningError, RunSettings, add_flags, arg, export_arg
+from .components import add_owned_flags, gather_owned
+from .tasks import TASK_REGISTRY, TaskSettings, task_fields
 
-TASK_NAMES = (  # coreformer.training.tasks.TASKS
-    "sequence-classification",
-    "token-classification",
-    "question-answering",
-    "causal-lm",
-    "seq2seq",
-    "multiple-choice",
-)
 PEFT_CHOICES = ("none", "lora")
 REPORT_TO = ("none", "tensorboard")
 
@@ -34,7 +32,7 @@ class FinetuningSettings(RunSettings):
 
     error: typing.ClassVar[type[FinetuningError]] = FinetuningError
 
-    task: str = arg("sequence-classification", f"what to fine-tune for: {', '.join(TASK_NAMES)}")
+    task: str = arg("sequence-classification", f"what to fine-tune for: {', '.join(TASK_REGISTRY)}")
     model: str = arg(
         "",
         "a coreformer folder: pretrained (`coreformer pretrain`), fine-tuned, or converted (coreformer convert)",
@@ -58,27 +56,18 @@ class FinetuningSettings(RunSettings):
     max_eval_examples: int | None = arg(None, "use the first N validation examples", aliases=("--max_eval_samples",))
     # columns
     text_column: str = arg(
-        "text", "text to classify / language-model / summarise (input side)", aliases=("--text_column_name",)
+        "text",
+        "text to classify / language-model / summarise (input side)",
+        aliases=("--text_column_name",),
+        column="the input text",
     )
-    text_pair_column: str | None = arg(None, "sequence-classification: optional second text (sentence pairs)")
     label_column: str | None = arg(
         None,
         "labels: sequence-classification 'label' (ClassLabel, strings or ints), token-classification 'ner_tags' "
         "(one tag per word; BIO names), multiple-choice 'label' (the index of the right choice)",
         aliases=("--label_column_name",),
+        column="the labels",
     )
-    tokens_column: str = arg("tokens", "token-classification: the words of each example")
-    question_column: str = arg("question", "question-answering: the question", aliases=("--question_column_name",))
-    context_column: str = arg("context", "question-answering: the context", aliases=("--context_column_name",))
-    answers_column: str = arg(
-        "answers",
-        "question-answering: SQuAD-style answers {'text': [...], 'answer_start': [...]}",
-        aliases=("--answer_column_name",),
-    )
-    id_column: str = arg("id", "question-answering: question ids (row numbers when the column is absent)")
-    summary_column: str = arg("summary", "seq2seq: the target text")
-    choices_column: str = arg("choices", "multiple-choice: the candidate answers (a list, the same length everywhere)")
-    source_prefix: str = arg("", "seq2seq: text put before every input (T5-style 'summarize: ')")
     # lengths
     max_length: int = arg(
         128,
@@ -86,8 +75,6 @@ class FinetuningSettings(RunSettings):
         aliases=("--max_seq_length", "--max_source_length", "--block_size"),
     )
     max_target_length: int = arg(64, "seq2seq: target tokens (also the default generation length)")
-    doc_stride: int = arg(32, "question-answering: overlap between the windows of a long context")
-    max_answer_length: int = arg(30, "question-answering: longest answer, in tokens")
     generation_max_length: int | None = arg(None, "seq2seq: max new tokens at evaluation; default --max-target-length")
     num_beams: int = arg(1, "seq2seq: beams at evaluation")
     # optimisation
@@ -132,3 +119,38 @@ class FinetuningSettings(RunSettings):
         None,
         "'latest' (newest checkpoint in --output-dir; starts fresh when there is none) or a checkpoints/step-N folder",
     )
+    task_settings: dict | TaskSettings = arg(
+        {}, "the task's own settings (flags and config keys of their own: coreformer_settings.tasks)", cli=False
+    )
+
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """The run's settings and every registered task's, as flags and config keys name them."""
+        return [*super().setting_names(), *task_fields()]
+
+    @classmethod
+    def resolve(cls, values: dict[str, Any], *, source: str | None = None) -> "FinetuningSettings":
+        """As RunSettings.resolve, the tasks' settings (flat keys, or a `task_settings` mapping as run_config.json
+        holds them) gathered into `task_settings`, which the run's task types and checks."""
+        return super().resolve(gather_owned(values, TASK_REGISTRY, "task_settings", run=cls), source=source)
+
+    def setting(self, name: str) -> Any:
+        """The value of a run setting or of the task's own, by name (a column a task names as a setting)."""
+        if name in self.task_settings_fields():
+            return getattr(self.task_settings, name)
+        return getattr(self, name)
+
+    def setting_field(self, name: str) -> dataclasses.Field:
+        """The declaration of a run setting or of the task's own, by name."""
+        fields = {spec.name: spec for spec in dataclasses.fields(self)}
+        return self.task_settings_fields().get(name) or fields[name]
+
+    def task_settings_fields(self) -> dict[str, dataclasses.Field]:
+        return {spec.name: spec for spec in dataclasses.fields(self.task_settings)}
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """`--field-name` and `--field_name` (and the example scripts' aliases) for every FinetuningSettings field, then,
+    under a heading per registered task, the flags of the settings it owns."""
+    add_flags(parser, FinetuningSettings, FinetuningSettings.cli_fields(), underscore_names=True)
+    add_owned_flags(parser, TASK_REGISTRY, kind="task", underscore_names=True)

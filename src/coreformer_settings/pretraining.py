@@ -1,9 +1,10 @@
 """The settings of a pretraining run, importable without torch: what `training/pretrain.py --help` shows and how a
 run's settings are gathered from a preset or config file and the flags.
 
-    PretrainingSettings              every run setting (a CLI flag per field): the one declaration of each
-    FAMILY_NAMES, OBJECTIVE_NAMES    the registries' names (coreformer.families, training.objectives; a test keeps
-                                     them equal), for the flags' choices without importing the registries
+    PretrainingSettings              every run setting (a CLI flag per field): the one declaration of each; the
+                                     objective's own settings are declared by the objective (objectives.py) and
+                                     gathered into `objective_settings`
+    add_settings_flags(parser)       a flag per run setting, then a group of flags per registered objective
     PRESETS, preset_path(...)        coreformer/training/configs/{family}-{preset}.yaml (training/configs in a clone)
     preset_defaults(configs_dir)     for --help: the value each preset gives a setting it sets
     gather_settings(...) -> (values, source)   preset or config file < flags given; untyped, unchecked
@@ -13,16 +14,18 @@ registries (the objective's families, the family config's fields), and its `reso
 what `gather_settings` returns.
 """
 
+import argparse
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import base
-from .base import PretrainingError, RunSettings, arg, export_arg
+from .base import PretrainingError, RunSettings, add_flags, arg, export_arg
+from .components import add_owned_flags, gather_owned
+from .families import FAMILY_NAMES
+from .objectives import OBJECTIVE_REGISTRY, ObjectiveSettings, objective_fields
 
-FAMILY_NAMES = ("encoder", "decoder", "seq2seq")  # coreformer.families.FAMILIES
-OBJECTIVE_NAMES = ("masked-lm", "causal-lm", "denoising", "electra")  # coreformer.training.objectives.OBJECTIVES
 PRESETS = ("tiny", "small", "base")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 REPORT_TO = ("auto", "tensorboard", "none")
@@ -45,9 +48,9 @@ class PretrainingSettings(RunSettings):
     )
     objective: str | None = arg(
         None,
-        f"pretraining objective: {', '.join(OBJECTIVE_NAMES)}; default: the family's (encoder masked-lm, decoder "
+        f"pretraining objective: {', '.join(OBJECTIVE_REGISTRY)}; default: the family's (encoder masked-lm, decoder "
         "causal-lm, seq2seq denoising)",
-        choices=OBJECTIVE_NAMES,
+        choices=OBJECTIVE_REGISTRY.keys(),  # a live view: an objective registered later is a choice too
         show_default=False,
     )
     preset: str | None = arg(None, "name of the preset or config file the settings came from (for the card)", cli=False)
@@ -89,14 +92,6 @@ class PretrainingSettings(RunSettings):
     )
     attn_implementation: str | None = arg(None, "attention backend (sdpa, eager, flex_attention, ...); default sdpa")
     seed: int = arg(0, "seed of the data order, masking, dropout and initialisation")
-    # objectives
-    mlm_probability: float = arg(0.15, "encoder: share of tokens selected for masking")
-    mask_ratio: float = arg(0.3, "seq2seq: share of tokens hidden by text infilling")
-    poisson_lambda: float = arg(3.0, "seq2seq: mean infilled span length")
-    generator_fraction: float = arg(
-        0.25, "electra: the generator's width as a share of the discriminator's (paper: 1/4 to 1/2 work best)"
-    )
-    rtd_weight: float = arg(50.0, "electra: weight of the replaced-token-detection loss (paper: 50)")
     # run
     output_dir: str = arg("outputs/pretrain", "run folder: checkpoints, logs, and the final model")
     overwrite: bool = arg(False, "replace an output directory that holds another run")
@@ -116,6 +111,29 @@ class PretrainingSettings(RunSettings):
         "the encoder's top predictions for [MASK])",
     )
     export: str | None = export_arg()
+    objective_settings: dict | ObjectiveSettings = arg(
+        {},
+        "the objective's own settings (flags and config keys of their own: coreformer_settings.objectives)",
+        cli=False,
+    )
+
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """The run's settings and every registered objective's, as flags and config keys name them."""
+        return [*super().setting_names(), *objective_fields()]
+
+    @classmethod
+    def resolve(cls, values: dict[str, Any], *, source: str | None = None) -> "PretrainingSettings":
+        """As RunSettings.resolve, the objectives' settings (flat keys, or an `objective_settings` mapping as
+        run_config.json holds them) gathered into `objective_settings`, which the run's objective types and checks."""
+        return super().resolve(gather_owned(values, OBJECTIVE_REGISTRY, "objective_settings", run=cls), source=source)
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, *, default_text: dict[str, str] | None = None) -> None:
+    """`--field-name` for every PretrainingSettings field, then, under a heading per registered objective, the
+    flags of the settings it owns (a setting two objectives share is shown under the first)."""
+    add_flags(parser, PretrainingSettings, PretrainingSettings.cli_fields(), default_text=default_text)
+    add_owned_flags(parser, OBJECTIVE_REGISTRY, kind="objective", default_text=default_text)
 
 
 def default_configs_dir() -> Path:
@@ -147,7 +165,8 @@ def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
                 for name, value in load_config_file(path).items():
                     values.setdefault(name, {})[f"{family}-{preset}"] = value
     texts = {}
-    for spec in PretrainingSettings.cli_fields():
+    objectives = [spec for _, spec in objective_fields().values()]
+    for spec in [*PretrainingSettings.cli_fields(), *objectives]:
         if spec.name not in values:
             continue
         shown = []

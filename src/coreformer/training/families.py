@@ -1,7 +1,7 @@
 """What training needs to know about each model family: the facts of `coreformer.families` (the one registry), plus
 the few that only training uses.
 
-    FAMILIES                        family name -> TrainingFacts (the registry's Family + training's own facts)
+    TRAINING_FACTS                  family name -> TrainingFacts (the registry's Family + training's own facts)
     family_of(config)               a loaded config -> its family name, or None for a non-coreformer config
     head_class(family, auto_class)  the coreformer class of the family's head for a transformers Auto class
     families_with_head(auto_class)  the families that register a head for an Auto class
@@ -53,7 +53,7 @@ class TrainingFacts:
         return self.family.model_input_names
 
 
-FAMILIES: dict[str, TrainingFacts] = {
+TRAINING_FACTS: dict[str, TrainingFacts] = {
     "encoder": TrainingFacts(
         registry.FAMILIES["encoder"],
         default_objective="masked-lm",
@@ -77,7 +77,7 @@ FAMILIES: dict[str, TrainingFacts] = {
         decoder_start_token="eos_token",
     ),
 }
-assert set(FAMILIES) == set(registry.FAMILIES), "every registered family needs its training facts here"
+assert set(TRAINING_FACTS) == set(registry.FAMILIES), "every registered family needs its training facts here"
 
 
 def family_of(config: transformers.PretrainedConfig) -> str | None:

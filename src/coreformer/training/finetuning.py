@@ -50,6 +50,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 
 # the settings' torch-free declarations (beside the package, so that training/finetune.py --help imports no torch)
 from coreformer_settings.finetuning import PEFT_CHOICES, REPORT_TO, FinetuningSettings
+from coreformer_settings.tasks import task_settings
 
 from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged_folder
 from ..model_card import ModelCardInfo, inherited_license, is_hub_id, write_model_card
@@ -60,7 +61,6 @@ from .data import local_builder
 from .engine import CpuFsdp2Engine, Engine, requested_engine, resolve_engine
 from .families import family_of, longest_input
 from .tasks import TASKS, Evaluation, Task
-from .tasks.base import COLUMN_FLAGS
 from .trainer_checkpoints import CHECKPOINTING_TRAINERS, resolve_resume, run_settings
 
 RUN_CONFIG = "run_config.json"
@@ -80,20 +80,22 @@ __all__ = ["TASKS", "FinetuningArguments", "FinetuningError", "embedded_dataset"
 @dataclass
 class FinetuningArguments(FinetuningSettings):
     """Every setting of a fine-tuning run (declared in coreformer_settings.finetuning, so that --help needs no torch),
-    checked here against the task registry."""
+    checked here against the task registry; the task's own settings are typed and checked by its settings class
+    (coreformer_settings.tasks)."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise FinetuningError(f"Unknown task {self.task!r}: --task must be one of {', '.join(TASKS)}.")
+        self.task_settings = task_settings(self.task, self.task_settings)  # checked there
         self.check_choices(peft=PEFT_CHOICES, report_to=REPORT_TO)
         if not self.model:
             raise FinetuningError("Pass --model: a coreformer folder (pretrained, fine-tuned or converted).")
-        positive = ("max_length", "max_target_length", "max_answer_length", "num_beams", "batch_size")
+        positive = ("max_length", "max_target_length", "num_beams", "batch_size")
         self.check_at_least(1, positive + ("eval_batch_size", "grad_accum", "logging_steps", "lora_r", "lora_alpha"))
         self.check_at_least(1, ("save_total_limit",))
         optional = ("max_steps", "max_train_examples", "max_eval_examples", "generation_max_length")
         self.check_at_least(1, optional, unset_ok=True, note=" (or unset)")
-        self.check_at_least(0, ("doc_stride", "warmup_steps", "eval_steps", "save_every"))
+        self.check_at_least(0, ("warmup_steps", "eval_steps", "save_every"))
         if self.max_steps is None and self.num_train_epochs <= 0:
             raise FinetuningError(f"`num_train_epochs` must be > 0, got {self.num_train_epochs}.")
         if self.lr <= 0:
@@ -162,7 +164,7 @@ def load_task_data(args: FinetuningArguments) -> tuple[datasets.DatasetDict, str
     """
     if args.dataset is None and args.train_file is None:
         splits = embedded_dataset(args.task)
-        renames = {column: getattr(args, argument) for argument, column in args.spec.columns.items() if column}
+        renames = {column: args.setting(argument) for argument, column in args.spec.columns.items() if column}
         splits = splits.rename_columns({old: new for old, new in renames.items() if old != new})
         description = f"coreformer's embedded {args.task} default: {args.spec.embedded_description}"
     else:
@@ -211,14 +213,13 @@ def load_task_data(args: FinetuningArguments) -> tuple[datasets.DatasetDict, str
 def check_columns(splits: datasets.DatasetDict, args: FinetuningArguments) -> None:
     """Every column the task reads is in both splits, or one error naming all that are missing (each with what it
     holds and its flag) and the columns there are."""
+    wanted = []
+    for argument in args.spec.columns:
+        column, what = args.setting(argument), args.setting_field(argument).metadata.get("column")
+        if column is not None and what is not None:  # an optional column left unset, or one never required, is skipped
+            wanted.append((column, "--" + argument.replace("_", "-"), what))
     for name, split in splits.items():
-        missing = [
-            (getattr(args, argument), *COLUMN_FLAGS[argument])
-            for argument in args.spec.columns
-            # an optional column left unset, or one never required, is not looked for
-            if getattr(args, argument) is not None and argument in COLUMN_FLAGS
-            if getattr(args, argument) not in split.column_names
-        ]
+        missing = [entry for entry in wanted if entry[0] not in split.column_names]
         if missing:
             columns = ", ".join(f"{column!r} ({what})" for column, _, what in missing)
             flags = ", ".join(f"{flag} with the column that holds {what}" for _, flag, what in missing)
@@ -499,10 +500,11 @@ def with_examples(rows: list[dict], args: FinetuningArguments, examples: dataset
     before the prediction. Rows with an "id" (question answering: one per question) find their example by id."""
     if not rows:
         return rows
-    columns = {key: getattr(args, name) for key, name in args.spec.shown if getattr(args, name)}
+    columns = {key: args.setting(name) for key, name in args.spec.shown if args.setting(name)}
     values = {key: _readable(examples, column) for key, column in columns.items() if column in examples.column_names}
     if "id" in rows[0]:
-        ids = examples[args.id_column] if args.id_column in examples.column_names else range(len(examples))
+        id_column = args.setting("id_column")  # rows with an id: the task that gives them has an id column
+        ids = examples[id_column] if id_column in examples.column_names else range(len(examples))
         first = {}
         for index, qid in enumerate(ids):
             first.setdefault(str(qid), index)

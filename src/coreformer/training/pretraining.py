@@ -51,6 +51,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
 # the settings' torch-free declarations (beside the package, so that training/pretrain.py --help imports no torch)
+from coreformer_settings.families import FAMILY_NAMES
+from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
 from coreformer_settings.pretraining import MIXED_PRECISION, PRESETS, REPORT_TO, PretrainingSettings, gather_settings
 
 from ..folders import MissingTokenizerError, folder_tokenizer, link_into, staged_folder
@@ -68,8 +70,7 @@ from .checkpoints import (
 )
 from .data import iter_texts, load_text_dataset
 from .engine import Engine, requested_engine, resolve_engine
-from .families import FAMILIES as FAMILY_FACTS
-from .families import longest_input
+from .families import TRAINING_FACTS, longest_input
 from .objectives import OBJECTIVES, Objective
 from .reports import (
     PEAK_FLOPS,
@@ -82,15 +83,13 @@ from .reports import (
 )
 from .tokenizer_training import token_config_kwargs, tokenizer_name, train_tokenizer
 
-FAMILIES = tuple(FAMILY_FACTS)
-
 RUN_CONFIG = "run_config.json"
 METRICS = "metrics.json"
 # What a run leaves in its output directory: a folder holding any of these is a previous run (--overwrite replaces it).
 _RUN_MARKERS = (RUN_CONFIG, CHECKPOINTS_DIR, "config.json", "model.safetensors", "tokenizer.json", METRICS)
 
 __all__ = [
-    "FAMILIES",
+    "FAMILY_NAMES",
     "PRESETS",
     "GlobalBatches",
     "PretrainingArguments",
@@ -110,13 +109,14 @@ __all__ = [
 @dataclass
 class PretrainingArguments(PretrainingSettings):
     """Every setting of a pretraining run (declared in coreformer_settings.pretraining, so that --help needs no
-    torch), checked here against the registries: the objective's families, the family config's fields."""
+    torch), checked here against the registries: the objective's families, the family config's fields; the
+    objective's own settings are typed and checked by its settings class (coreformer_settings.objectives)."""
 
     def __post_init__(self) -> None:
-        self.check_choices(family=FAMILIES, mixed_precision=MIXED_PRECISION, report_to=REPORT_TO)
+        self.check_choices(family=FAMILY_NAMES, mixed_precision=MIXED_PRECISION, report_to=REPORT_TO)
         if self.objective is None:
-            self.objective = FAMILY_FACTS[self.family].default_objective
-        self.check_choices(objective=tuple(OBJECTIVES))
+            self.objective = TRAINING_FACTS[self.family].default_objective
+        self.check_choices(objective=tuple(OBJECTIVE_REGISTRY))
         if self.family not in self.spec.families:
             raise PretrainingError(
                 f"The {self.objective} objective trains {' or '.join(self.spec.families)} models; --family is "
@@ -129,13 +129,8 @@ class PretrainingArguments(PretrainingSettings):
             raise PretrainingError(f"`max_documents` must be >= 2 (train + held out), got {self.max_documents}.")
         if self.lr <= 0:
             raise PretrainingError(f"`lr` must be > 0, got {self.lr}.")
-        if not 0.0 < self.generator_fraction <= 1.0:
-            raise PretrainingError(f"`generator_fraction` must be in (0, 1], got {self.generator_fraction}.")
-        if self.rtd_weight <= 0:
-            raise PretrainingError(f"`rtd_weight` must be > 0, got {self.rtd_weight}.")
-        for name in ("mlm_probability", "mask_ratio", "validation_fraction"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise PretrainingError(f"`{name}` must be in [0, 1), got {getattr(self, name)}.")
+        self.check_between("validation_fraction", 0.0, 1.0, low_open=False, high_open=True)
+        self.objective_settings = objective_settings(self.objective, self.objective_settings)  # checked there
         if not isinstance(self.model, dict):
             raise PretrainingError(f"`model` must be a mapping of config fields, got {type(self.model).__name__}.")
         if "vocab_size" in self.model:
@@ -148,7 +143,7 @@ class PretrainingArguments(PretrainingSettings):
         if unknown:
             raise PretrainingError(
                 f"Unknown {self.family} config field(s) under `model`: {', '.join(unknown)}. "
-                f"See {FAMILY_FACTS[self.family].config_class.__name__} for the fields."
+                f"See {TRAINING_FACTS[self.family].config_class.__name__} for the fields."
             )
 
     @property
@@ -162,7 +157,7 @@ class PretrainingArguments(PretrainingSettings):
 
 
 def _config_fields(family: str) -> set[str]:
-    return {f.name for f in dataclasses.fields(FAMILY_FACTS[family].config_class)}
+    return {f.name for f in dataclasses.fields(TRAINING_FACTS[family].config_class)}
 
 
 def resolve_arguments(
@@ -235,7 +230,7 @@ def build_model_config(args: PretrainingArguments, tokenizer: PreTrainedTokenize
     fields["vocab_size"] = math.ceil(len(tokenizer) / multiple) * multiple
     fields.update(args.model)
     try:
-        config = FAMILY_FACTS[args.family].config_class(**fields)
+        config = TRAINING_FACTS[args.family].config_class(**fields)
     except ValueError as error:
         raise PretrainingError(f"Bad model config: {error}") from error
     longest = longest_input(config)
@@ -291,7 +286,7 @@ def resolve_resume(args: PretrainingArguments, output_dir: Path) -> Path | None:
             f"{args.family} family. Pass --family {state.get('family')} with the same preset, or start a new "
             f"--output-dir."
         )
-    saved_objective = state.get("args", {}).get("objective") or FAMILY_FACTS[args.family].default_objective
+    saved_objective = state.get("args", {}).get("objective") or TRAINING_FACTS[args.family].default_objective
     if saved_objective != args.objective:
         raise PretrainingError(
             f"Checkpoint {str(checkpoint)!r} belongs to a run of the {saved_objective} objective; this run trains "
@@ -351,6 +346,7 @@ def _hparams(args: PretrainingArguments) -> dict[str, Any]:
     """Flat scalar settings for TensorBoard's hparams view."""
     settings = dataclasses.asdict(args)
     settings.update({f"model.{key}": value for key, value in settings.pop("model").items()})
+    settings.update(settings.pop("objective_settings"))
     return {
         key: value if isinstance(value, int | float | str | bool) else str(value) for key, value in settings.items()
     }

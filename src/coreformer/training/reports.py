@@ -18,7 +18,7 @@ from ..model_card import ModelCardInfo, is_hub_id
 from ..model_card import render_model_card as render_card
 from .arguments import EXPORT_FOLDER
 from .checkpoints import list_checkpoints
-from .families import FAMILIES
+from .families import TRAINING_FACTS
 from .flops import flops_per_token  # noqa: F401  (re-exported: pretraining.py imports it from here)
 from .objectives import OBJECTIVES
 
@@ -50,7 +50,7 @@ def plot_losses(history: dict[str, list[dict]], path: Path, title: str) -> None:
 def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
     """What the final folder's card says (model_cards/pretrained.md): the run's settings and its held-out numbers,
     which also go into the card's model-index (the objective's `card_metrics` on the held-out split)."""
-    family, objective = FAMILIES[args.family], OBJECTIVES[args.objective]
+    family, objective = TRAINING_FACTS[args.family], OBJECTIVES[args.objective]
     hub_dataset = args.dataset if args.dataset and is_hub_id(args.dataset) else None
     if args.dataset is None:
         dataset_description = "the Python standard library's own source files (coreformer's embedded corpus)"

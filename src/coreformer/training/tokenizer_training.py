@@ -17,7 +17,7 @@ with `</s>` when it concatenates them, so a `<s>`/`</s>` added per document woul
     tokenizer_name(family) -> "WordPiece" | "byte-level BPE"
     token_config_kwargs(tokenizer, family) -> {"vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", ...}
 
-The families' tokens, tokenizer kinds and templates come from `families.FAMILIES`. Nothing here imports the
+The families' tokens, tokenizer kinds and templates come from `families.TRAINING_FACTS`. Nothing here imports the
 modeling files: a tokenizer is built before any model exists.
 """
 
@@ -26,19 +26,18 @@ from collections.abc import Iterable, Iterator
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .families import FAMILIES as _FAMILY_FACTS
-from .families import TrainingFacts
+from coreformer_settings.families import FAMILY_NAMES
 
-FAMILIES = tuple(_FAMILY_FACTS)
+from .families import TRAINING_FACTS, TrainingFacts
 
 # Role -> token, in id order: the trainers put `special_tokens` first, so the position here is the id.
-SPECIAL_TOKENS: dict[str, dict[str, str]] = {name: facts.special_tokens for name, facts in _FAMILY_FACTS.items()}
+SPECIAL_TOKENS: dict[str, dict[str, str]] = {name: facts.special_tokens for name, facts in TRAINING_FACTS.items()}
 
 
 def _facts(family: str) -> TrainingFacts:
-    if family not in _FAMILY_FACTS:
-        raise ValueError(f"Unknown family {family!r}: expected one of {', '.join(FAMILIES)}.")
-    return _FAMILY_FACTS[family]
+    if family not in TRAINING_FACTS:
+        raise ValueError(f"Unknown family {family!r}: expected one of {', '.join(FAMILY_NAMES)}.")
+    return TRAINING_FACTS[family]
 
 
 def _wordpiece(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:

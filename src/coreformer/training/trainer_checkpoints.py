@@ -180,7 +180,9 @@ CHECKPOINTING_TRAINERS = {False: CheckpointingTrainer, True: CheckpointingSeq2Se
 
 def run_settings(args) -> dict[str, Any]:
     """The settings a resume must keep (everything but RESUME_FREE)."""
-    return {key: value for key, value in dataclasses.asdict(args).items() if key not in RESUME_FREE}
+    settings = dataclasses.asdict(args)
+    settings.update(settings.pop("task_settings", {}))  # the task's own, by their names as flags and configs give them
+    return {key: value for key, value in settings.items() if key not in RESUME_FREE}
 
 
 def _finished_here(output_dir: Path, record: dict, state: dict, run_config: str) -> bool:
@@ -220,10 +222,13 @@ def resolve_resume(
             f"of a `coreformer finetune` run."
         )
     record = json.loads((checkpoint / RUN_RECORD).read_text())
+    saved, current = record["args"], run_settings(args)
+    if saved.get("task") != args.task:  # another task owns other settings: the task is the difference to name
+        saved, current = {"task": saved.get("task")}, {"task": args.task}
     check_unchanged(
         checkpoint,
-        record["args"],
-        run_settings(args),
+        saved,
+        current,
         what="other settings",
         fix="resume with the settings it was started with, listed in its " + RUN_RECORD,
         error=FinetuningError,

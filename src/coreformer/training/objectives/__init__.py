@@ -1,4 +1,6 @@
-"""The pretraining objectives, one file each, and their registry: adding one is a new file and one line below.
+"""The pretraining objectives, one file each; THE registry of their names is the torch-free
+`coreformer_settings.objectives.OBJECTIVE_REGISTRY` (one line per objective: where the objective is, and the class
+of its own settings). Adding an objective is a new file and one line there.
 
     name          families   file
     masked-lm     encoder    masked_lm.py   BERT masking (15%, 80/10/10)
@@ -6,22 +8,20 @@
     denoising     seq2seq    denoising.py   BART text infilling + sentence permutation
     electra       encoder    electra.py     replaced-token detection with a small masked-LM generator
 
+    OBJECTIVES      name -> Objective, over the registry (an objective's module is imported on first use)
+
 Each is an `Objective` (base.py: examples, collator, required special tokens, model, loss, what to save, card text);
-`--objective NAME` picks one, the family's `default_objective` (families.py) when it is not given.
+`--objective NAME` picks one, the family's `default_objective` (families.py) when it is not given. Its own settings
+reach it as `args.objective_settings`.
 """
 
-from .base import Objective
-from .causal_lm import CAUSAL_LM
-from .denoising import DENOISING
-from .electra import ELECTRA
-from .masked_lm import MASKED_LM
+from collections.abc import Mapping
 
-_REGISTERED = (
-    MASKED_LM,
-    CAUSAL_LM,
-    DENOISING,
-    ELECTRA,
-)
-OBJECTIVES: dict[str, Objective] = {objective.name: objective for objective in _REGISTERED}
+from coreformer_settings.components import Members
+from coreformer_settings.objectives import OBJECTIVE_REGISTRY
+
+from .base import Objective
+
+OBJECTIVES: Mapping[str, Objective] = Members(OBJECTIVE_REGISTRY, Objective)
 
 __all__ = ["OBJECTIVES", "Objective"]

@@ -13,7 +13,8 @@
     description / auto_class / pipeline_tag / usage / card_metrics   what the model card says
 
 An objective trains one family's model (`families`: those whose config it can build); it is chosen by
-`--objective`, the family's default when not given. The registry is objectives/__init__.py.
+`--objective`, the family's default when not given. The registry is coreformer_settings.objectives (torch-free: the
+objective's module, its own settings), which reach the objective as `args.objective_settings`.
 """
 
 from abc import ABC, abstractmethod

@@ -3,7 +3,7 @@
 pack_into_blocks(dataset, block_size, eos_token_id)   documents + </s> cut into full blocks
 packed_position_ids(input_ids, eos_token_id)          positions that restart after every </s>
 PackedCausalLMCollator                                 stacks blocks; labels = input_ids (the model shifts)
-CAUSAL_LM                                              the objective (registered in objectives/__init__.py)
+CAUSAL_LM                                              the objective (registered in coreformer_settings.objectives)
 """
 
 from dataclasses import dataclass

@@ -3,7 +3,7 @@
     sentence_end_token_ids(tokenizer)        tokens after which a sentence may be cut
     permute_sentences / infill_spans         BART's two noises on one 1-D example
     DenoisingCollator                        corrupted source (input_ids) + the original document (labels)
-    DENOISING                                the objective (registered in objectives/__init__.py)
+    DENOISING                                the objective (registered in coreformer_settings.objectives)
 
 The seq2seq model builds decoder_input_ids by shifting labels right (decoder_start_token_id = eos), so the collator
 returns none.
@@ -158,8 +158,9 @@ class DenoisingCollator(SeededCollator):
 @dataclass(frozen=True)
 class Denoising(Objective):
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> DenoisingCollator:
+        settings = args.objective_settings  # DenoisingSettings
         return DenoisingCollator.from_tokenizer(
-            tokenizer, mask_ratio=args.mask_ratio, poisson_lambda=args.poisson_lambda, seed=args.seed
+            tokenizer, mask_ratio=settings.mask_ratio, poisson_lambda=settings.poisson_lambda, seed=args.seed
         )
 
     def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:

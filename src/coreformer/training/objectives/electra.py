@@ -9,7 +9,7 @@ whether it was replaced; both train together, loss = L_MLM(generator) + 50 * L_R
     replaced_token_labels(original, corrupted, attention_mask)   1 where the token differs from the original, 0 where
                                                                  it is the original (a sampled original counts as 0)
     ElectraPretraining                                           generator + discriminator as one module
-    ELECTRA                                                      the objective (registered in objectives/__init__.py)
+    ELECTRA                                                      the objective (coreformer_settings.objectives)
 
 Embeddings. The paper shares the token and position embeddings of generator and discriminator, a smaller generator
 reading them through a projection (as transformers' ELECTRA does with `embedding_size`). Here the discriminator owns
@@ -203,7 +203,7 @@ class Electra(Objective):
         """Every selected token becomes [MASK]: the generator, not the collator, chooses the replacements."""
         return MaskedLMCollator.from_tokenizer(
             tokenizer,
-            mlm_probability=args.mlm_probability,
+            mlm_probability=args.objective_settings.mlm_probability,
             mask_replace_prob=1.0,
             random_replace_prob=0.0,
             seed=args.seed,
@@ -213,8 +213,11 @@ class Electra(Objective):
         discriminator_config = copy.deepcopy(config)
         discriminator_config.num_labels = 1  # one logit per token: replaced or not
         discriminator = head_class(args.family, "AutoModelForTokenClassification")(discriminator_config)
-        generator = head_class(args.family, "AutoModelForMaskedLM")(generator_config(config, args.generator_fraction))
-        return ElectraPretraining(discriminator, generator, rtd_weight=args.rtd_weight)
+        settings = args.objective_settings  # ElectraSettings
+        generator = head_class(args.family, "AutoModelForMaskedLM")(
+            generator_config(config, settings.generator_fraction)
+        )
+        return ElectraPretraining(discriminator, generator, rtd_weight=settings.rtd_weight)
 
     def loss_terms(self, model, batch: dict[str, torch.Tensor], label_tokens, input_tokens) -> dict:
         outputs = model(**batch)
@@ -258,7 +261,7 @@ class Electra(Objective):
 
     def label_share(self, args: Any) -> float:
         """The generator's share (its masked-LM loss); the discriminator's loss is on every token."""
-        return args.mlm_probability
+        return args.objective_settings.mlm_probability
 
     def training_flops(
         self, model: ElectraPretraining, block_size: int, *, label_share: float = 1.0

@@ -2,7 +2,7 @@
 
 mask_tokens(input_ids, maskable, ...)    BERT's masking of a (B, T) batch
 MaskedLMCollator                          pads encoder examples and masks them; labels only where selected
-MASKED_LM                                 the objective (registered in objectives/__init__.py)
+MASKED_LM                                 the objective (registered in coreformer_settings.objectives)
 """
 
 from dataclasses import dataclass
@@ -130,11 +130,13 @@ class MaskedLMCollator(SeededCollator):
 @dataclass(frozen=True)
 class MaskedLM(Objective):
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> MaskedLMCollator:
-        return MaskedLMCollator.from_tokenizer(tokenizer, mlm_probability=args.mlm_probability, seed=args.seed)
+        return MaskedLMCollator.from_tokenizer(
+            tokenizer, mlm_probability=args.objective_settings.mlm_probability, seed=args.seed
+        )
 
     def label_share(self, args: Any) -> float:
         """At most the masking probability: special tokens are never selected."""
-        return args.mlm_probability
+        return args.objective_settings.mlm_probability
 
     @torch.no_grad()
     def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:

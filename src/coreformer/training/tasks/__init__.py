@@ -1,4 +1,6 @@
-"""The fine-tuning tasks, one file each, and their registry: adding one is a new file and one line below.
+"""The fine-tuning tasks, one file each; THE registry of their names is the torch-free
+`coreformer_settings.tasks.TASK_REGISTRY` (one line per task: where the task is, and the class of its own settings).
+Adding a task is a new file and one line there.
 
     task                      file                         as transformers'     Auto class
     sequence-classification   sequence_classification.py   run_glue             AutoModelForSequenceClassification
@@ -8,25 +10,19 @@
     seq2seq                   seq2seq.py                   run_summarization    AutoModelForSeq2SeqLM
     multiple-choice           multiple_choice.py           run_swag             AutoModelForMultipleChoice
 
-Each is a `Task` (base.py: columns, embedded data, features, collator, metrics, prediction rows, card text).
+    TASKS       name -> Task, over the registry (a task's module is imported on first use)
+
+Each is a `Task` (base.py: columns, embedded data, features, collator, metrics, prediction rows, card text); its own
+settings reach it as `args.task_settings`.
 """
 
-from .base import Evaluation, Task
-from .causal_lm import CAUSAL_LM
-from .multiple_choice import MULTIPLE_CHOICE
-from .question_answering import QUESTION_ANSWERING
-from .seq2seq import SEQ2SEQ
-from .sequence_classification import SEQUENCE_CLASSIFICATION
-from .token_classification import TOKEN_CLASSIFICATION
+from collections.abc import Mapping
 
-_REGISTERED = (
-    SEQUENCE_CLASSIFICATION,
-    TOKEN_CLASSIFICATION,
-    QUESTION_ANSWERING,
-    CAUSAL_LM,
-    SEQ2SEQ,
-    MULTIPLE_CHOICE,
-)
-TASKS: dict[str, Task] = {task.name: task for task in _REGISTERED}
+from coreformer_settings.components import Members
+from coreformer_settings.tasks import TASK_REGISTRY
+
+from .base import Evaluation, Task
+
+TASKS: Mapping[str, Task] = Members(TASK_REGISTRY, Task)
 
 __all__ = ["TASKS", "Evaluation", "Task"]

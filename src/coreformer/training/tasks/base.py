@@ -27,19 +27,6 @@ from transformers import PreTrainedTokenizerBase
 from ..arguments import FinetuningError  # noqa: F401  (tasks raise it; re-exported for them)
 from ..families import families_with_head
 
-# argument -> (flag, what it holds), for the missing-column message; arguments not here are never required
-COLUMN_FLAGS = {
-    "text_column": ("--text-column", "the input text"),
-    "text_pair_column": ("--text-pair-column", "the second text"),
-    "label_column": ("--label-column", "the labels"),
-    "tokens_column": ("--tokens-column", "the words"),
-    "question_column": ("--question-column", "the questions"),
-    "context_column": ("--context-column", "the contexts"),
-    "answers_column": ("--answers-column", "the SQuAD-style answers"),
-    "summary_column": ("--summary-column", "the target texts"),
-    "choices_column": ("--choices-column", "the candidate answers"),
-}
-
 
 @dataclass
 class Evaluation:

@@ -57,10 +57,10 @@ def _embedded_multiple_choice() -> datasets.DatasetDict:
 
 def _multiple_choice_features(split, tokenizer, args, max_length: int) -> datasets.Dataset:
     """(text, candidate) pairs, C per example, grouped back into lists of C; labels: the right candidate's index."""
-    counts = {len(choices) for choices in split[args.choices_column]}
+    counts = {len(choices) for choices in split[args.task_settings.choices_column]}
     if len(counts) != 1 or min(counts) < 2:
         raise FinetuningError(
-            f"Every example needs the same number (>= 2) of candidates in {args.choices_column!r}; found "
+            f"Every example needs the same number (>= 2) of candidates in {args.task_settings.choices_column!r}; found "
             f"{sorted(counts)}."
         )
     (choices,) = counts
@@ -73,7 +73,7 @@ def _multiple_choice_features(split, tokenizer, args, max_length: int) -> datase
                     f"got {label!r}."
                 )
         texts = [text for text in batch[args.text_column] for _ in range(choices)]
-        candidates = [candidate for row in batch[args.choices_column] for candidate in row]
+        candidates = [candidate for row in batch[args.task_settings.choices_column] for candidate in row]
         encoded = tokenizer(texts, candidates, truncation=True, max_length=max_length)
         grouped = {
             key: [values[start : start + choices] for start in range(0, len(values), choices)]
@@ -111,7 +111,7 @@ class MultipleChoice(Task):
 
     def prediction_rows(self, output, args, evaluation: Evaluation, tokenizer, label_names) -> list[dict]:
         scores = logits_of(output.predictions)
-        choices = evaluation.examples[args.choices_column]
+        choices = evaluation.examples[args.task_settings.choices_column]
         return [
             {"prediction": int(index), "prediction_text": row[int(index)]}
             for index, row in zip(np.argmax(scores, axis=-1), choices, strict=True)

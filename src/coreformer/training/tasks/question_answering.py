@@ -73,8 +73,8 @@ def _embedded_question_answering() -> datasets.DatasetDict:
 
 
 def _question_ids(split, args) -> list[str]:
-    if args.id_column in split.column_names:
-        return [str(value) for value in split[args.id_column]]
+    if args.task_settings.id_column in split.column_names:
+        return [str(value) for value in split[args.task_settings.id_column]]
     return [str(index) for index in range(len(split))]
 
 
@@ -88,21 +88,23 @@ def _question_answering_features(split, tokenizer, args, max_length: int) -> dat
     ids = _question_ids(split, args)
     split = split.add_column("_qid", ids)
 
+    settings = args.task_settings  # QuestionAnsweringSettings
+
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        questions = [question.lstrip() for question in batch[args.question_column]]
+        questions = [question.lstrip() for question in batch[settings.question_column]]
         try:
             encoded = tokenizer(
                 questions,
-                batch[args.context_column],
+                batch[settings.context_column],
                 truncation="only_second",
                 max_length=max_length,
-                stride=args.doc_stride,
+                stride=settings.doc_stride,
                 return_overflowing_tokens=True,
                 return_offsets_mapping=True,
             )
         except Exception as error:  # tokenizers: stride too large for what the question leaves of the window
             raise FinetuningError(
-                f"Cannot cut the contexts into windows of {max_length} tokens with --doc-stride {args.doc_stride}: "
+                f"Cannot cut the contexts into windows of {max_length} tokens with --doc-stride {settings.doc_stride}: "
                 f"{error}. Lower --doc-stride or raise --max-length."
             ) from error
         sample = encoded.pop("overflow_to_sample_mapping")
@@ -110,7 +112,7 @@ def _question_answering_features(split, tokenizer, args, max_length: int) -> dat
         for index, offsets in enumerate(encoded["offset_mapping"]):
             sequence_ids = encoded.sequence_ids(index)
             context_mask = [int(s == 1) for s in sequence_ids]
-            answers = batch[args.answers_column][sample[index]]
+            answers = batch[args.task_settings.answers_column][sample[index]]
             start_token = end_token = 0
             if answers["text"]:
                 start_char = answers["answer_start"][0]
@@ -176,17 +178,21 @@ class QuestionAnswering(Task):
     def _predictions(self, start_logits, end_logits, args, evaluation: Evaluation) -> dict[str, str]:
         windows = evaluation.features.select_columns(["example_id", "offset_mapping", "context_mask"])
         contexts = dict(
-            zip(_question_ids(evaluation.examples, args), evaluation.examples[args.context_column], strict=True)
+            zip(
+                _question_ids(evaluation.examples, args),
+                evaluation.examples[args.task_settings.context_column],
+                strict=True,
+            )
         )
         return question_answering_predictions(
-            windows, start_logits, end_logits, contexts, max_answer_length=args.max_answer_length
+            windows, start_logits, end_logits, contexts, max_answer_length=args.task_settings.max_answer_length
         )
 
     def metrics(self, args, evaluation: Evaluation, tokenizer, label_names) -> tuple[Callable, None]:
         ids = _question_ids(evaluation.examples, args)
         references = {
             qid: list(answers["text"])
-            for qid, answers in zip(ids, evaluation.examples[args.answers_column], strict=True)
+            for qid, answers in zip(ids, evaluation.examples[args.task_settings.answers_column], strict=True)
         }
 
         def qa_metrics(prediction: transformers.EvalPrediction) -> dict[str, float]:

@@ -31,9 +31,11 @@ def _embedded_seq2seq() -> datasets.DatasetDict:
 
 def _seq2seq_features(split, tokenizer, args, max_length: int) -> datasets.Dataset:
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        sources = [args.source_prefix + text for text in batch[args.text_column]]
+        sources = [args.task_settings.source_prefix + text for text in batch[args.text_column]]
         encoded = tokenizer(sources, truncation=True, max_length=max_length)
-        targets = tokenizer(text_target=batch[args.summary_column], truncation=True, max_length=args.max_target_length)
+        targets = tokenizer(
+            text_target=batch[args.task_settings.summary_column], truncation=True, max_length=args.max_target_length
+        )
         encoded["labels"] = targets["input_ids"]
         return encoded
 

@@ -38,7 +38,7 @@ def _embedded_sequence_classification() -> datasets.DatasetDict:
 
 def _classification_features(split, tokenizer, args, max_length: int, label_of: Callable) -> datasets.Dataset:
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        pairs = batch[args.text_pair_column] if args.text_pair_column else None
+        pairs = batch[args.task_settings.text_pair_column] if args.task_settings.text_pair_column else None
         encoded = tokenizer(batch[args.text_column], pairs, truncation=True, max_length=max_length)
         encoded["labels"] = [label_of(value) for value in batch[args.label_column]]
         return encoded

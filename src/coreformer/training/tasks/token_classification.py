@@ -79,14 +79,16 @@ def _embedded_token_classification() -> datasets.DatasetDict:
 def _token_classification_features(split, tokenizer, args, max_length: int, label_of: Callable) -> datasets.Dataset:
     """run_ner's alignment: the first sub-word of a word carries its tag, the rest and special tokens -100."""
 
+    words_column = args.task_settings.tokens_column
+
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        for words, tags in zip(batch[args.tokens_column], batch[args.label_column], strict=True):
+        for words, tags in zip(batch[words_column], batch[args.label_column], strict=True):
             if len(words) != len(tags):
                 raise FinetuningError(
-                    f"An example has {len(words)} words in {args.tokens_column!r} but {len(tags)} tags in "
+                    f"An example has {len(words)} words in {words_column!r} but {len(tags)} tags in "
                     f"{args.label_column!r}: {words[:8]}..."
                 )
-        encoded = tokenizer(batch[args.tokens_column], is_split_into_words=True, truncation=True, max_length=max_length)
+        encoded = tokenizer(batch[words_column], is_split_into_words=True, truncation=True, max_length=max_length)
         encoded["labels"] = []
         for row, tags in enumerate(batch[args.label_column]):
             labels, previous = [], None

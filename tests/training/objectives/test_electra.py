@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import kill_at_marker
+from conftest import kill_at_marker, tiny_electra
 from test_pretraining import (
     KILLED_CHILD,
     PRETRAIN,
@@ -34,8 +34,6 @@ from coreformer.training.finetuning import FinetuningArguments, run_finetuning
 from coreformer.training.flops import head_parameters
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.objectives.electra import (
-    ELECTRA,
-    ElectraPretraining,
     electra_loss,
     electra_loss_terms,
     generator_config,
@@ -55,16 +53,6 @@ def one_thread():
 
 def electra_settings(**overrides) -> dict:
     return tiny_settings("encoder", objective="electra", **overrides)
-
-
-def tiny_electra(vocab: int = 40) -> tuple[ElectraPretraining, PretrainingArguments]:
-    config = cf.CoreformerEncoderConfig(
-        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=64,
-    )  # fmt: skip
-    args = PretrainingArguments(family="encoder", objective="electra", output_dir="unused")
-    torch.manual_seed(0)
-    return ELECTRA.build_model(config, args), args
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -238,7 +226,9 @@ def test_each_objective_counts_its_head_on_the_tokens_it_runs_on():
     )
     flops, full, heads = {}, {}, {}
     for name in ("masked-lm", "electra"):
-        args = PretrainingArguments(family="encoder", objective=name, output_dir="unused", mlm_probability=0.15)
+        args = PretrainingArguments(
+            family="encoder", objective=name, output_dir="unused", objective_settings={"mlm_probability": 0.15}
+        )
         objective = OBJECTIVES[name]
         model = objective.build_model(config, args)
         assert objective.label_share(args) == 0.15
