@@ -26,6 +26,10 @@ OBJECTIVE_NAMES = ("masked-lm", "causal-lm", "denoising", "electra")  # coreform
 PRESETS = ("tiny", "small", "base")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 REPORT_TO = ("auto", "tensorboard", "none")
+OPTIMIZERS = ("adamw", "muon")  # coreformer.training.optimizers.OPTIMIZERS
+LR_SCHEDULERS = ("cosine", "wsd")  # coreformer.training.optimizers.SCHEDULES
+DECAY_SHAPES = ("linear", "1-sqrt", "cosine")  # transformers.get_wsd_schedule's decay_type
+MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
 
 
 @dataclass
@@ -74,11 +78,34 @@ class PretrainingSettings(RunSettings):
     batch_size: int = arg(16, "examples per micro-batch on each process")
     grad_accum: int = arg(1, "micro-batches accumulated per optimizer step")
     lr: float = arg(1e-3, "peak learning rate (AdamW)")
-    warmup_steps: int = arg(100, "linear warmup steps before the cosine decay to 0 at --max-steps")
+    warmup_steps: int = arg(100, "linear warmup steps before the schedule (--lr-scheduler-type)")
     weight_decay: float = arg(0.1, "AdamW weight decay on matrices (biases, norms: none)")
     adam_beta1: float = arg(0.9, "AdamW beta1")
     adam_beta2: float = arg(0.95, "AdamW beta2")
     adam_epsilon: float = arg(1e-8, "AdamW epsilon")
+    optimizer: str = arg(
+        "adamw",
+        "adamw: every parameter; muon: torch.optim.Muon for the blocks' linear weights, AdamW (--lr) for the rest "
+        "(embeddings, heads, norms, biases)",
+        choices=OPTIMIZERS,
+    )
+    muon_lr: float = arg(0.02, "muon: peak learning rate of the blocks' linear weights")
+    muon_momentum: float = arg(0.95, "muon: Nesterov momentum")
+    muon_ns_steps: int = arg(5, "muon: Newton-Schulz iterations orthogonalising each update")
+    muon_adjust_lr: str = arg(
+        "original",
+        "muon: per-matrix rate scaling: original (sqrt(max(1, rows/cols)), Keller Jordan) or match_rms_adamw "
+        "(0.2 sqrt(max(rows, cols)): reuses AdamW's rate and decay)",
+        choices=MUON_LR_ADJUSTMENTS,
+    )
+    lr_scheduler_type: str = arg(
+        "cosine",
+        "cosine: warmup, then cosine decay to 0 at --max-steps; wsd: warmup, constant, then decay to 0 over the last "
+        "--decay-fraction of the steps",
+        choices=LR_SCHEDULERS,
+    )
+    decay_fraction: float = arg(0.2, "wsd: share of --max-steps spent decaying")
+    decay_shape: str = arg("linear", "wsd: shape of the decay", choices=DECAY_SHAPES)
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0 disables)")
     mixed_precision: str = arg("no", "autocast precision", choices=MIXED_PRECISION)
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")

@@ -48,7 +48,7 @@ from typing import Any
 
 import datasets
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 # the settings' torch-free declarations (beside the package, so that training/pretrain.py --help imports no torch)
 from coreformer_settings.pretraining import MIXED_PRECISION, PRESETS, REPORT_TO, PretrainingSettings, gather_settings
@@ -71,6 +71,7 @@ from .engine import Engine, requested_engine, resolve_engine
 from .families import FAMILIES as FAMILY_FACTS
 from .families import longest_input
 from .objectives import OBJECTIVES, Objective
+from .optimizers import build_optimizer, build_schedule, check_optimization_settings, check_run_optimizer
 from .reports import (
     PEAK_FLOPS,
     flops_per_token,
@@ -131,6 +132,7 @@ class PretrainingArguments(PretrainingSettings):
             raise PretrainingError(f"`lr` must be > 0, got {self.lr}.")
         if not 0.0 < self.generator_fraction <= 1.0:
             raise PretrainingError(f"`generator_fraction` must be in (0, 1], got {self.generator_fraction}.")
+        check_optimization_settings(self)
         if self.rtd_weight <= 0:
             raise PretrainingError(f"`rtd_weight` must be > 0, got {self.rtd_weight}.")
         for name in ("mlm_probability", "mask_ratio", "validation_fraction"):
@@ -533,6 +535,7 @@ def prepare(args: PretrainingArguments) -> _Run:
     state = read_trainer_state(resume) if resume is not None else None
     if resume is not None:
         check_checkpoint_engine(resume, state, engine)
+    check_run_optimizer(args, engine, state)
     splits = load_dataset_splits(args)
     tokenizer, tokenizer_name = _run_tokenizer(args, accelerator, resume, state, splits)
     config = build_model_config(args, tokenizer)
@@ -588,19 +591,6 @@ def open_run_folder(run: _Run) -> None:
         )
 
 
-def _optimizer(model, args: PretrainingArguments, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices and embeddings only (not biases or norm gains)."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-        fused=device.type in ("cuda", "cpu"),  # one kernel for every tensor: ~5x foreach on CPU
-    )
-
-
 def _restore(run: _Run, training: _Training) -> None:
     """Model, optimizer, schedule, scaler, every process's RNG and the data position of the resumed checkpoint."""
     accelerator, state, args = run.accelerator, run.state, run.args
@@ -628,7 +618,7 @@ def _restore(run: _Run, training: _Training) -> None:
         accelerator.print(
             f"note: the schedule changed on resume (--max-steps {saved_schedule[0]} -> {args.max_steps}, "
             f"--warmup-steps {saved_schedule[1]} -> {args.warmup_steps}): from step {training.step} the learning rate "
-            f"follows the new warmup + cosine, not the schedule the run started with"
+            f"follows the new {args.lr_scheduler_type} schedule, not the one the run started with"
         )
 
 
@@ -652,8 +642,8 @@ def build(run: _Run) -> _Training:
     model, optimizer, scheduler = run.engine.setup(
         accelerator,
         model,
-        lambda module: _optimizer(module, args, accelerator.device),
-        lambda optimizer: get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps),
+        lambda module: build_optimizer(module, args, accelerator.device),  # optimizers.py: --optimizer
+        lambda optimizer: build_schedule(optimizer, args),  # --lr-scheduler-type
     )
     training = _Training(model, optimizer, scheduler, num_parameters, iter(()), [])
     if run.resume is not None:
