@@ -131,6 +131,11 @@ class PretrainingSettings(RunSettings):
     keep_last: int = arg(2, "keep the last K checkpoints")
     eval_every: int = arg(200, "held-out evaluation every N steps (also before the first step and at the end)")
     eval_batches: int = arg(20, "batches in the held-out evaluation")
+    zero_shot_pairs: int = arg(
+        64,
+        "at the end, `coreformer evaluate` on the final folder with this many minimal pairs (held-out loss at fixed "
+        "settings, minimal-pair accuracy), reported in metrics.json and the card (0: none)",
+    )
     resume_from_checkpoint: str | None = arg(
         None,
         "'latest' (newest checkpoint in --output-dir; starts fresh when the folder is empty) or a checkpoint folder",

@@ -7,6 +7,7 @@
     MuonWithAdamW                                          Muon and AdamW stepped as one torch Optimizer
     check_optimization_settings(args)                      the range checks of the settings above
     check_run_optimizer(args, engine, state)               muon on whole weights only; a resume keeps its optimizer
+    optimizer_text(args) / schedule_text(args)             what the model card says of them
 
 Muon (Keller Jordan 2024; torch.optim.Muon) orthogonalises the momentum of a 2-D weight by Newton-Schulz
 iterations; it is meant for the hidden matrices only. Which parameters it takes is decided once, by module:
@@ -242,6 +243,25 @@ assert tuple(SCHEDULES) == LR_SCHEDULERS
 def build_schedule(optimizer: torch.optim.Optimizer, args) -> torch.optim.lr_scheduler.LambdaLR:
     """The run's learning-rate schedule (`args.lr_scheduler_type`): one multiplier for every group."""
     return SCHEDULES[args.lr_scheduler_type](optimizer, args)
+
+
+def optimizer_text(args) -> str:
+    """The card's optimizer cell."""
+    adamw = f"AdamW (betas {args.adam_beta1}, {args.adam_beta2}; weight decay {args.weight_decay})"
+    if args.optimizer == "muon":
+        return (
+            f"Muon for the blocks' linear weights (lr {args.muon_lr:g}, momentum {args.muon_momentum}, "
+            f"{args.muon_ns_steps} Newton-Schulz steps, {args.muon_adjust_lr} rate scaling); {adamw} for the rest"
+        )
+    return adamw
+
+
+def schedule_text(args) -> str:
+    """The card's learning-rate cell."""
+    if args.lr_scheduler_type == "wsd":
+        warmup, stable, decay = wsd_steps(args.warmup_steps, args.max_steps, args.decay_fraction)
+        return f"{args.lr:g}, {warmup} warmup steps, {stable} constant, {args.decay_shape} decay to 0 over {decay}"
+    return f"{args.lr:g}, {args.warmup_steps} warmup steps, cosine decay to 0"
 
 
 def check_optimization_settings(args) -> None:

@@ -82,6 +82,7 @@ from .reports import (
     time_line,
 )
 from .tokenizer_training import token_config_kwargs, tokenizer_name, train_tokenizer
+from .zero_shot import run_zero_shot, zero_shot_line
 
 FAMILIES = tuple(FAMILY_FACTS)
 
@@ -125,7 +126,9 @@ class PretrainingArguments(PretrainingSettings):
             )
         positive = ("vocab_size", "pad_vocab_to_multiple_of", "block_size", "max_steps", "batch_size", "grad_accum")
         self.check_at_least(1, positive + ("keep_last", "eval_batches"))
-        self.check_at_least(0, ("save_every", "eval_every", "warmup_steps", "num_workers"), note=" (0 turns it off)")
+        self.check_at_least(
+            0, ("save_every", "eval_every", "warmup_steps", "num_workers", "zero_shot_pairs"), note=" (0 turns it off)"
+        )
         if self.max_documents is not None and self.max_documents < 2:
             raise PretrainingError(f"`max_documents` must be >= 2 (train + held out), got {self.max_documents}.")
         if self.lr <= 0:
@@ -840,6 +843,7 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
         )
         with staged_folder(output_dir) as staging:
             run.objective.save(model, state_dict, run.tokenizer, staging)
+            metrics["zero_shot"] = run_zero_shot(staging, args, accelerator.device)  # zero_shot.py
             metrics["wall_time_s"] = time.perf_counter() - session_start
             plot_losses(training.history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
             (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))
@@ -856,6 +860,8 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
             f"done: {training.step} steps, held-out loss {first['loss']:.4f} -> {last['loss']:.4f} ({extra}), {speed}; "
             f"wrote {output_dir}"
         )
+        if metrics["zero_shot"]:
+            accelerator.print(zero_shot_line(metrics["zero_shot"]))
         if args.sample_prompt is not None:
             metrics["sample"] = run.objective.sample(output_dir, args.sample_prompt, seed=args.seed)
             write_json(output_dir / f".{METRICS}.tmp", metrics)
