@@ -23,7 +23,10 @@ from .base import PretrainingError, RunSettings, arg, export_arg
 
 FAMILY_NAMES = ("encoder", "decoder", "seq2seq")  # coreformer.families.FAMILIES
 OBJECTIVE_NAMES = ("masked-lm", "causal-lm", "denoising", "electra")  # coreformer.training.objectives.OBJECTIVES
-PRESETS = ("tiny", "small", "base")
+SIZE_PRESETS = ("tiny", "small", "base")
+# at tiny size: the modern recipe of each family, and the architecture faithful to its paper (BERT, GPT-2, BART)
+RECIPE_PRESETS = ("tiny-modern", "tiny-faithful")
+PRESETS = SIZE_PRESETS + RECIPE_PRESETS
 MIXED_PRECISION = ("no", "bf16", "fp16")
 REPORT_TO = ("auto", "tensorboard", "none")
 OPTIMIZERS = ("adamw", "muon")  # coreformer.training.optimizers.OPTIMIZERS
@@ -171,7 +174,7 @@ def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
     """For --help: each setting some preset sets -> "from the preset: tiny 600, small 20000, ..." (a preset whose
     families disagree is named per family), then the value a --config file that does not set it gets."""
     values: dict[str, dict[str, Any]] = {}
-    for preset in PRESETS:
+    for preset in SIZE_PRESETS:  # the recipes' values are in their files
         for family in FAMILY_NAMES:
             path = Path(configs_dir or default_configs_dir()) / f"{family}-{preset}.yaml"
             if path.is_file():
@@ -182,7 +185,7 @@ def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
         if spec.name not in values:
             continue
         shown = []
-        for preset in PRESETS:
+        for preset in SIZE_PRESETS:
             found = {name: value for name, value in values[spec.name].items() if name.endswith(f"-{preset}")}
             if len(set(map(str, found.values()))) == 1:
                 shown.append(f"{preset} {next(iter(found.values()))}")
