@@ -183,14 +183,14 @@ def budget_runs(objective: str, kind: str, args, work: Path, tokenizer, tokens_p
     return rows
 
 
-def load_report(folder: Path) -> list[str]:
+def load_report(folder: Path, classes: int = CLASSES) -> list[str]:
     """Print and return the modules AutoModelForSequenceClassification initialises anew from the pretrained folder;
     anything beyond the classifier means the encoder's weights did not load, and stops the benchmark."""
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its own table of the same keys
     try:
         _, info = AutoModelForSequenceClassification.from_pretrained(
-            folder, num_labels=CLASSES, output_loading_info=True
+            folder, num_labels=classes, output_loading_info=True
         )
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -213,25 +213,38 @@ def classification_files(work: Path) -> tuple[Path, Path]:
     return files
 
 
-def finetune(folder: Path, args: argparse.Namespace, work: Path, data: tuple[Path, Path]) -> dict:
-    """Sequence classification on the embedded data, the same settings for every encoder; accuracy per seed (seed s
-    draws the same classifier initialisation and data order for every encoder: the seeds pair up)."""
-    newly_initialised = load_report(folder)
+def finetune(
+    folder: Path,
+    args: argparse.Namespace,
+    work: Path,
+    data: tuple[Path, Path],
+    *,
+    lr: float | None = None,
+    seeds: int | None = None,
+    classes: int = CLASSES,
+    pair: bool = False,
+    tag: str = "",
+) -> dict:
+    """Sequence classification of the rows in `data` (train, evaluation), the same settings for every encoder;
+    accuracy per seed (seed s draws the same classifier initialisation and data order for every encoder: the seeds
+    pair up). `pair`: the rows hold a second text ("text_pair"); `lr` and `seeds` default to the run's."""
+    newly_initialised = load_report(folder, classes)
     accuracies = []
-    for seed in range(args.seeds):
+    for seed in range(args.seeds if seeds is None else seeds):
         finetuning = FinetuningArguments(
             task="sequence-classification",
             model=str(folder),
-            output_dir=str(work / f"finetune-{folder.name}-{seed}"),
+            output_dir=str(work / f"finetune-{folder.name}{tag}-{seed}"),
             overwrite=True,
             train_file=str(data[0]),
             validation_file=str(data[1]),
+            text_pair_column="text_pair" if pair else None,
             max_eval_examples=TINY_HELD_OUT if args.tiny else None,
             max_steps=args.finetune_steps,
             warmup_steps=args.finetune_steps // 10,
             batch_size=16,
-            lr=args.finetune_lr,
-            max_length=64,
+            lr=args.finetune_lr if lr is None else lr,
+            max_length=128 if pair else 64,
             seed=seed,
         )
         accuracies.append(run_finetuning(finetuning)["eval_accuracy"])
