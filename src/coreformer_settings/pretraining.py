@@ -135,7 +135,7 @@ class PretrainingSettings(RunSettings):
     eval_every: int = arg(200, "held-out evaluation every N steps (also before the first step and at the end)")
     eval_batches: int = arg(20, "batches in the held-out evaluation")
     zero_shot_pairs: int = arg(
-        64,
+        32,
         "at the end, `coreformer evaluate` on the final folder with this many minimal pairs (held-out loss at fixed "
         "settings, minimal-pair accuracy), reported in metrics.json and the card (0: none)",
     )

@@ -101,12 +101,13 @@ def memorise(family: str, tokenizer, steps: int) -> torch.nn.Module:
     return model.eval()
 
 
-def test_a_pair_of_identical_lines_is_a_tie_and_counts_wrong(stdlib_text):
-    tokenizer = train_tokenizer("decoder", [stdlib_text], 320)
-    model = tiny_model("decoder", tokenizer).eval()
+@pytest.mark.parametrize("family", ["decoder", "encoder", "seq2seq"])
+def test_a_pair_of_identical_lines_is_a_tie_and_counts_wrong(stdlib_text, family):
+    tokenizer = train_tokenizer(family, [stdlib_text], 320)
+    model = tiny_model(family, tokenizer).eval()
     pairs = [Pair(LINES[0], LINES[0], "swap"), Pair(LINES[1], LINES[1].replace("item", "value"), "identifier")]
-    scores = line_scores(model, tokenizer, "decoder", [pair.original for pair in pairs])
-    corrupted = line_scores(model, tokenizer, "decoder", [pair.corrupted for pair in pairs])
+    scores = line_scores(model, tokenizer, family, [pair.original for pair in pairs])
+    corrupted = line_scores(model, tokenizer, family, [pair.corrupted for pair in pairs])
     result = pair_accuracy(pairs, scores, corrupted)
     assert scores[0] == corrupted[0] and result["ties"] == 1
     assert result["by_kind"]["swap"] == {"accuracy": 0.0, "pairs": 1}

@@ -53,7 +53,7 @@ EVAL_MASK_RATIO, EVAL_POISSON_LAMBDA = 0.3, 3.0  # BART's text infilling
 MAX_DOCUMENTS = 400  # held-out documents read: enough lines and batches for the defaults
 LINE_TOKENS = (4, 40)  # lines of this many tokens (without special tokens) make pairs
 REPLACEMENTS_TRIED = 24  # replacement words tried per line for one with the original's token count
-ENCODER_ROWS = 64  # masked copies per forward of the pseudo-log-likelihood
+ENCODER_ROWS = 128  # masked copies per forward of the pseudo-log-likelihood
 _LEXEME = re.compile(r"[A-Za-z_]\w*|\d+|[^\w\s]")
 _KEYWORDS = tuple(keyword.kwlist)
 
@@ -219,6 +219,8 @@ def _pseudo_scores(model, tokenizer, lines: list[str], batch_size: int) -> torch
             owners.append(index)
             positions.append(position)
             targets.append(int(ids[position]))
+    order = sorted(range(len(rows)), key=lambda index: len(rows[index]))  # chunks of like lengths: little padding
+    rows, owners, positions, targets = ([values[i] for i in order] for values in (rows, owners, positions, targets))
     scores = torch.zeros(len(lines), dtype=torch.float64)
     for start in range(0, len(rows), ENCODER_ROWS):
         chunk = slice(start, start + ENCODER_ROWS)
@@ -240,8 +242,12 @@ LINE_SCORES: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
 
 
 def line_scores(model, tokenizer, family: str, lines: list[str], batch_size: int = DEFAULT_BATCH_SIZE) -> torch.Tensor:
-    """(N,) float64 scores of `lines` (higher: likelier), the family's way (LINE_SCORES)."""
-    return LINE_SCORES[family][0](model, tokenizer, lines, batch_size).double()
+    """(N,) float64 scores of `lines` (higher: likelier), the family's way (LINE_SCORES). Each distinct line is
+    scored once, so equal lines get equal scores whatever batch they would have fallen in (a tie stays a tie)."""
+    distinct = list(dict.fromkeys(lines))
+    scores = LINE_SCORES[family][0](model, tokenizer, distinct, batch_size).double()
+    index = {line: position for position, line in enumerate(distinct)}
+    return scores[torch.tensor([index[line] for line in lines], dtype=torch.long)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
