@@ -44,7 +44,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from coreformer_settings.evaluation import DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, DEFAULT_PAIRS, parse_settings
 
-from .data import load_embedded_corpus, load_text_dataset, pad_sequences
+from .data import load_embedded_corpus, load_text_dataset, local_builder, pad_sequences
 from .families import FAMILIES as FAMILY_FACTS
 from .families import family_of, head_class, longest_input
 
@@ -54,6 +54,11 @@ MAX_DOCUMENTS = 400  # held-out documents read: enough lines and batches for the
 LINE_TOKENS = (4, 40)  # lines of this many tokens (without special tokens) make pairs
 REPLACEMENTS_TRIED = 24  # replacement words tried per line for one with the original's token count
 ENCODER_ROWS = 128  # masked copies per forward of the pseudo-log-likelihood
+HELD_OUT_OBJECTIVES = {  # each family's default objective -> what the report calls its held-out loss
+    "masked-lm": f"masked LM at {EVAL_MLM_PROBABILITY:.0%} masking",
+    "causal-lm": "causal LM",
+    "denoising": f"denoising at {EVAL_MASK_RATIO:.0%} infilling",
+}
 _LEXEME = re.compile(r"[A-Za-z_]\w*|\d+|[^\w\s]")
 _KEYWORDS = tuple(keyword.kwlist)
 
@@ -288,11 +293,7 @@ def held_out_loss(
     )
     on_device = ({key: value.to(model.device) for key, value in batch.items()} for batch in batch_list)
     loss = sum(float(objective.loss(model, batch, labels, inputs)) for batch in on_device)
-    described = {
-        "masked-lm": f"masked LM at {EVAL_MLM_PROBABILITY:.0%} masking",
-        "causal-lm": "causal LM",
-        "denoising": f"denoising at {EVAL_MASK_RATIO:.0%} infilling",
-    }.get(objective.name, objective.name)
+    described = HELD_OUT_OBJECTIVES[objective.name]
     return {"objective": described, "loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": labels}
 
 
@@ -335,7 +336,8 @@ def held_out_texts(
         texts = []
         for source in data:
             try:
-                texts += load_text_dataset(source, validation_fraction=0.0)["train"]["text"]
+                whole_files = {"sample_by": "document"} if local_builder(source)[0] == "text" else {}  # not by line
+                texts += load_text_dataset(source, validation_fraction=0.0, **whole_files)["train"]["text"]
             except (ValueError, FileNotFoundError) as error:
                 raise EvaluationError(f"Cannot read --data {source!r}: {error}") from None
         return texts[:MAX_DOCUMENTS], f"{', '.join(data)} ({len(texts)} documents)"
