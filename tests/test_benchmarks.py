@@ -227,3 +227,34 @@ def test_recipes_benchmark_interpolates_the_flops_to_reach_a_loss_in_log_flops()
     assert recipes.flops_to_reach(rows, 5.0) == pytest.approx(1e11)  # halfway in loss, halfway in log-FLOPs
     assert recipes.flops_to_reach(rows, 6.5) == 1e10  # reached by the first budget: its FLOPs, an upper bound
     assert recipes.flops_to_reach(rows, 2.0) is None
+
+
+def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_with_masked_lm():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("electra_gpu", ROOT / "benchmarks" / "electra_vs_mlm_gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+
+    def result(*accuracies):
+        return {"task": {"accuracies": list(accuracies), "accuracy_mean": sum(accuracies) / 2, "accuracy_std": 0.0}}
+
+    finetuning = {
+        "random init": result(0.5, 0.6),
+        "masked-lm": result(0.7, 0.5),
+        "electra, 1/4 width": result(0.6, 0.7),
+    }
+    rows = {row["what"]: row for row in gpu.comparisons(finetuning)}
+    assert list(rows) == [
+        "masked-lm - random init",
+        "electra, 1/4 width - random init",
+        "electra, 1/4 width - masked-lm",
+    ]
+    assert (
+        rows["masked-lm - random init"]["mean"] == pytest.approx(0.05) and rows["masked-lm - random init"]["wins"] == 1
+    )
+    assert rows["electra, 1/4 width - masked-lm"]["mean"] == pytest.approx(0.05)
+    assert rows["electra, 1/4 width - random init"]["wins"] == 2
+    assert set(gpu.VARIANTS) == {"masked-lm", "electra, 1/4 width", "electra, 1/2 width"}
+    widths = {gpu.VARIANTS[name][1].get("generator_fraction") for name in gpu.VARIANTS}
+    assert widths == {None, 0.25, 0.5}
