@@ -3,6 +3,7 @@
     OPTIMIZER_BUILDERS[name](model, args, device)          adamw | muon -> the Optimizer
     SCHEDULES[name](optimizer, args)                       cosine | wsd -> the LambdaLR
     build_optimizer(model, args, device) / build_schedule(optimizer, args)
+    wsd_steps(warmup_steps, max_steps, decay_fraction) -> (warmup, stable, decay)
     muon_parameters(model) -> (names under Muon, names under AdamW)
     MuonWithAdamW                                          Muon and AdamW stepped as one torch Optimizer
     check_optimization_settings(args)                      the range checks of the settings above
@@ -50,6 +51,9 @@ __all__ = [
     "check_optimization_settings",
     "check_run_optimizer",
     "muon_parameters",
+    "optimizer_text",
+    "schedule_text",
+    "wsd_steps",
 ]
 
 
