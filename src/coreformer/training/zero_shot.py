@@ -6,7 +6,9 @@
     line_scores(model, tokenizer, family, lines) -> (N,)   log-likelihood (decoder, seq2seq) or pseudo-log-likelihood
                                                            (encoder) of each line
     pair_accuracy(pairs, original, corrupted) -> dict      ties count as wrong
-    run_zero_shot(folder, settings, ...)                   what a pretraining run's final report adds
+    load_language_model(folder) / held_out_texts(folder, data, settings)   what is scored, on which text
+    render_report(report) / zero_shot_line(report)         the command's table; one sentence for a run and its card
+    run_zero_shot(folder, args, device)                    what a pretraining run's final report adds
     main(argv) -> int                                      the command (settings: coreformer_settings.evaluation)
 
 Held-out loss is the family's pretraining objective with its settings fixed, so runs trained with other settings
