@@ -184,3 +184,21 @@ def test_a_folder_without_a_language_model_head_is_refused(tmp_path, stdlib_text
     encoder = cf.CoreformerEncoderModel(tiny_model("encoder", tokenizer).config)  # what ELECTRA's folder holds
     with pytest.raises(EvaluationError, match="not the encoder language model .CoreformerEncoderForMaskedLM."):
         evaluate_folder(save(encoder, tokenizer, tmp_path / "electra"))
+
+
+def test_a_run_reports_why_its_folder_was_not_scored_instead_of_failing(tmp_path, stdlib_text):
+    from coreformer.training.pretraining import PretrainingArguments
+    from coreformer.training.zero_shot import run_zero_shot
+
+    tokenizer = train_tokenizer("encoder", [stdlib_text], 320)
+    electra = save(cf.CoreformerEncoderModel(tiny_model("encoder", tokenizer).config), tokenizer, tmp_path / "electra")
+    args = PretrainingArguments(family="encoder", objective="electra")
+    assert "not the encoder language model" in run_zero_shot(electra, args)["skipped"]
+    decoder = save(
+        tiny_model("decoder", tokenizer := train_tokenizer("decoder", [stdlib_text], 320)), tokenizer, tmp_path / "d"
+    )
+    gone = PretrainingArguments(family="decoder", dataset=str(tmp_path / "moved.txt"))
+    assert run_zero_shot(decoder, gone)["skipped"].startswith(
+        f"Cannot load the run's training text '{tmp_path}/moved.txt'"
+    )
+    assert run_zero_shot(decoder, PretrainingArguments(family="decoder", zero_shot_pairs=0)) is None

@@ -349,14 +349,20 @@ def held_out_texts(
     if settings is None:
         texts = load_embedded_corpus()["validation"]["text"]
         return texts[:MAX_DOCUMENTS], "the embedded corpus' held-out split (the folder records no training text)"
-    split = load_text_dataset(
-        settings.get("dataset"),
-        settings.get("text_column", "text"),
-        seed=settings.get("seed", 0),
-        validation_fraction=settings.get("validation_fraction", 0.05),
-        max_documents=settings.get("max_documents"),
-        config_name=settings.get("dataset_config"),
-    )["validation"]
+    try:
+        split = load_text_dataset(
+            settings.get("dataset"),
+            settings.get("text_column", "text"),
+            seed=settings.get("seed", 0),
+            validation_fraction=settings.get("validation_fraction", 0.05),
+            max_documents=settings.get("max_documents"),
+            config_name=settings.get("dataset_config"),
+        )["validation"]
+    except Exception as error:  # a moved file, a Hub dataset offline, ...: the run's text is gone, not the folder
+        raise EvaluationError(
+            f"Cannot load the run's training text {settings.get('dataset')!r} ({type(error).__name__}: {error}); "
+            f"pass --data FILES."
+        ) from None
     name = settings.get("dataset") or "the embedded corpus"
     return split["text"][:MAX_DOCUMENTS], f"the held-out split of the run's training text ({name})"
 
@@ -443,8 +449,8 @@ def run_zero_shot(folder: str | Path, args: Any, device: str | torch.device = "c
             seed=args.seed,
             device=device,
         )
-    except EvaluationError as error:
-        return {"skipped": str(error)}
+    except Exception as error:  # the trained model is saved whatever happens here: the report says what failed
+        return {"skipped": str(error) if isinstance(error, EvaluationError) else f"{type(error).__name__}: {error}"}
     report.pop("folder")  # the run's staging folder, renamed by now
     return report
 
