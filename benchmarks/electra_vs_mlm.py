@@ -81,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--finetune-lr", type=float, default=1e-3)
     parser.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per pretrained encoder")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        choices=("tiny", "tiny-modern", "tiny-faithful"),
+        help="the encoder both objectives pretrain (training/configs/encoder-PRESET.yaml; tiny-modern: the modern "
+        "recipe's backbone, at its 30%% masking)",
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny model, few documents, budgets of seconds")
     args = parser.parse_args(argv)
     if args.budgets is None and args.flops_budgets is None:
@@ -94,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def pretraining_settings(objective: str, args: argparse.Namespace, output_dir: Path, steps: int, tokenizer):
-    """The encoder-tiny preset (or a tiny model), no checkpoints, one held-out evaluation at the end."""
+    """The --preset encoder (or its architecture at a tiny size), no checkpoints, one held-out evaluation at the
+    end."""
     overrides = dict(objective=objective, output_dir=str(output_dir), overwrite=True, max_steps=steps)
     overrides.update(save_every=0, eval_every=0, report_to="none", warmup_steps=max(1, steps // 10))
     if tokenizer is not None:
@@ -103,7 +111,7 @@ def pretraining_settings(objective: str, args: argparse.Namespace, output_dir: P
         overrides.update(model=TINY_MODEL, max_documents=12, vocab_size=384, block_size=32, batch_size=8)
         overrides.update(eval_batches=2)
     return resolve_arguments(
-        family="encoder", preset="tiny", overrides=overrides, configs_dir=ROOT / "training" / "configs"
+        family="encoder", preset=args.preset, overrides=overrides, configs_dir=ROOT / "training" / "configs"
     )
 
 
