@@ -81,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--finetune-lr", type=float, default=1e-3)
     parser.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per pretrained encoder")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        choices=("tiny", "tiny-modern", "tiny-faithful"),
+        help="the encoder both objectives pretrain (training/configs/encoder-PRESET.yaml; tiny-modern: the modern "
+        "recipe's backbone, at its 30%% masking)",
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny model, few documents, budgets of seconds")
     args = parser.parse_args(argv)
     if args.budgets is None and args.flops_budgets is None:
@@ -94,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def pretraining_settings(objective: str, args: argparse.Namespace, output_dir: Path, steps: int, tokenizer):
-    """The encoder-tiny preset (or a tiny model), no checkpoints, one held-out evaluation at the end."""
+    """The --preset encoder (or its architecture at a tiny size), no checkpoints, one held-out evaluation at the
+    end."""
     overrides = dict(objective=objective, output_dir=str(output_dir), overwrite=True, max_steps=steps)
     overrides.update(save_every=0, eval_every=0, report_to="none", warmup_steps=max(1, steps // 10))
     if tokenizer is not None:
@@ -103,7 +111,7 @@ def pretraining_settings(objective: str, args: argparse.Namespace, output_dir: P
         overrides.update(model=TINY_MODEL, max_documents=12, vocab_size=384, block_size=32, batch_size=8)
         overrides.update(eval_batches=2)
     return resolve_arguments(
-        family="encoder", preset="tiny", overrides=overrides, configs_dir=ROOT / "training" / "configs"
+        family="encoder", preset=args.preset, overrides=overrides, configs_dir=ROOT / "training" / "configs"
     )
 
 
@@ -183,14 +191,14 @@ def budget_runs(objective: str, kind: str, args, work: Path, tokenizer, tokens_p
     return rows
 
 
-def load_report(folder: Path) -> list[str]:
+def load_report(folder: Path, classes: int = CLASSES) -> list[str]:
     """Print and return the modules AutoModelForSequenceClassification initialises anew from the pretrained folder;
     anything beyond the classifier means the encoder's weights did not load, and stops the benchmark."""
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its own table of the same keys
     try:
         _, info = AutoModelForSequenceClassification.from_pretrained(
-            folder, num_labels=CLASSES, output_loading_info=True
+            folder, num_labels=classes, output_loading_info=True
         )
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -213,25 +221,38 @@ def classification_files(work: Path) -> tuple[Path, Path]:
     return files
 
 
-def finetune(folder: Path, args: argparse.Namespace, work: Path, data: tuple[Path, Path]) -> dict:
-    """Sequence classification on the embedded data, the same settings for every encoder; accuracy per seed (seed s
-    draws the same classifier initialisation and data order for every encoder: the seeds pair up)."""
-    newly_initialised = load_report(folder)
+def finetune(
+    folder: Path,
+    args: argparse.Namespace,
+    work: Path,
+    data: tuple[Path, Path],
+    *,
+    lr: float | None = None,
+    seeds: int | None = None,
+    classes: int = CLASSES,
+    pair: bool = False,
+    tag: str = "",
+) -> dict:
+    """Sequence classification of the rows in `data` (train, evaluation), the same settings for every encoder;
+    accuracy per seed (seed s draws the same classifier initialisation and data order for every encoder: the seeds
+    pair up). `pair`: the rows hold a second text ("text_pair"); `lr` and `seeds` default to the run's."""
+    newly_initialised = load_report(folder, classes)
     accuracies = []
-    for seed in range(args.seeds):
+    for seed in range(args.seeds if seeds is None else seeds):
         finetuning = FinetuningArguments(
             task="sequence-classification",
             model=str(folder),
-            output_dir=str(work / f"finetune-{folder.name}-{seed}"),
+            output_dir=str(work / f"finetune-{folder.name}{tag}-{seed}"),
             overwrite=True,
             train_file=str(data[0]),
             validation_file=str(data[1]),
+            text_pair_column="text_pair" if pair else None,
             max_eval_examples=TINY_HELD_OUT if args.tiny else None,
             max_steps=args.finetune_steps,
             warmup_steps=args.finetune_steps // 10,
             batch_size=16,
-            lr=args.finetune_lr,
-            max_length=64,
+            lr=args.finetune_lr if lr is None else lr,
+            max_length=128 if pair else 64,
             seed=seed,
         )
         accuracies.append(run_finetuning(finetuning)["eval_accuracy"])

@@ -171,3 +171,90 @@ def test_compiled_decode_profile_sorts_each_models_operators_into_groups(tmp_pat
         assert all(time > 0 for time in rows[group]), group
     assert all(time > 0 for time in rows["generate() outside the compiled step (the eager prefill included)"])
     assert "GPT-2: the 15 largest operators" in output.read_text()
+
+
+@pytest.mark.slow
+def test_recipes_benchmark_tiny_runs_every_family_and_pairs_the_encoders(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    spec = importlib.util.spec_from_file_location("recipes_benchmark", ROOT / "benchmarks" / "recipes.py")
+    recipes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipes)
+    torch.set_num_threads(1)
+    assert recipes.main(["--tiny", "--output-dir", str(tmp_path), "--note", "under load"]) == 0
+    report = json.loads((tmp_path / "recipes_tiny.json").read_text())
+    assert list(report["families"]) == ["encoder", "decoder", "seq2seq"]
+    for family, section in report["families"].items():
+        rows = section["results"]
+        assert [(r["recipe"], r["budget"]) for r in rows] == [
+            (recipe, budget) for recipe in ("tiny-faithful", "tiny-modern") for budget in (1e8, 3e8)
+        ]
+        for row in rows:  # each run spends its budget to within a step
+            assert 0.5 * row["budget"] < row["pretraining_flops"] < 1.5 * row["budget"] and row["steps"] >= 2
+            assert row["held_out_loss"] > 0 and 0 <= row["minimal_pair_accuracy"] <= 1 and row["minimal_pairs"] > 0
+        assert section["faithful_final_loss"] == rows[1]["held_out_loss"]
+        reach = section["modern_flops_to_faithful_final_loss"]
+        assert reach is None or section["share_of_faithful_flops"] == pytest.approx(
+            reach / rows[1]["pretraining_flops"]
+        )
+        assert (tmp_path / f"recipes_tiny_{family}.png").stat().st_size > 10_000
+    assert rows[0]["held_out_objective"] == "denoising at 30% infilling"
+    assert report["families"]["encoder"]["results"][0]["held_out_objective"] == "masked LM at 15% masking"
+    tasks = report["families"]["encoder"]["tasks"]
+    assert list(tasks) == ["corrupted"] and set(tasks["corrupted"]["encoders"]) == {
+        "random init", "tiny-faithful", "tiny-modern"
+    }  # fmt: skip
+    for name, result in tasks["corrupted"]["encoders"].items():
+        for split in ("full", "few-shot"):
+            assert len(result[split]["accuracies"]) == 1
+            assert ("paired_vs_random" in result[split]) == (name != "random init")
+    text = (tmp_path / "recipes_tiny.md").read_text()
+    assert text.startswith("# Faithful architectures against the modern recipes, at equal training FLOPs")
+    assert (
+        "- machine: " in text and "(under load)" in text and "- command: `python benchmarks/recipes.py --tiny" in text
+    )
+    assert text.count("FLOPs the modern recipe needs to reach") == 3 and "| corrupted | context:" in text
+
+
+def test_recipes_benchmark_interpolates_the_flops_to_reach_a_loss_in_log_flops():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recipes_benchmark", ROOT / "benchmarks" / "recipes.py")
+    recipes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipes)
+    rows = [{"pretraining_flops": f, "held_out_loss": loss} for f, loss in ((1e10, 6.0), (1e12, 4.0), (1e14, 3.0))]
+    assert recipes.flops_to_reach(rows, 5.0) == pytest.approx(1e11)  # halfway in loss, halfway in log-FLOPs
+    assert recipes.flops_to_reach(rows, 6.5) == 1e10  # reached by the first budget: its FLOPs, an upper bound
+    assert recipes.flops_to_reach(rows, 2.0) is None
+
+
+def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_with_masked_lm():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("electra_gpu", ROOT / "benchmarks" / "electra_vs_mlm_gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+
+    def result(*accuracies):
+        return {"task": {"accuracies": list(accuracies), "accuracy_mean": sum(accuracies) / 2, "accuracy_std": 0.0}}
+
+    finetuning = {
+        "random init": result(0.5, 0.6),
+        "masked-lm": result(0.7, 0.5),
+        "electra, 1/4 width": result(0.6, 0.7),
+    }
+    rows = {row["what"]: row for row in gpu.comparisons(finetuning)}
+    assert list(rows) == [
+        "masked-lm - random init",
+        "electra, 1/4 width - random init",
+        "electra, 1/4 width - masked-lm",
+    ]
+    assert (
+        rows["masked-lm - random init"]["mean"] == pytest.approx(0.05) and rows["masked-lm - random init"]["wins"] == 1
+    )
+    assert rows["electra, 1/4 width - masked-lm"]["mean"] == pytest.approx(0.05)
+    assert rows["electra, 1/4 width - random init"]["wins"] == 2
+    assert set(gpu.VARIANTS) == {"masked-lm", "electra, 1/4 width", "electra, 1/2 width"}
+    widths = {gpu.VARIANTS[name][1].get("generator_fraction") for name in gpu.VARIANTS}
+    assert widths == {None, 0.25, 0.5}

@@ -26,9 +26,16 @@ from .components import add_owned_flags, gather_owned
 from .families import FAMILY_NAMES
 from .objectives import OBJECTIVE_REGISTRY, ObjectiveSettings, objective_fields
 
-PRESETS = ("tiny", "small", "base")
+SIZE_PRESETS = ("tiny", "small", "base")
+# at tiny size: the modern recipe of each family, and the architecture faithful to its paper (BERT, GPT-2, BART)
+RECIPE_PRESETS = ("tiny-modern", "tiny-faithful")
+PRESETS = SIZE_PRESETS + RECIPE_PRESETS
 MIXED_PRECISION = ("no", "bf16", "fp16")
 REPORT_TO = ("auto", "tensorboard", "none")
+OPTIMIZERS = ("adamw", "muon")  # coreformer.training.optimizers.OPTIMIZERS
+LR_SCHEDULERS = ("cosine", "wsd")  # coreformer.training.optimizers.SCHEDULES
+DECAY_SHAPES = ("linear", "1-sqrt", "cosine")  # transformers.get_wsd_schedule's decay_type
+MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
 
 
 @dataclass
@@ -77,11 +84,34 @@ class PretrainingSettings(RunSettings):
     batch_size: int = arg(16, "examples per micro-batch on each process")
     grad_accum: int = arg(1, "micro-batches accumulated per optimizer step")
     lr: float = arg(1e-3, "peak learning rate (AdamW)")
-    warmup_steps: int = arg(100, "linear warmup steps before the cosine decay to 0 at --max-steps")
+    warmup_steps: int = arg(100, "linear warmup steps before the schedule (--lr-scheduler-type)")
     weight_decay: float = arg(0.1, "AdamW weight decay on matrices (biases, norms: none)")
     adam_beta1: float = arg(0.9, "AdamW beta1")
     adam_beta2: float = arg(0.95, "AdamW beta2")
     adam_epsilon: float = arg(1e-8, "AdamW epsilon")
+    optimizer: str = arg(
+        "adamw",
+        "adamw: every parameter; muon: torch.optim.Muon for the blocks' linear weights, AdamW (--lr) for the rest "
+        "(embeddings, heads, norms, biases)",
+        choices=OPTIMIZERS,
+    )
+    muon_lr: float = arg(0.02, "muon: peak learning rate of the blocks' linear weights")
+    muon_momentum: float = arg(0.95, "muon: Nesterov momentum")
+    muon_ns_steps: int = arg(5, "muon: Newton-Schulz iterations orthogonalising each update")
+    muon_adjust_lr: str = arg(
+        "original",
+        "muon: per-matrix rate scaling: original (sqrt(max(1, rows/cols)), Keller Jordan) or match_rms_adamw "
+        "(0.2 sqrt(max(rows, cols)): reuses AdamW's rate and decay)",
+        choices=MUON_LR_ADJUSTMENTS,
+    )
+    lr_scheduler_type: str = arg(
+        "cosine",
+        "cosine: warmup, then cosine decay to 0 at --max-steps; wsd: warmup, constant, then decay to 0 over the last "
+        "--decay-fraction of the steps",
+        choices=LR_SCHEDULERS,
+    )
+    decay_fraction: float = arg(0.2, "wsd: share of --max-steps spent decaying")
+    decay_shape: str = arg("linear", "wsd: shape of the decay", choices=DECAY_SHAPES)
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0 disables)")
     mixed_precision: str = arg("no", "autocast precision", choices=MIXED_PRECISION)
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
@@ -99,6 +129,11 @@ class PretrainingSettings(RunSettings):
     keep_last: int = arg(2, "keep the last K checkpoints")
     eval_every: int = arg(200, "held-out evaluation every N steps (also before the first step and at the end)")
     eval_batches: int = arg(20, "batches in the held-out evaluation")
+    zero_shot_pairs: int = arg(
+        32,
+        "at the end, `coreformer evaluate` on the final folder with this many minimal pairs (held-out loss at fixed "
+        "settings, minimal-pair accuracy), reported in metrics.json and the card (0: none)",
+    )
     resume_from_checkpoint: str | None = arg(
         None,
         "'latest' (newest checkpoint in --output-dir; starts fresh when the folder is empty) or a checkpoint folder",
@@ -158,7 +193,7 @@ def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
     """For --help: each setting some preset sets -> "from the preset: tiny 600, small 20000, ..." (a preset whose
     families disagree is named per family), then the value a --config file that does not set it gets."""
     values: dict[str, dict[str, Any]] = {}
-    for preset in PRESETS:
+    for preset in SIZE_PRESETS:  # the recipes' values are in their files
         for family in FAMILY_NAMES:
             path = Path(configs_dir or default_configs_dir()) / f"{family}-{preset}.yaml"
             if path.is_file():
@@ -170,7 +205,7 @@ def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
         if spec.name not in values:
             continue
         shown = []
-        for preset in PRESETS:
+        for preset in SIZE_PRESETS:
             found = {name: value for name, value in values[spec.name].items() if name.endswith(f"-{preset}")}
             if len(set(map(str, found.values()))) == 1:
                 shown.append(f"{preset} {next(iter(found.values()))}")

@@ -48,7 +48,7 @@ from typing import Any
 
 import datasets
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 # the settings' torch-free declarations (beside the package, so that training/pretrain.py --help imports no torch)
 from coreformer_settings.families import FAMILY_NAMES
@@ -72,6 +72,7 @@ from .data import iter_texts, load_text_dataset
 from .engine import Engine, requested_engine, resolve_engine
 from .families import TRAINING_FACTS, longest_input
 from .objectives import OBJECTIVES, Objective
+from .optimizers import build_optimizer, build_schedule, check_optimization_settings, check_run_optimizer
 from .reports import (
     PEAK_FLOPS,
     flops_per_token,
@@ -82,6 +83,7 @@ from .reports import (
     time_line,
 )
 from .tokenizer_training import token_config_kwargs, tokenizer_name, train_tokenizer
+from .zero_shot import run_zero_shot, zero_shot_line
 
 RUN_CONFIG = "run_config.json"
 METRICS = "metrics.json"
@@ -124,12 +126,15 @@ class PretrainingArguments(PretrainingSettings):
             )
         positive = ("vocab_size", "pad_vocab_to_multiple_of", "block_size", "max_steps", "batch_size", "grad_accum")
         self.check_at_least(1, positive + ("keep_last", "eval_batches"))
-        self.check_at_least(0, ("save_every", "eval_every", "warmup_steps", "num_workers"), note=" (0 turns it off)")
+        self.check_at_least(
+            0, ("save_every", "eval_every", "warmup_steps", "num_workers", "zero_shot_pairs"), note=" (0 turns it off)"
+        )
         if self.max_documents is not None and self.max_documents < 2:
             raise PretrainingError(f"`max_documents` must be >= 2 (train + held out), got {self.max_documents}.")
         if self.lr <= 0:
             raise PretrainingError(f"`lr` must be > 0, got {self.lr}.")
         self.check_between("validation_fraction", 0.0, 1.0, low_open=False, high_open=True)
+        check_optimization_settings(self)
         self.objective_settings = objective_settings(self.objective, self.objective_settings)  # checked there
         if not isinstance(self.model, dict):
             raise PretrainingError(f"`model` must be a mapping of config fields, got {type(self.model).__name__}.")
@@ -530,6 +535,7 @@ def prepare(args: PretrainingArguments) -> _Run:
     state = read_trainer_state(resume) if resume is not None else None
     if resume is not None:
         check_checkpoint_engine(resume, state, engine)
+    check_run_optimizer(args, engine, state)
     splits = load_dataset_splits(args)
     tokenizer, tokenizer_name = _run_tokenizer(args, accelerator, resume, state, splits)
     config = build_model_config(args, tokenizer)
@@ -585,19 +591,6 @@ def open_run_folder(run: _Run) -> None:
         )
 
 
-def _optimizer(model, args: PretrainingArguments, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices and embeddings only (not biases or norm gains)."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-        fused=device.type in ("cuda", "cpu"),  # one kernel for every tensor: ~5x foreach on CPU
-    )
-
-
 def _restore(run: _Run, training: _Training) -> None:
     """Model, optimizer, schedule, scaler, every process's RNG and the data position of the resumed checkpoint."""
     accelerator, state, args = run.accelerator, run.state, run.args
@@ -625,7 +618,7 @@ def _restore(run: _Run, training: _Training) -> None:
         accelerator.print(
             f"note: the schedule changed on resume (--max-steps {saved_schedule[0]} -> {args.max_steps}, "
             f"--warmup-steps {saved_schedule[1]} -> {args.warmup_steps}): from step {training.step} the learning rate "
-            f"follows the new warmup + cosine, not the schedule the run started with"
+            f"follows the new {args.lr_scheduler_type} schedule, not the one the run started with"
         )
 
 
@@ -649,8 +642,8 @@ def build(run: _Run) -> _Training:
     model, optimizer, scheduler = run.engine.setup(
         accelerator,
         model,
-        lambda module: _optimizer(module, args, accelerator.device),
-        lambda optimizer: get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps),
+        lambda module: build_optimizer(module, args, accelerator.device),  # optimizers.py: --optimizer
+        lambda optimizer: build_schedule(optimizer, args),  # --lr-scheduler-type
     )
     training = _Training(model, optimizer, scheduler, num_parameters, iter(()), [])
     if run.resume is not None:
@@ -847,6 +840,7 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
         )
         with staged_folder(output_dir) as staging:
             run.objective.save(model, state_dict, run.tokenizer, staging)
+            metrics["zero_shot"] = run_zero_shot(staging, args, accelerator.device)  # zero_shot.py
             metrics["wall_time_s"] = time.perf_counter() - session_start
             plot_losses(training.history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
             (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))
@@ -863,6 +857,8 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
             f"done: {training.step} steps, held-out loss {first['loss']:.4f} -> {last['loss']:.4f} ({extra}), {speed}; "
             f"wrote {output_dir}"
         )
+        if metrics["zero_shot"]:
+            accelerator.print(zero_shot_line(metrics["zero_shot"]))
         if args.sample_prompt is not None:
             metrics["sample"] = run.objective.sample(output_dir, args.sample_prompt, seed=args.seed)
             write_json(output_dir / f".{METRICS}.tmp", metrics)

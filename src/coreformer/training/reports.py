@@ -21,6 +21,8 @@ from .checkpoints import list_checkpoints
 from .families import TRAINING_FACTS
 from .flops import flops_per_token  # noqa: F401  (re-exported: pretraining.py imports it from here)
 from .objectives import OBJECTIVES
+from .optimizers import optimizer_text, schedule_text
+from .zero_shot import zero_shot_line
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s) for the MFU estimate, by a substring of the CUDA device name.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
@@ -66,14 +68,17 @@ def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
         f"{metrics['final_eval_tokens']:,} held-out label tokens). The architecture is coreformer's "
         f"({family.config_class.__name__})."
     )
+    if metrics.get("zero_shot"):  # zero_shot.py: the final folder scored at fixed settings
+        line = zero_shot_line(metrics["zero_shot"])
+        summary += f" {line[0].upper()}{line[1:]}."
     hyperparameters = [
         ("preset / config", args.preset),
         ("objective", objective.description),
         ("steps", metrics["steps"]),
         ("processes x micro-batch x accumulation", f"{metrics['world_size']} x {args.batch_size} x {args.grad_accum}"),
         ("block size", args.block_size),
-        ("optimizer", f"AdamW (betas {args.adam_beta1}, {args.adam_beta2}; weight decay {args.weight_decay})"),
-        ("learning rate", f"{args.lr:g}, {args.warmup_steps} warmup steps, cosine decay to 0"),
+        ("optimizer", optimizer_text(args)),
+        ("learning rate", schedule_text(args)),
         ("gradient clipping", args.max_grad_norm),
         ("mixed precision", args.mixed_precision),
         ("vocabulary", f"{metrics['vocab_size']} ({metrics['tokenizer']})"),

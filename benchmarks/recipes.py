@@ -1,0 +1,482 @@
+"""Faithful architectures against the modern recipes, per family, at equal training FLOPs.
+
+For each family (encoder, decoder, seq2seq) and each recipe (the `tiny-faithful` preset: BERT, GPT-2, BART; the
+`tiny-modern` preset), one pretraining run per FLOPs budget on the embedded corpus, its step count set so that it
+spends the budget (steps = budget / (FLOPs per token x tokens per step + FLOPs per step); FLOPs from the model's
+shapes, `Objective.training_flops`: machine-independent, so the runs are the same under any load; wall time is
+recorded but compares only on a quiet machine). Both recipes of a family share one tokenizer. Each final folder is
+scored by `coreformer evaluate` (coreformer/training/zero_shot.py) at fixed settings, so recipes trained with other
+masking rates compare:
+
+    held-out loss      masked LM at 15% masking, causal LM, denoising at 30% infilling (fixed seed)
+    minimal pairs      a held-out line against its corruption (swap, keyword, identifier), by (pseudo-)likelihood
+
+and the report gives, per family: held-out loss against FLOPs (one plot per family), the FLOPs the modern recipe
+needs to reach the faithful recipe's final held-out loss (interpolated in log-FLOPs between budgets), and minimal-pair
+accuracy. For encoders it also fine-tunes each recipe's largest-budget encoder and a randomly initialised one
+(the modern recipe's architecture) on tasks built from the embedded text, each with its fine-tuning learning rate
+chosen per encoder on a dev split cut from the training split (seed 0), then --seeds seeds on the whole training
+split, scored on the held-out split and paired seed by seed against random init:
+
+    next-line     does line B follow line A in its file? (negatives: another line of the same file)     context
+    corrupted     was this line corrupted (two tokens swapped, a keyword or a name replaced)?           context
+    docstring     does this docstring document this code? (negatives: another definition of the same
+                  file, so the candidates share vocabulary)                                             context
+    package       which package's docstring is this? (asyncio, email, logging, xml)                      lexical control
+
+each full-size and few-shot (--few-shot examples per class). The tasks and settings are fixed before any result.
+
+Writes results/recipes.json, recipes.md (machine, date and command at the top) and recipes_{family}.png.
+
+    python benchmarks/recipes.py                                    # every family at the default budgets
+    python benchmarks/recipes.py --families encoder --seeds 5       # encoders only
+    python benchmarks/recipes.py --tiny                             # a smoke run (well under a minute; the test)
+"""
+
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import platform
+import random
+import re
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import datasets
+import torch
+from transformers import AutoTokenizer
+
+import coreformer as cf
+from coreformer.training.corpora import EMBEDDED_PACKAGES, first_paragraph, stdlib_definitions, stdlib_source_files
+from coreformer.training.corpora import read_source as read_file
+from coreformer.training.objectives import OBJECTIVES
+from coreformer.training.pretraining import build_model_config, resolve_arguments, run_pretraining
+from coreformer.training.tasks.sequence_classification import package_docstrings
+from coreformer.training.zero_shot import CORRUPTIONS, candidate_lines, evaluate_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("encoder", "decoder", "seq2seq")
+RECIPES = ("tiny-faithful", "tiny-modern")  # training/configs/{family}-{recipe}.yaml
+BUDGETS = (3e12, 6e12, 1.2e13)  # training FLOPs: the largest about the tiny presets' 600 steps
+TINY_BUDGETS = (1e8, 3e8)
+TINY_MODELS = {  # --tiny: each recipe's architecture at a tiny size
+    "encoder": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "decoder": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "seq2seq": dict(hidden_size=32, encoder_layers=1, decoder_layers=1, num_attention_heads=4, intermediate_size=64),
+}
+TASK_ROWS = 600  # examples built per context task (balanced), before the split
+TEST_SHARE, DEV_SHARE = 0.3, 0.2  # of a task's rows; of its training rows (the learning-rate choice)
+
+
+def _electra_vs_mlm():
+    """benchmarks/electra_vs_mlm.py as a module: its fine-tuning and seed pairing are reused, not copied."""
+    spec = importlib.util.spec_from_file_location("electra_vs_mlm", ROOT / "benchmarks" / "electra_vs_mlm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EVM = _electra_vs_mlm()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument("--flops-budgets", type=float, nargs="+", help=f"training FLOPs (default {BUDGETS})")
+    parser.add_argument("--pairs", type=int, default=200, help="minimal pairs per folder")
+    parser.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per encoder and task")
+    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="chosen on dev")
+    parser.add_argument("--few-shot", type=int, default=32, help="examples per class of the few-shot runs")
+    parser.add_argument("--tasks", nargs="+", default=["next-line", "corrupted", "docstring", "package"])
+    parser.add_argument("--note", default="", help="how the machine was (e.g. 'under load from other jobs')")
+    parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--tiny", action="store_true", help="tiny models and budgets, 1 seed, 1 task: a smoke run")
+    args = parser.parse_args(argv)
+    args.command = "python benchmarks/recipes.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.tiny:
+        args.flops_budgets = args.flops_budgets or list(TINY_BUDGETS)
+        args.pairs, args.seeds, args.finetune_steps, args.finetune_lrs = 16, 1, 4, [1e-3]
+        args.tasks, args.few_shot = args.tasks[:1] if args.tasks != parser.get_default("tasks") else ["corrupted"], 4
+    args.flops_budgets = sorted(args.flops_budgets or BUDGETS)
+    args.finetune_lr = args.finetune_lrs[0]  # what electra_vs_mlm.finetune reads when no lr is given
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pretraining at equal FLOPs, scored zero-shot
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_settings(family: str, recipe: str, args, folder: Path, steps: int, tokenizer: Path | None):
+    overrides = dict(output_dir=str(folder), overwrite=True, max_steps=steps, save_every=0, eval_every=0)
+    overrides.update(report_to="none", zero_shot_pairs=0, warmup_steps=max(1, steps // 10))
+    if tokenizer is not None:
+        overrides["tokenizer"] = str(tokenizer)
+    if args.tiny:
+        overrides.update(model=TINY_MODELS[family], max_documents=12, vocab_size=384, block_size=32, batch_size=8)
+        overrides.update(eval_batches=2)
+    return resolve_arguments(
+        family=family, preset=recipe, overrides=overrides, configs_dir=ROOT / "training" / "configs"
+    )
+
+
+def flops_of(settings, tokenizer: Path) -> tuple[float, float]:
+    """(FLOPs per token, per step) of the module the run trains, built from the run's settings and tokenizer."""
+    objective = OBJECTIVES[settings.objective]
+    model = objective.build_model(build_model_config(settings, AutoTokenizer.from_pretrained(tokenizer)), settings)
+    return objective.training_flops(model, settings.block_size, label_share=objective.label_share(settings))
+
+
+def pretrain_at(family: str, recipe: str, budget: float, args, work: Path, tokenizer: Path, tokens_per_step) -> dict:
+    """One run spending `budget` FLOPs, scored by the zero-shot evaluation on the family's held-out text."""
+    folder = work / f"{family}-{recipe}-{budget:g}"
+    per_token, per_step = flops_of(run_settings(family, recipe, args, folder, 1, tokenizer), tokenizer)
+    steps = max(2, round(budget / (per_token * tokens_per_step + per_step)))
+    metrics = run_pretraining(run_settings(family, recipe, args, folder, steps, tokenizer))
+    report = evaluate_folder(folder, pairs=args.pairs, batches=4 if args.tiny else 20)
+    return {
+        "recipe": recipe,
+        "budget": budget,
+        "steps": metrics["steps"],
+        "tokens_seen": metrics["tokens_seen"],
+        "train_time_s": metrics["train_time_s"],
+        "pretraining_flops": per_token * metrics["tokens_seen"] + per_step * metrics["steps"],
+        "held_out_loss": report["held_out"]["loss"],
+        "held_out_objective": report["held_out"]["objective"],
+        "minimal_pair_accuracy": report["minimal_pairs"]["accuracy"],
+        "minimal_pairs": report["minimal_pairs"]["pairs"],
+        "pseudo_perplexity": report.get("pseudo_perplexity"),
+        "folder": str(folder),
+    }
+
+
+def flops_to_reach(rows: list[dict], target: float) -> float | None:
+    """The FLOPs at which the loss of `rows` (sorted by FLOPs) first reaches `target`, interpolated linearly in
+    log-FLOPs between the budgets around it; the first budget's FLOPs (an upper bound) when it already reaches it;
+    None when no budget reaches it."""
+    previous = None
+    for row in rows:
+        if row["held_out_loss"] <= target:
+            if previous is None:
+                return row["pretraining_flops"]
+            x0, x1 = math.log(previous["pretraining_flops"]), math.log(row["pretraining_flops"])
+            y0, y1 = previous["held_out_loss"], row["held_out_loss"]
+            return math.exp(x0 + (x1 - x0) * (y0 - target) / (y0 - y1))
+        previous = row
+    return None
+
+
+def family_section(family: str, args, work: Path) -> dict:
+    """Both recipes of `family` at every budget, and what the modern one needs to reach the faithful one."""
+    first = run_pretraining(run_settings(family, RECIPES[0], args, work / f"{family}-tokenizer", 1, None))
+    tokenizer = work / f"{family}-tokenizer"
+    tokens_per_step = first["tokens_seen"] / first["steps"]
+    rows = {recipe: [] for recipe in RECIPES}
+    for recipe in RECIPES:
+        for budget in args.flops_budgets:
+            rows[recipe].append(pretrain_at(family, recipe, budget, args, work, tokenizer, tokens_per_step))
+            tokens_per_step = rows[recipe][-1]["tokens_seen"] / rows[recipe][-1]["steps"]
+            print(f"{family} {recipe} {budget:g}: loss {rows[recipe][-1]['held_out_loss']:.4f}", file=sys.stderr)
+    faithful, modern = rows["tiny-faithful"], rows["tiny-modern"]
+    reach = flops_to_reach(modern, faithful[-1]["held_out_loss"])
+    return {
+        "results": faithful + modern,
+        "faithful_final_loss": faithful[-1]["held_out_loss"],
+        "modern_flops_to_faithful_final_loss": reach,
+        "share_of_faithful_flops": reach / faithful[-1]["pretraining_flops"] if reach else None,
+        "tokenizer": str(tokenizer),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Encoder fine-tuning tasks from the embedded text
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _package_lines(rng: random.Random) -> list[list[str]]:
+    """The distinct lines (three lexemes or more) of each file of the embedded packages, files in a seeded order."""
+    files = [path for package in EMBEDDED_PACKAGES for path in stdlib_source_files(package)]
+    rng.shuffle(files)
+    return [lines for path in files if len(lines := candidate_lines([read_file(path) or ""])) > 2]
+
+
+def next_line_rows(count: int, rng: random.Random) -> list[dict]:
+    """Half the rows pair a line with the line after it (label "next"), half with another line of the same file."""
+    rows = []
+    for lines in _package_lines(rng):
+        for index in range(len(lines) - 1):
+            if len(rows) == count:
+                return rows
+            follows = len(rows) % 2 == 0
+            other = rng.choice([line for line in lines if line != lines[index + 1]])
+            second = lines[index + 1] if follows else other
+            rows.append({"text": lines[index], "text_pair": second, "label": "next" if follows else "other"})
+    return rows
+
+
+def corrupted_rows(count: int, rng: random.Random) -> list[dict]:
+    """Half the rows are lines as written, half lines with one corruption (zero_shot's CORRUPTIONS, in turn)."""
+    lines = [line for file_lines in _package_lines(rng) for line in file_lines]
+    names = sorted({name for line in lines for name in re.findall(r"[A-Za-z_]\w*", line)})
+    rows, kinds = [], list(CORRUPTIONS)
+    for line in lines:
+        if len(rows) == count:
+            break
+        if len(rows) % 2 == 0:
+            rows.append({"text": line, "label": "original"})
+            continue
+        kind = kinds[(len(rows) // 2) % len(kinds)]
+        candidates = CORRUPTIONS[kind](line, list(re.finditer(r"[A-Za-z_]\w*|\d+|[^\w\s]", line)), rng, names)
+        if candidates:
+            rows.append({"text": candidates[0], "label": "corrupted"})
+    return rows
+
+
+def docstring_rows(count: int, rng: random.Random) -> list[dict]:
+    """A docstring's first paragraph and the code of its own definition (label "documents"), or of another
+    definition of the same file ("other"): the candidates share the file's vocabulary."""
+    by_file: dict[str, list] = {}
+    for definition in stdlib_definitions():
+        if len(first_paragraph(definition.doc).split()) >= 4:
+            by_file.setdefault(definition.path, []).append(definition)
+    definitions = [d for group in by_file.values() if len(group) > 1 for d in group]
+    rng.shuffle(definitions)
+    rows = []
+    for definition in definitions[:count]:
+        own = len(rows) % 2 == 0
+        code = definition if own else rng.choice([d for d in by_file[definition.path] if d is not definition])
+        text_pair = code.source_without_doc[:400]
+        rows.append(
+            {"text": first_paragraph(definition.doc), "text_pair": text_pair, "label": "documents" if own else "other"}
+        )
+    return rows
+
+
+# name -> (build rows(count, rng), classes, pair of texts, what it measures)
+TASKS = {
+    "next-line": (next_line_rows, 2, True, "context: does line B follow line A"),
+    "corrupted": (corrupted_rows, 2, False, "context: was the line corrupted"),
+    "docstring": (docstring_rows, 2, True, "context: does the docstring document this code (shared vocabulary)"),
+    "package": (
+        lambda count, rng: package_docstrings(per_package=None),
+        4,
+        False,
+        "lexical control: docstring -> package",
+    ),
+}
+
+
+def task_files(name: str, args, work: Path) -> dict[str, tuple[Path, Path]]:
+    """JSON-lines files of a task: "dev" (train minus dev, dev), "full" (train, test), "few-shot" (--few-shot per
+    class of train, test)."""
+    build, _, _, _ = TASKS[name]
+    rows = build(64 if args.tiny else TASK_ROWS, random.Random(0))
+    random.Random(1).shuffle(rows)
+    test_count = round(len(rows) * TEST_SHARE)
+    train, test = rows[test_count:], rows[:test_count]
+    dev_count = round(len(train) * DEV_SHARE)
+    few = [
+        row
+        for label in sorted({row["label"] for row in train})
+        for row in [r for r in train if r["label"] == label][: args.few_shot]
+    ]
+    files = {}
+    for split, (training, evaluation) in {
+        "dev": (train[dev_count:], train[:dev_count]),
+        "full": (train, test),
+        "few-shot": (few, test),
+    }.items():
+        paths = work / f"{name}-{split}-train.jsonl", work / f"{name}-{split}-eval.jsonl"
+        for path, part in zip(paths, (training, evaluation), strict=True):
+            path.write_text("".join(json.dumps(row) + "\n" for row in part))
+        files[split] = paths
+    return files
+
+
+def finetuned(encoder: Path, task: str, files, args, work: Path) -> dict:
+    """The encoder's learning rate chosen on dev (seed 0), then --seeds seeds full-size and few-shot at it."""
+    _, classes, pair, _ = TASKS[task]
+    dev = {
+        lr: EVM.finetune(
+            encoder, args, work, files["dev"], lr=lr, seeds=1, classes=classes, pair=pair, tag=f"-{task}-dev"
+        )
+        for lr in args.finetune_lrs
+    }
+    lr = max(args.finetune_lrs, key=lambda value: dev[value]["accuracy_mean"])
+    result = {"lr": lr, "dev_accuracy": {f"{value:g}": dev[value]["accuracy_mean"] for value in dev}}
+    for split in ("full", "few-shot"):
+        result[split] = EVM.finetune(
+            encoder, args, work, files[split], lr=lr, classes=classes, pair=pair, tag=f"-{task}-{split}"
+        )
+    return result
+
+
+def random_encoder(folder: Path, like: Path) -> Path:
+    """An untrained encoder of `like`'s config and tokenizer (the modern recipe's architecture): the baseline."""
+    torch.manual_seed(0)
+    cf.CoreformerEncoderModel(cf.CoreformerEncoderConfig.from_pretrained(like)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(like).save_pretrained(folder)
+    return folder
+
+
+def encoder_tasks(section: dict, args, work: Path) -> dict:
+    """Each recipe's largest-budget encoder and random init on every task, paired by seed against random init."""
+    largest = {
+        row["recipe"]: Path(row["folder"]) for row in section["results"] if row["budget"] == args.flops_budgets[-1]
+    }
+    encoders = {"random init": random_encoder(work / "random-init", largest["tiny-modern"]), **largest}
+    tasks = {}
+    for task in args.tasks:
+        files = task_files(task, args, work)
+        results = {name: finetuned(folder, task, files, args, work) for name, folder in encoders.items()}
+        for name in largest:
+            for split in ("full", "few-shot"):
+                baseline = results["random init"][split]["accuracies"]
+                results[name][split]["paired_vs_random"] = EVM.paired(results[name][split]["accuracies"], baseline)
+        tasks[task] = {"measures": TASKS[task][3], "encoders": results}
+    return tasks
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _flops(value: float | None) -> str:
+    return f"{value:.3g}" if value is not None else "not reached"
+
+
+def family_markdown(family: str, section: dict) -> list[str]:
+    share = section["share_of_faithful_flops"]
+    objective = section["results"][0]["held_out_objective"]
+    modern = [row for row in section["results"] if row["recipe"] == "tiny-modern"]
+    bound = "at most " if modern[0]["held_out_loss"] <= section["faithful_final_loss"] else ""  # the first budget
+    lines = [
+        f"### {family}",
+        "",
+        f"| recipe | budget (FLOPs) | steps | tokens | training FLOPs | held-out loss ({objective}) | minimal-pair "
+        "accuracy | pseudo-perplexity | training time (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in section["results"]:
+        pseudo = f"{row['pseudo_perplexity']:.2f}" if row["pseudo_perplexity"] is not None else "—"
+        lines.append(
+            f"| {row['recipe']} | {row['budget']:g} | {row['steps']} | {row['tokens_seen']:,} | "
+            f"{row['pretraining_flops']:.3g} | {row['held_out_loss']:.4f} | {row['minimal_pair_accuracy']:.3f} "
+            f"({row['minimal_pairs']}) | {pseudo} | {row['train_time_s']:.1f} |"
+        )
+    lines += [
+        "",
+        f"FLOPs the modern recipe needs to reach the faithful recipe's final held-out loss "
+        f"({section['faithful_final_loss']:.4f}): {bound}{_flops(section['modern_flops_to_faithful_final_loss'])}"
+        + (f" ({share:.2f} of the faithful recipe's)." if share else "."),
+        "",
+    ]
+    return lines
+
+
+def tasks_markdown(tasks: dict) -> list[str]:
+    lines = [
+        "#### encoder fine-tuning (paired by seed against random init)",
+        "",
+        "| task | what it measures | encoder | lr (dev) | full-size accuracy | vs random init | few-shot accuracy | "
+        "vs random init |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for task, entry in tasks.items():
+        for name, result in entry["encoders"].items():
+            cells = []
+            for split in ("full", "few-shot"):
+                numbers = result[split]
+                cells.append(f"{numbers['accuracy_mean']:.3f} ± {numbers['accuracy_std']:.3f}")
+                paired = numbers.get("paired_vs_random")
+                cells.append(
+                    f"{paired['mean']:+.3f} ± {paired['std']:.3f} ({paired['wins']}/{paired['seeds']})"
+                    if paired
+                    else "—"
+                )
+            lines.append(f"| {task} | {entry['measures']} | {name} | {result['lr']:g} | {' | '.join(cells)} |")
+    return lines + [""]
+
+
+def markdown(report: dict) -> str:
+    header = [
+        "# Faithful architectures against the modern recipes, at equal training FLOPs",
+        "",
+        f"- machine: {report['machine']['platform']}, {report['machine']['threads']} threads"
+        + (f" ({report['note']})" if report["note"] else ""),
+        f"- date: {report['date']}",
+        f"- command: `{report['command']}`",
+        "",
+    ]
+    body = []
+    for family, section in report["families"].items():
+        body += family_markdown(family, section)
+        if "tasks" in section:
+            body += tasks_markdown(section["tasks"])
+    return "\n".join(header + body)
+
+
+def plot(family: str, section: dict, path: Path) -> None:
+    """Held-out loss against training FLOPs, one line per recipe."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for recipe in RECIPES:
+        rows = [row for row in section["results"] if row["recipe"] == recipe]
+        axis.plot([r["pretraining_flops"] for r in rows], [r["held_out_loss"] for r in rows], "o-", label=recipe)
+    axis.axhline(section["faithful_final_loss"], color="grey", lw=0.6, ls="--")
+    axis.set(
+        xscale="log", xlabel="training FLOPs", ylabel=f"held-out loss ({section['results'][0]['held_out_objective']})"
+    )
+    axis.set_title(f"{family}: faithful vs modern recipe at equal FLOPs")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    datasets.disable_progress_bars()
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    name = "recipes_tiny" if args.tiny else "recipes"
+    started = time.perf_counter()
+    report = {
+        "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": args.command,
+        "note": args.note,
+        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        "families": {},
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        for family in args.families:
+            section = family_section(family, args, work)
+            if family == "encoder" and args.tasks:
+                section["tasks"] = encoder_tasks(section, args, work)
+            for row in section["results"]:
+                row.pop("folder")
+            report["families"][family] = section
+            plot(family, section, args.output_dir / f"{name}_{family}.png")
+    report["wall_time_s"] = time.perf_counter() - started
+    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (args.output_dir / f"{name}.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Zero-shot evaluation of a pretrained folder: held-out loss and perplexity, minimal-pair accuracy.
+
+    python training/evaluate.py FOLDER [--data FILES] [--json]      (the same as `coreformer evaluate`)
+
+Argument parsing lives in coreformer_settings.evaluation (--help needs no torch), the evaluation in
+coreformer.training.zero_shot.
+"""
+
+import sys
+
+if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        from coreformer_settings.evaluation import build_parser
+
+        build_parser("training/evaluate.py").print_help()
+        sys.exit(0)
+    from coreformer.training.zero_shot import main
+
+    sys.exit(main(sys.argv[1:]))
