@@ -86,17 +86,20 @@ def test_recomputed_probabilities_reproduce_the_layer_output(layer_type):
     padding = torch.ones(2, 12, dtype=torch.bool)
     padding[1, :3] = False  # left padding
     stack = tiny_model(cf.CoreformerDecoderModel, "decoder", layer_types=[layer_type, "full"], **PARAMETERS).decoder
-    sparse = layer_type != "linear"
-    masks = stack.build_masks(
-        hidden, padding.long(), None, torch.arange(12)[None], frozenset({layer_type} if sparse else ())
+    plan = stack.plan(
+        hidden,
+        padding.long(),
+        None,
+        torch.arange(12)[None],
+        None,
+        None,
+        packed=False,
+        output_attentions=True,
+        padded_states=False,
     )
-    eager = stack.build_masks(
-        hidden, padding.long(), None, torch.arange(12)[None], config=cf.modeling_base.eager_view(stack.config)
-    )
+    assert plan.layers[layer_type].kernel  # the sparse kernel under sdpa, the linear form always
     with torch.no_grad():
-        output, probabilities = attention(
-            hidden, masks[layer_type], sparse_kernel=sparse, output_attentions=True, probability_mask=eager[layer_type]
-        )
+        output, probabilities = attention(hidden, plan.layers[layer_type])
         value = attention.v_proj(hidden).view(2, 12, -1, config.head_dim).transpose(1, 2)  # (B, H, T, D)
         expected = attention.o_proj((probabilities @ value).transpose(1, 2).flatten(-2))
     real = padding

@@ -384,6 +384,11 @@ class CoreformerConfig(PreTrainedConfig):
                 validator(self)
         self.validate_layer_types()
 
+    @staticmethod
+    def causal_layer_types() -> list[str]:
+        """The layer types that may sit in a causal stack."""
+        return [name for name, layer_type in LAYER_TYPE_TABLE.items() if layer_type.not_causal is None]
+
     def validate_layer_types(self) -> None:
         """Each layer-types list has one known entry per layer, and every type used has its parameters."""
         used = set()
@@ -394,25 +399,21 @@ class CoreformerConfig(PreTrainedConfig):
             unknown = sorted(set(types) - set(LAYER_TYPES))
             if unknown:
                 raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {LAYER_TYPES}.")
-            if causal and "lowrank" in types:  # the only type with LAYER_TYPE_TABLE[...].causal False
-                raise ValueError(
-                    f"`{name}` puts 'lowrank' (Linformer) in a causal stack: its projection mixes all positions along "
-                    f"the sequence, so every output would see future tokens. Linformer is bidirectional only (encoder "
-                    f"layers); use 'sliding', 'strided' or 'linear' for decoders."
-                )
+            for layer_type in sorted(set(types)) if causal else ():
+                refusal = LAYER_TYPE_TABLE[layer_type].not_causal
+                if refusal is not None:
+                    raise ValueError(
+                        f"`{name}` puts '{layer_type}' in a causal stack: {refusal}. It is bidirectional only "
+                        f"(encoder layers); use one of {self.causal_layer_types()} for decoders."
+                    )
             used.update(types)
         for layer_type in sorted(used):
-            parameter = LAYER_TYPE_TABLE[layer_type].parameter
-            value = getattr(self, parameter) if parameter else None
-            if parameter and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"'{layer_type}' layers need `{parameter}`, a positive integer; got {value!r}.")
-        if "strided" in used and self.stride < 2:
-            raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {self.stride}.")
-        if "lowrank" in used and self.lowrank_k > self.max_position_embeddings:
-            raise ValueError(
-                f"`lowrank_k` ({self.lowrank_k}) projects sequences of up to max_position_embeddings "
-                f"({self.max_position_embeddings}) tokens: it must not exceed that length."
-            )
+            entry = LAYER_TYPE_TABLE[layer_type]
+            value = getattr(self, entry.parameter) if entry.parameter else None
+            if entry.parameter and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"'{layer_type}' layers need `{entry.parameter}`, a positive integer; got {value!r}.")
+            if entry.validate is not None:
+                entry.validate(self)
         if self.linear_feature_map not in LINEAR_FEATURE_MAPS:
             raise ValueError(
                 f"`linear_feature_map` must be one of {LINEAR_FEATURE_MAPS}, got {self.linear_feature_map!r}."

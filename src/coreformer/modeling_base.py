@@ -16,16 +16,12 @@ Head pieces (`LMHeadTransform`, `language_model_outputs`, `ClassificationHead`, 
 token-classification head, which is the same for every family with a single stack, live here too.
 """
 
-import copy
-from typing import NamedTuple
-
 import torch
 from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_bidirectional_mask, create_causal_mask
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
@@ -37,8 +33,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .attention import Attention, Unpadding
+from .attention import Attention
 from .configuration_coreformer import CoreformerConfig
+from .forward_plan import ForwardPlan, ForwardPlanner
 from .layer_types import LAYER_TYPES
 from .layers import (
     MLP,
@@ -116,30 +113,15 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             projection = module.o_proj if isinstance(module, Attention) else module.down_proj
             num_layers = sum(self.config.layer_counts().values())
             init.normal_(projection.weight, mean=0.0, std=std / (2 * num_layers) ** 0.5)
-        if isinstance(module, Attention) and module.layer_type == "linear" and hasattr(module, "random_features"):
-            init.copy_(module.random_features, module.draw_random_features())
+        if isinstance(module, Attention) and module.kernel is not None:
+            module.kernel.init_weights(module)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
         elif isinstance(module, SinusoidalPositions):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
 
 
-class BlockInputs(NamedTuple):
-    """What `CoreformerStack.forward` decides once and every block reads (`CoreformerStack.shared_block_inputs`)."""
-
-    masks: dict[str, torch.Tensor | None]  # per layer type, in the backend's form
-    sparse_types: frozenset[str]  # layer types that run their sparse kernel
-    probability_masks: dict[str, torch.Tensor | None]  # eager-form masks for recomputed attentions, {} when not asked
-    cross_mask: torch.Tensor | None  # over the encoder output (cross-attending stacks)
-    cross_probability_mask: torch.Tensor | None
-    position_embeddings: dict[str, tuple[torch.Tensor, torch.Tensor]]  # rotary (cos, sin) per layer type
-    unpadding: Unpadding | None  # where the real tokens are, when the blocks run on them alone
-    # Recorded hidden states must be the tensors the computation uses: when they are asked for, blocks pass padded
-    # states and unpad inside (the same numbers; two index copies per layer) instead of the stack unpadding once.
-    padded_states: bool
-
-
-class CoreformerStack(CoreformerPreTrainedModel):
+class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
     """Embeddings, a stack of `Block`s and the final norm; bidirectional or causal, with or without cross-attention.
 
     A `PreTrainedModel` of its own, as BART's encoder and decoder are: transformers' output-recording contract puts
@@ -269,17 +251,19 @@ class CoreformerStack(CoreformerPreTrainedModel):
                 f"not match this model; use the model's tokenizer or resize_token_embeddings(len(tokenizer))."
             )
 
-    def _check_lowrank_length(self, length: int) -> None:
-        # Linformer's E/F projections have one column per position up to max_position_embeddings; positions that are
-        # not learned (rotary, none) would not stop a longer input before an opaque matmul error in the projection.
-        # (Linformer is refused in causal stacks, so there is never a cached past to add.)
-        if "lowrank" in self.layer_types and length > self.config.max_position_embeddings:
-            raise ValueError(
-                f"the input has {length} tokens, more than the {self.config.max_position_embeddings} "
-                f"(max_position_embeddings) that this model's 'lowrank' (Linformer) layers project: truncate the "
-                f"input (tokenizer(..., truncation=True, max_length={self.config.max_position_embeddings})) or build "
-                f"the model with a larger max_position_embeddings."
-            )
+    def _check_length(self, length: int) -> None:
+        # A type bounded by a config field (Linformer's E/F have one column per position up to
+        # max_position_embeddings) would otherwise fail in an opaque matmul where positions are not learned (rotary,
+        # none). Such types are never causal, so there is never a cached past to add.
+        for name in dict.fromkeys(self.layer_types):
+            field = LAYER_TYPES[name].max_length_field
+            if field is not None and length > getattr(self.config, field):
+                limit = getattr(self.config, field)
+                raise ValueError(
+                    f"the input has {length} tokens, more than the {limit} ({field}) that this model's '{name}' "
+                    f"layers accept: truncate the input (tokenizer(..., truncation=True, max_length={limit})) or "
+                    f"build the model with a larger {field}."
+                )
 
     def _check_positions(self, position_ids: torch.Tensor) -> None:
         if self.embed_positions is None or is_torchdynamo_compiling() or position_ids.numel() == 0:
@@ -318,185 +302,6 @@ class CoreformerStack(CoreformerPreTrainedModel):
             hidden_states = self.embedding_norm(hidden_states)
         return self.dropout(hidden_states)
 
-    def check_packed_linear(
-        self, attention_mask: torch.Tensor | None, cache: Cache | None, position_ids: torch.Tensor, packed: bool
-    ) -> None:
-        """transformers separates packed documents (position ids restarting mid-row, no attention_mask, no cache) in
-        causal masks only; a linear layer's running sums would run across them: refuse that."""
-        unmasked_packed = packed and attention_mask is None and cache is None
-        if not (self.is_causal and "linear" in self.layer_types and unmasked_packed):
-            return
-        # The test of transformers' find_packed_sequence_indices: a step other than +1 starts a new document.
-        if not is_torchdynamo_compiling() and bool((position_ids.diff(dim=-1) != 1).any()):
-            raise ValueError(
-                "position_ids restart mid-row (packed documents), which 'linear' layers cannot keep apart: their "
-                "running sums would mix the documents, while the other layer types separate them. Give each "
-                "document its own row (pad, and pass attention_mask) instead of packing, or use 'full', "
-                "'sliding' or 'strided' layers."
-            )
-
-    def sparse_kernel_types(
-        self, attention_mask: torch.Tensor | None, cache: Cache | None, packed: bool
-    ) -> frozenset[str]:
-        """The layer types of this stack that run their sparse kernel in this forward: decided here, once, and handed
-        to each layer explicitly.
-
-        Sliding and strided layers run sparse kernels (O(L·w), O(L·(s + L/s))) under sdpa when nothing constrains
-        the keys beyond padding: no cached keys (whose window bookkeeping the dense mask handles) and no packed
-        sequences (documents that restart their position ids, which transformers' mask machinery separates). An
-        empty dynamic cache layer (a prefill; eval-mode forwards build a DynamicCache by default) hands back exactly
-        the new keys, so the kernels apply there too; a static layer hands back its whole fixed-length buffer.
-        Under eager the dense reference path runs; under any other backend (flex, a registered custom function) the
-        backend gets every call. (The layer check goes first: a static cache's length is a tensor, which
-        torch.compile cannot branch on.)
-        """
-        with_kernel = {name for name in self.layer_types if LAYER_TYPES[name].sparse_kernel is not None}
-        if not with_kernel or self.config._attn_implementation != "sdpa" or (attention_mask is None and packed):
-            return frozenset()
-        if cache is not None:
-            layers = [index for index, name in enumerate(self.layer_types) if name in with_kernel]
-            if any(index < len(cache.layers) and not isinstance(cache.layers[index], DynamicLayer) for index in layers):
-                return frozenset()
-            if cache.get_seq_length() != 0:
-                return frozenset()
-        return frozenset(with_kernel)
-
-    def build_masks(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        sparse_types: frozenset[str] = frozenset(),
-        config: CoreformerConfig | None = None,
-    ) -> dict[str, torch.Tensor | None]:
-        """One mask per attention type in the stack, in the form the configured backend wants.
-
-        Types with a mask overlay ("full", "sliding", "strided") go through transformers' mask machinery (eager,
-        sdpa and flex all work; flex turns the pattern into a sparse BlockMask); types that take the padding mask
-        itself ("lowrank", "linear"), and the `sparse_types` that run their kernel, get the (B, S) boolean padding
-        mask. `config`: build for another backend than the model's (`eager_view`, for recomputed probabilities).
-        """
-        config = self.config if config is None else config
-        implementation = config._attn_implementation
-        patterns = sorted(name for name in set(self.layer_types) if LAYER_TYPES[name].overlay is not None)
-        if patterns and implementation is not None and implementation.startswith("flash"):
-            raise ValueError(
-                f"{patterns} layers are defined by their mask, which {implementation} ignores: use "
-                f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
-            )
-        beyond_window = [name for name in patterns if LAYER_TYPES[name].transformers_window is None]
-        if beyond_window and implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
-            raise ValueError(
-                f"{beyond_window} layers are defined by their mask, but the attention function {implementation!r} "
-                f"has no mask function registered, so it would get no mask: register one with "
-                f"AttentionMaskInterface.register({implementation!r}, sdpa_mask) (transformers.masking_utils), or use "
-                f"'sdpa', 'flex_attention' or 'eager'."
-            )
-        masks: dict[str, torch.Tensor | None] = {}
-        for name in dict.fromkeys(self.layer_types):
-            layer_type = LAYER_TYPES[name]
-            if layer_type.padding_mask_only or name in sparse_types:
-                if attention_mask is not None and attention_mask.dim() != 2:
-                    raise ValueError(f"'{name}' layers need the 2D (batch, length) padding mask.")
-                masks[name] = attention_mask.bool() if attention_mask is not None else None
-                continue
-            overlay = layer_type.overlay(getattr(self.config, layer_type.parameter)) if layer_type.overlay else None
-            if self.is_causal:
-                masks[name] = create_causal_mask(
-                    config=config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    past_key_values=cache,
-                    position_ids=position_ids,
-                    and_mask_function=overlay,
-                    # Size the mask by a cache layer of this type: a sliding layer holds only its window.
-                    layer_idx=self.layer_types.index(name) if cache is not None else None,
-                )
-            else:
-                masks[name] = create_bidirectional_mask(
-                    config=config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    and_mask_function=overlay,
-                )
-        return masks
-
-    def unpadding(self, attention_mask: torch.Tensor | None, cache: Cache | None) -> Unpadding | None:
-        """Where the real tokens are, when the batch is padded and nothing needs the padded layout between blocks.
-
-        With a cache the padded layout is what gets cached; under torch.compile the data-dependent token count would
-        break the graph. Padding positions come out of the stack as zeros.
-        """
-        if cache is not None or attention_mask is None or attention_mask.dim() != 2 or is_torchdynamo_compiling():
-            return None
-        if attention_mask.numel() == 0 or bool(attention_mask.all()):
-            return None
-        return Unpadding.from_padding_mask(attention_mask)
-
-    def probability_masks(
-        self,
-        masks: dict[str, torch.Tensor | None],
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        sparse_types: frozenset[str],
-    ) -> dict[str, torch.Tensor | None]:
-        """The masks in eager's form, for attention probabilities recomputed beside another backend or a sparse
-        kernel (`Attention._probabilities`); under eager without sparse kernels, the masks themselves."""
-        if self.config._attn_implementation == "eager" and not sparse_types:
-            return masks
-        return self.build_masks(hidden_states, attention_mask, cache, position_ids, config=eager_view(self.config))
-
-    def self_attention_masks(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        prepared_masks: dict[str, torch.Tensor | None] | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        caller_positions: bool,
-        *,
-        output_attentions: bool,
-    ) -> tuple[frozenset[str], dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]:
-        """(layer types that run their sparse kernel, the mask per layer type, the eager-form masks for recomputed
-        probabilities when attentions are asked for)."""
-        if prepared_masks is not None:  # generate() built them ahead, outside a compiled forward
-            # the backend's own form, boolean or additive: both read as eager's for the probabilities
-            return frozenset(), prepared_masks, prepared_masks
-        self.check_packed_linear(attention_mask, cache, position_ids, caller_positions)
-        sparse_types = self.sparse_kernel_types(attention_mask, cache, caller_positions)
-        masks = self.build_masks(hidden_states, attention_mask, cache, position_ids, sparse_types)
-        if not output_attentions:
-            return sparse_types, masks, {}
-        probability_masks = self.probability_masks(
-            masks, hidden_states, attention_mask, cache, position_ids, sparse_types
-        )
-        return sparse_types, masks, probability_masks
-
-    def cross_attention_masks(
-        self,
-        hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor | None,
-        encoder_attention_mask: torch.Tensor | None,
-        *,
-        output_attentions: bool,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(the cross-attention mask over the encoder output, its eager form when attentions are asked for)."""
-        if not self.cross_attention:
-            return None, None
-        masks = [
-            create_bidirectional_mask(
-                config=config,
-                inputs_embeds=hidden_states,
-                attention_mask=encoder_attention_mask,
-                encoder_hidden_states=encoder_hidden_states,
-            )
-            for config in ((self.config, eager_view(self.config)) if output_attentions else (self.config,))
-        ]
-        return masks[0], masks[1] if output_attentions else None
-
     @capture_outputs
     def forward(
         self,
@@ -532,36 +337,34 @@ class CoreformerStack(CoreformerPreTrainedModel):
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        prepared_masks = self._prepared_masks(attention_mask)
-        if prepared_masks is not None:
-            attention_mask = None
+        prepared_masks = self.prepared_masks(attention_mask)
         use_cache, past_key_values = self._resolve_cache(use_cache, past_key_values)
         self_attention_cache = (
             past_key_values.self_attention_cache
             if isinstance(past_key_values, EncoderDecoderCache)
             else past_key_values
         )
-        caller_positions = position_ids is not None
+        position_ids_given = position_ids is not None
         position_ids = self._checked_positions(
-            input_ids if input_ids is not None else inputs_embeds, attention_mask, self_attention_cache, position_ids
+            input_ids if input_ids is not None else inputs_embeds,
+            attention_mask if prepared_masks is None else None,
+            self_attention_cache,
+            position_ids,
         )
 
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
-        shared = self.shared_block_inputs(
+        plan = self.plan(
             hidden_states,
             attention_mask,
-            prepared_masks,
             self_attention_cache,
             position_ids,
-            caller_positions,
             encoder_hidden_states,
             encoder_attention_mask,
+            packed=position_ids_given,
             output_attentions=output_attentions,
             padded_states=bool(output_hidden_states is not False and output_hidden_states),
         )
-        hidden_states = self.run_blocks(
-            hidden_states, shared, encoder_hidden_states, past_key_values, output_attentions, **kwargs
-        )
+        hidden_states = self.run_blocks(hidden_states, plan, encoder_hidden_states, past_key_values, **kwargs)
 
         if not self.is_causal:
             return BaseModelOutput(last_hidden_state=hidden_states)
@@ -581,113 +384,35 @@ class CoreformerStack(CoreformerPreTrainedModel):
         batch, length = inputs.shape[:2]
         past_length = cache.get_seq_length() if cache is not None else 0
         self._check_mask_shape(attention_mask, batch, past_length, length)
-        self._check_lowrank_length(length)
+        self._check_length(length)
         if position_ids is not None:
             return position_ids
         return torch.arange(length, device=inputs.device).unsqueeze(0) + past_length  # (1, T)
 
-    def shared_block_inputs(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        prepared_masks: dict[str, torch.Tensor | None] | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        caller_positions: bool,
-        encoder_hidden_states: torch.Tensor | None,
-        encoder_attention_mask: torch.Tensor | None,
-        *,
-        output_attentions: bool,
-        padded_states: bool,
-    ) -> BlockInputs:
-        """What every block of this forward reads, decided once here: the masks, the sparse-kernel decision, the
-        rotary angles and where the real tokens are. `padded_states`: hidden states are recorded, so the blocks keep
-        the padded layout (see `BlockInputs.padded_states`)."""
-        sparse_types, masks, probability_masks = self.self_attention_masks(
-            hidden_states,
-            attention_mask,
-            prepared_masks,
-            cache,
-            position_ids,
-            caller_positions,
-            output_attentions=output_attentions,
-        )
-        cross_mask, cross_probability_mask = self.cross_attention_masks(
-            hidden_states, encoder_hidden_states, encoder_attention_mask, output_attentions=output_attentions
-        )
-        unpadding = self.unpadding(attention_mask, cache)
-        return BlockInputs(
-            masks=masks,
-            sparse_types=sparse_types,
-            probability_masks=probability_masks,
-            cross_mask=cross_mask,
-            cross_probability_mask=cross_probability_mask,
-            position_embeddings=self.rotary_position_embeddings(hidden_states, position_ids),
-            unpadding=unpadding,
-            padded_states=unpadding is not None and padded_states,
-        )
-
     def run_blocks(
         self,
         hidden_states: torch.Tensor,
-        shared: BlockInputs,
+        plan: ForwardPlan,
         encoder_hidden_states: torch.Tensor | None,
         past_key_values: Cache | None,
-        output_attentions: bool,
         **kwargs,
     ) -> torch.Tensor:
         """The blocks, then the final norm: (B, T, hidden) in and out, zeros at the padding when unpadded."""
-        unpadding = shared.unpadding
-        if unpadding is not None and not shared.padded_states:
+        unpadding = plan.unpadding
+        if unpadding is not None and not plan.padded_states:
             hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N real tokens, hidden)
         for block in self.layers:
             # Tensors that need gradients go positionally: reentrant checkpointing only sees positional inputs.
             hidden_states, _, _ = block(
-                hidden_states,
-                shared.masks[block.layer_type],
-                encoder_hidden_states,
-                encoder_attention_mask=shared.cross_mask,
-                position_embeddings=shared.position_embeddings.get(block.layer_type),
-                past_key_values=past_key_values,
-                sparse_kernel=block.layer_type in shared.sparse_types,
-                probability_mask=shared.probability_masks.get(block.layer_type),
-                cross_probability_mask=shared.cross_probability_mask,
-                unpadding=unpadding,
-                padded_states=shared.padded_states,
-                output_attentions=output_attentions,
-                **kwargs,
+                hidden_states, plan, encoder_hidden_states, past_key_values=past_key_values, **kwargs
             )
-        if unpadding is not None and shared.padded_states:
+        if unpadding is not None and plan.padded_states:
             hidden_states = unpadding.unpad(hidden_states)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
         if unpadding is not None:
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden), zeros at the padding
         return hidden_states
-
-    def rotary_position_embeddings(
-        self, hidden_states: torch.Tensor, position_ids: torch.Tensor
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{layer type: its rotary (cos, sin), each (B, T, head_dim)}, computed once per rotary base; {} without
-        rotary positions."""
-        by_theta = {
-            table.theta: table(hidden_states, position_ids)
-            for table in (self.rotary_emb, self.local_rotary_emb)
-            if table is not None
-        }
-        return {name: by_theta[theta] for name, theta in self.rope_thetas.items()}
-
-    def _prepared_masks(self, attention_mask) -> dict[str, torch.Tensor | None] | None:
-        """Masks already built per layer type (`CoreformerPreTrainedModel.create_masks_for_generate`), or None."""
-        if not isinstance(attention_mask, dict):
-            return None
-        missing = sorted(set(self.layer_types) - set(attention_mask))
-        if missing:
-            raise ValueError(
-                f"attention_mask is a dict of prepared masks without an entry for the layer types {missing}: pass "
-                f"the (batch, length) padding mask instead, or one mask per type of {sorted(set(self.layer_types))}."
-            )
-        return attention_mask
 
     def _resolve_cache(self, use_cache: bool | None, past_key_values: Cache | None) -> tuple[bool, Cache | None]:
         """Whether this forward caches, and the cache: none in a bidirectional stack; a DynamicCache (wrapped for
@@ -729,13 +454,6 @@ class CoreformerCrossAttendingStack(CoreformerStack):
 
     def __init__(self, config: CoreformerConfig, layer_types: list[str], embed_tokens: nn.Embedding):
         super().__init__(config, layer_types, embed_tokens, is_causal=True, cross_attention=True)
-
-
-def eager_view(config: CoreformerConfig) -> CoreformerConfig:
-    """A shallow copy of `config` for which transformers' mask builders produce eager's (materialised) masks."""
-    eager_config = copy.copy(config)
-    eager_config._attn_implementation = "eager"  # the copy has no sub-configs for the setter to reach
-    return eager_config
 
 
 def classifier_dropout(config: CoreformerConfig) -> float:
