@@ -16,7 +16,7 @@ import coreformer as cf
 from coreformer import sparse_attention
 from coreformer.linear_attention import elu_feature_map, linear_attention, performer_feature_map
 from coreformer.sparse_attention import sliding_window_attention, strided_attention
-from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
+from coreformer.probes import AssociativeRecall, recall_model_config, train_associative_recall
 
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
 

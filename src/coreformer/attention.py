@@ -257,9 +257,7 @@ class Attention(nn.Module):
         if kernel is not None:
             key, value, mask = kernel.project(self, key, value, mask)
             groups = self.num_key_value_groups
-            output = kernel.attend(
-                self, query, repeat_kv(key, groups), repeat_kv(value, groups), mask, cache, plan.output_attentions
-            )
+            output = kernel.attend(self, query, repeat_kv(key, groups), repeat_kv(value, groups), mask, cache, plan)
             if output is not None:
                 return output, None, key
         attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -287,7 +285,7 @@ class Attention(nn.Module):
         """
         key = repeat_kv(key, self.num_key_value_groups)
         if self.kernel is not None:
-            probabilities = self.kernel.probabilities(self, query, key, plan.mask)
+            probabilities = self.kernel.probabilities(self, query, key, plan)
             if probabilities is not None:
                 return probabilities
         return softmax_probabilities(query, key, plan.probability_mask, self.scaling)

@@ -34,7 +34,7 @@ SAVED_LAYER_TYPES = "coreformer_layer_types"
 GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPE_TABLE.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-# How sequence classifiers (and multiple choice) summarise a sequence: modeling_base.POOLINGS holds the functions.
+# How sequence classifiers (and multiple choice) summarise a sequence: modeling_heads.POOLINGS holds the functions.
 CLASSIFIER_POOLINGS = ("cls", "last", "mean")
 
 
@@ -284,6 +284,14 @@ class CoreformerConfig(PreTrainedConfig):
 
     def validate_fields(self) -> None:
         """Raise one `ValueError` naming the first bad field and how to fix it."""
+        self._check_sizes()
+        self._check_choices()
+        self._check_ranges()
+        self.validate_layer_types()
+        self._check_token_ids()
+
+    def _check_sizes(self) -> None:
+        """Counts and widths: positive integers, heads that group evenly."""
         positive = {
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -306,6 +314,9 @@ class CoreformerConfig(PreTrainedConfig):
                 f"`num_attention_heads` ({self.num_attention_heads}) must be a multiple of `num_key_value_heads` "
                 f"({self.num_key_value_heads}): each key/value head serves a whole group of query heads."
             )
+
+    def _check_choices(self) -> None:
+        """Fields that name one of a set of options, and the combinations of options that cannot work."""
         if self.hidden_act not in ACT2FN:
             raise ValueError(
                 f"`hidden_act` {self.hidden_act!r} is not a known activation; use one of transformers' ACT2FN names "
@@ -321,14 +332,6 @@ class CoreformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
         if self.position_embedding_type == "rotary" and self.head_dim is not None and self.head_dim % 2:
             raise ValueError(f"rotary positions rotate pairs of channels: `head_dim` ({self.head_dim}) must be even.")
-        if self.position_offset < 0:
-            raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
-        if self.type_vocab_size < 0:
-            raise ValueError(f"`type_vocab_size` must be >= 0 (0 disables token types), got {self.type_vocab_size}.")
-        for name in ("rope_theta", "local_rope_theta"):
-            theta = getattr(self, name)
-            if theta is not None and theta <= 0:
-                raise ValueError(f"`{name}` must be > 0, got {theta}.")
         if not self.first_layer_attention_norm and self.norm_position != "pre":
             raise ValueError(
                 "`first_layer_attention_norm=False` (ModernBERT's first layer) reads the embeddings without a norm "
@@ -339,6 +342,17 @@ class CoreformerConfig(PreTrainedConfig):
                 f"`classifier_pooling` must be one of {CLASSIFIER_POOLINGS} (or None for the family's own), got "
                 f"{self.classifier_pooling!r}."
             )
+
+    def _check_ranges(self) -> None:
+        """Numbers with a valid range: epsilons, offsets, the rotary bases, probabilities."""
+        if self.position_offset < 0:
+            raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"`type_vocab_size` must be >= 0 (0 disables token types), got {self.type_vocab_size}.")
+        for name in ("rope_theta", "local_rope_theta"):
+            theta = getattr(self, name)
+            if theta is not None and theta <= 0:
+                raise ValueError(f"`{name}` must be > 0, got {theta}.")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be > 0, got {self.layer_norm_eps}.")
         if self.initializer_range < 0:
@@ -351,7 +365,9 @@ class CoreformerConfig(PreTrainedConfig):
         for name, value in dropouts.items():
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"`{name}` is a probability in [0, 1), got {value}.")
-        self.validate_layer_types()
+
+    def _check_token_ids(self) -> None:
+        """Special token ids inside the vocabulary."""
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             ids = getattr(self, name, None)
             for token_id in ids if isinstance(ids, list) else [ids]:

@@ -33,13 +33,13 @@ class LayerKernel:
         see."""
         return key, value, padding_mask
 
-    def attend(
-        self, attention: Any, query: Any, key: Any, value: Any, padding_mask: Any, cache: Any, output_attentions: bool
-    ) -> Any:
-        """(B, H, T, D) queries, keys/values with their heads repeated to H, the (B, S) padding mask -> (B, T, H, D);
-        None to leave the scores to the configured backend."""
+    def attend(self, attention: Any, query: Any, key: Any, value: Any, mask: Any, cache: Any, plan: Any) -> Any:
+        """(B, H, T, D) queries, keys/values with their heads repeated to H, the mask after `project` (the (B, S)
+        padding mask for the types that take it), the layer's cache (or None) and its `forward_plan.LayerPlan` (what
+        else the stack decided: output_attentions, ...) -> (B, T, H, D); None to leave the scores to the backend."""
         return None
 
-    def probabilities(self, attention: Any, query: Any, key: Any, padding_mask: Any) -> Any:
-        """(B, H, T, D) queries, (B, H, S, D) keys -> (B, H, T, S); None for a softmax over the plan's mask."""
+    def probabilities(self, attention: Any, query: Any, key: Any, plan: Any) -> Any:
+        """(B, H, T, D) queries, (B, H, S, D) keys, the layer's plan -> (B, H, T, S); None for a softmax over the
+        plan's eager-form mask."""
         return None

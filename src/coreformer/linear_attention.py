@@ -164,7 +164,7 @@ class LinearKernel(LayerKernel):
             return performer_feature_map(states.float(), attention.random_features.float(), is_query)
         return elu_feature_map(states)
 
-    def attend(self, attention, query, key, value, padding_mask, cache, output_attentions):
+    def attend(self, attention, query, key, value, padding_mask, cache, plan):
         layer_idx = attention.layer_idx
         layer = cache.layers[layer_idx] if cache is not None and len(cache.layers) > layer_idx else None
         if cache is not None and not isinstance(layer, LinearAttentionStateLayer):
@@ -172,7 +172,7 @@ class LinearKernel(LayerKernel):
                 "This layer is linear attention, which caches a running state: build the cache from the config "
                 "(DynamicCache(config=model.config) or StaticCache(config=model.config, ...)) or let generate() do it."
             )
-        if output_attentions and layer is not None and layer.get_seq_length():
+        if plan.output_attentions and layer is not None and layer.get_seq_length():
             raise ValueError(
                 "output_attentions=True with a cached 'linear' layer: its cache keeps a running state, not the past "
                 "keys, so the probabilities over earlier tokens no longer exist. Request attentions on a forward "
@@ -193,8 +193,9 @@ class LinearKernel(LayerKernel):
             layer.update_state(state, key.shape[2])
         return output
 
-    def probabilities(self, attention, query, key, padding_mask):
+    def probabilities(self, attention, query, key, plan):
         """φ(q)·φ(k) / Σ φ(q)·φ(k) over the visible keys, which the O(L) form never forms."""
+        padding_mask = plan.mask
         query_features = self.features(attention, query, is_query=True).float()  # (B, H, T, m)
         key_features = self.features(attention, key, is_query=False).float()  # (B, H, S, m)
         similarity = query_features @ key_features.transpose(2, 3)  # (B, H, T, S)

@@ -605,7 +605,7 @@ class SparseKernel(LayerKernel):
         self.function = function
         self.parameter = parameter
 
-    def attend(self, attention, query, key, value, padding_mask, cache, output_attentions):
+    def attend(self, attention, query, key, value, mask, cache, plan):
         dropout = attention.attention_dropout if attention.training else 0.0
         return self.function(
             query,
@@ -613,7 +613,7 @@ class SparseKernel(LayerKernel):
             value,
             **self.parameter,
             causal=attention.is_causal,
-            padding_mask=padding_mask,
+            padding_mask=mask,
             scaling=attention.scaling,
             dropout=dropout,
         )
