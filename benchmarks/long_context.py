@@ -6,7 +6,7 @@ eval mode without gradients (a decoder then builds its default cache: the prefil
 Each (type, length) runs in its own subprocess so that peak memory (the process's max RSS above its baseline after
 building the model) belongs to that measurement alone. On a shared machine, --quiet-cpu 0.1 starts each one only
 once the CPUs are that idle (waited for up to --quiet-timeout seconds; the busy share found is stored with each
-result). Also reports how each type does on the associative-recall task (`coreformer.synthetic`), trained briefly.
+result). Also reports how each type does on the associative-recall task (`coreformer.probes`), trained briefly.
 Writes a markdown table to stdout, JSON and a PNG plot.
 
     python benchmarks/long_context.py                       # 512 ... 16384 on CPU, ~15 minutes
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import coreformer as cf
-from coreformer.synthetic import AssociativeRecall, recall_model_config, train_associative_recall
+from coreformer.probes import AssociativeRecall, recall_model_config, train_associative_recall
 
 TYPES = ("full", "sliding", "strided", "lowrank", "linear")
 # "full_eager": full attention under the eager backend, which materialises the L x L probabilities. torch's sdpa

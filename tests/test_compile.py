@@ -3,9 +3,11 @@
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_finetuning import bases  # noqa: F401  (a fixture: saved tiny base models)
+from test_finetuning import tiny_args as finetuning_args
 from test_pretraining import tiny_args, train_losses
 
-from coreformer.training.finetuning import FinetuningArguments, _training_arguments
+from coreformer.training.finetuning import build_trainer, prepare
 from coreformer.training.pretraining import run_pretraining
 
 # Inductor fuses elementwise ops and reorders some sums: the same function, rounded in another order.
@@ -41,8 +43,9 @@ def test_compiled_pretraining_matches_eager_keeps_checkpoint_keys_and_resumes(tm
     )
 
 
-def test_finetuning_compile_flag_turns_on_the_trainers_torch_compile(tmp_path):
-    args = FinetuningArguments(task="sequence-classification", model="unused", compile=True)
-    assert _training_arguments(args, tmp_path, evaluate_first=False).torch_compile
-    args = FinetuningArguments(task="sequence-classification", model="unused")
-    assert not _training_arguments(args, tmp_path, evaluate_first=False).torch_compile
+@pytest.mark.parametrize("compile_flag", [True, False])
+def test_finetuning_compile_flag_gives_a_trainer_that_compiles(bases, tmp_path, compile_flag):  # noqa: F811
+    # The run as `coreformer finetune --compile` builds it: checked, prepared, and handed to the Trainer that trains.
+    run = prepare(finetuning_args("sequence-classification", bases["decoder"], tmp_path / "run", compile=compile_flag))
+    trainer = build_trainer(run.args, run.model, run.tokenizer, run.prepared, tmp_path / "staging")
+    assert trainer.args.torch_compile is compile_flag

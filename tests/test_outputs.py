@@ -86,17 +86,21 @@ def test_recomputed_probabilities_reproduce_the_layer_output(layer_type):
     padding = torch.ones(2, 12, dtype=torch.bool)
     padding[1, :3] = False  # left padding
     stack = tiny_model(cf.CoreformerDecoderModel, "decoder", layer_types=[layer_type, "full"], **PARAMETERS).decoder
-    sparse = layer_type != "linear"
-    masks = stack.build_masks(
-        hidden, padding.long(), None, torch.arange(12)[None], frozenset({layer_type} if sparse else ())
+    plan = stack.plan(
+        hidden,
+        padding.long(),
+        None,
+        torch.arange(12)[None],
+        None,
+        None,
+        packed=False,
+        output_attentions=True,
+        padded_states=False,
     )
-    eager = stack.build_masks(
-        hidden, padding.long(), None, torch.arange(12)[None], config=cf.modeling_base.eager_view(stack.config)
-    )
+    layer = plan.layers[layer_type]._replace(unpadding=None)  # padded hidden states in, as the stack records them
+    assert layer.kernel  # the sparse kernel under sdpa, the linear form always
     with torch.no_grad():
-        output, probabilities = attention(
-            hidden, masks[layer_type], sparse_kernel=sparse, output_attentions=True, probability_mask=eager[layer_type]
-        )
+        output, probabilities = attention(hidden, layer)
         value = attention.v_proj(hidden).view(2, 12, -1, config.head_dim).transpose(1, 2)  # (B, H, T, D)
         expected = attention.o_proj((probabilities @ value).transpose(1, 2).flatten(-2))
     real = padding
@@ -143,8 +147,9 @@ def test_hidden_states_are_recorded_from_the_blocks_and_selectable_by_index(fami
     # As transformers records a selection: one entry per state, None where not selected.
     assert len(selected) == len(every) and all(state is None for state in selected[1:-1])
     assert torch.equal(selected[0], every[0]) and torch.equal(selected[-1], every[-1])
-    hooks = [module for module in model.modules() if module._forward_hooks]
-    assert hooks and all(isinstance(module, (cf.layers.Block, Attention)) for module in hooks)
+    # recorded from the blocks: the states in between are exactly what the blocks returned
+    blocks = _block_outputs(model, ids, dict(attention_mask=mask))
+    assert all(torch.equal(state, block) for state, block in zip(every[1:-1], blocks[:-1], strict=True))
 
 
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
@@ -213,52 +218,52 @@ FAMILY_CLASSES = {
 }
 
 
-@pytest.mark.parametrize("family", sorted(FAMILY_CLASSES))
-def test_outputs_are_recorded_by_pretrained_models_whose_forward_captures_and_never_in_a_chain(family, monkeypatch):
-    # transformers' contract (test_capture_outputs_decorator): `_can_record_outputs` sits on the PreTrainedModels
-    # whose forward carries `@capture_outputs` (registered by PreTrainedModel itself), and no output is captured
-    # by two nested decorators, which would hand each caller part of the outputs.
-    from transformers import PreTrainedModel
-    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY, CompileableContextVar
-
-    active: dict[str, int] = {}
-    original_set, original_reset = CompileableContextVar.set, CompileableContextVar.reset
-
-    def counting_set(self, value):
-        for key in value:
-            active[key] = active.get(key, 0) + 1
-            assert active[key] == 1, f"`{key}` captured by nested capture_outputs calls"
-        return original_set(self, value)
-
-    def counting_reset(self, token):
-        for key in self.context_var.get() or {}:
-            active[key] -= 1
-        return original_reset(self, token)
-
-    monkeypatch.setattr(CompileableContextVar, "set", counting_set)
-    monkeypatch.setattr(CompileableContextVar, "reset", counting_reset)
-    ids, mask = padded_batch(length=8, left=family == "decoder")
-    for model_class in FAMILY_CLASSES[family]:
-        model = tiny_model(model_class, family)
-        recorders = [
-            module for module in model.modules() if isinstance(module, PreTrainedModel) and module._can_record_outputs
-        ]
-        expected = 2 if family == "seq2seq" else 1  # one per stack, as BartEncoder / BartDecoder
-        assert len(recorders) == expected, model_class.__name__
-        for module in recorders:
-            assert _CAN_RECORD_REGISTRY.get(module) == module._can_record_outputs
-            assert getattr(type(module).forward, "__wrapped__", None) is not None  # decorated by capture_outputs
-        inputs = dict(attention_mask=mask, output_attentions=True, output_hidden_states=True)
-        if family == "seq2seq":
-            inputs["decoder_input_ids"] = ids[:, :5]
+def _block_outputs(model, ids: torch.Tensor, inputs: dict) -> list[torch.Tensor]:
+    """What each block returned in one forward (with hidden states recorded), caught by our own forward hooks."""
+    caught = []
+    blocks = [module for module in model.modules() if isinstance(module, cf.layers.Block)]
+    handles = [block.register_forward_hook(lambda m, a, out: caught.append(out[0])) for block in blocks]
+    try:
         with torch.no_grad():
-            output = model(ids, **inputs)
-        layers = tiny_config(family).num_hidden_layers
+            model(ids, **inputs, output_hidden_states=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return caught
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CLASSES))
+def test_every_layers_outputs_are_recorded_once_by_the_base_model_and_by_the_head(family):
+    # transformers' contract (test_capture_outputs_decorator): each stack records its own blocks' outputs, once; a
+    # capture nested in another would hand each caller part of the outputs. So: one entry per layer and stack, the
+    # states in between exactly what the blocks returned, and a head returns what its own base model returns.
+    ids, mask = padded_batch(length=8, left=family == "decoder")
+    inputs = dict(attention_mask=mask)
+    if family == "seq2seq":
+        inputs["decoder_input_ids"] = ids[:, :5]
+    layers = tiny_config(family).num_hidden_layers
+    head = tiny_model(FAMILY_CLASSES[family][1], family)
+    with torch.no_grad():
+        outputs = [
+            model(ids, **inputs, output_attentions=True, output_hidden_states=True) for model in (head, head.base_model)
+        ]
+    blocks = _block_outputs(head, ids, inputs)
+    for output in outputs:
         if family == "seq2seq":
-            assert len(output.encoder_hidden_states) == len(output.decoder_hidden_states) == layers + 1
-            assert len(output.encoder_attentions) == len(output.decoder_attentions) == len(output.cross_attentions)
+            stacks = [output.encoder_hidden_states, output.decoder_hidden_states]
+            attentions = [output.encoder_attentions, output.decoder_attentions, output.cross_attentions]
         else:
-            assert len(output.hidden_states) == layers + 1 and len(output.attentions) == layers
+            stacks, attentions = [output.hidden_states], [output.attentions]
+        assert all(len(states) == layers + 1 for states in stacks)
+        assert all(len(weights) == layers for weights in attentions)
+        # the last state comes after the final norm; those in between are the blocks' outputs
+        between = [state for states in stacks for state in states[1:-1]]
+        from_blocks = [state for index, state in enumerate(blocks) if (index + 1) % layers]
+        assert all(torch.equal(a, b) for a, b in zip(between, from_blocks, strict=True))
+    for name in outputs[1].keys():
+        if name.endswith(("hidden_states", "attentions")):
+            for a, b in zip(outputs[0][name], outputs[1][name], strict=True):
+                assert torch.equal(a, b), name
 
 
 def test_seq2seq_selects_hidden_states_by_index_in_each_stack_by_its_own_depth():

@@ -36,8 +36,9 @@ from .folders import folder_tokenizer
 class AttentionMaps:
     """The attention probabilities of one stack for one text.
 
-    probabilities: one entry per layer: (heads, queries, keys) float32, rows summing to 1; None for "linear" layers,
-        which never form the matrix. A "lowrank" (Linformer) layer's keys are its `lowrank_k` projected rows.
+    probabilities: one entry per layer: (heads, queries, keys) float32, rows summing to 1 (kernels that never form
+        the matrix write it out: `LayerKernel.probabilities`). A Linformer layer's keys are its `lowrank_k`
+        projected rows.
     query_tokens / key_tokens: the token labels of the rows / columns.
     """
 

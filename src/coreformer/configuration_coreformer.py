@@ -34,7 +34,7 @@ SAVED_LAYER_TYPES = "coreformer_layer_types"
 GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPE_TABLE.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-# How sequence classifiers (and multiple choice) summarise a sequence: modeling_base.POOLINGS holds the functions.
+# How sequence classifiers (and multiple choice) summarise a sequence: modeling_heads.POOLINGS holds the functions.
 CLASSIFIER_POOLINGS = ("cls", "last", "mean")
 
 
@@ -284,6 +284,14 @@ class CoreformerConfig(PreTrainedConfig):
 
     def validate_fields(self) -> None:
         """Raise one `ValueError` naming the first bad field and how to fix it."""
+        self._check_sizes()
+        self._check_choices()
+        self._check_ranges()
+        self.validate_layer_types()
+        self._check_token_ids()
+
+    def _check_sizes(self) -> None:
+        """Counts and widths: positive integers, heads that group evenly."""
         positive = {
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -306,6 +314,9 @@ class CoreformerConfig(PreTrainedConfig):
                 f"`num_attention_heads` ({self.num_attention_heads}) must be a multiple of `num_key_value_heads` "
                 f"({self.num_key_value_heads}): each key/value head serves a whole group of query heads."
             )
+
+    def _check_choices(self) -> None:
+        """Fields that name one of a set of options, and the combinations of options that cannot work."""
         if self.hidden_act not in ACT2FN:
             raise ValueError(
                 f"`hidden_act` {self.hidden_act!r} is not a known activation; use one of transformers' ACT2FN names "
@@ -321,14 +332,6 @@ class CoreformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
         if self.position_embedding_type == "rotary" and self.head_dim is not None and self.head_dim % 2:
             raise ValueError(f"rotary positions rotate pairs of channels: `head_dim` ({self.head_dim}) must be even.")
-        if self.position_offset < 0:
-            raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
-        if self.type_vocab_size < 0:
-            raise ValueError(f"`type_vocab_size` must be >= 0 (0 disables token types), got {self.type_vocab_size}.")
-        for name in ("rope_theta", "local_rope_theta"):
-            theta = getattr(self, name)
-            if theta is not None and theta <= 0:
-                raise ValueError(f"`{name}` must be > 0, got {theta}.")
         if not self.first_layer_attention_norm and self.norm_position != "pre":
             raise ValueError(
                 "`first_layer_attention_norm=False` (ModernBERT's first layer) reads the embeddings without a norm "
@@ -339,6 +342,17 @@ class CoreformerConfig(PreTrainedConfig):
                 f"`classifier_pooling` must be one of {CLASSIFIER_POOLINGS} (or None for the family's own), got "
                 f"{self.classifier_pooling!r}."
             )
+
+    def _check_ranges(self) -> None:
+        """Numbers with a valid range: epsilons, offsets, the rotary bases, probabilities."""
+        if self.position_offset < 0:
+            raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"`type_vocab_size` must be >= 0 (0 disables token types), got {self.type_vocab_size}.")
+        for name in ("rope_theta", "local_rope_theta"):
+            theta = getattr(self, name)
+            if theta is not None and theta <= 0:
+                raise ValueError(f"`{name}` must be > 0, got {theta}.")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be > 0, got {self.layer_norm_eps}.")
         if self.initializer_range < 0:
@@ -351,7 +365,9 @@ class CoreformerConfig(PreTrainedConfig):
         for name, value in dropouts.items():
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"`{name}` is a probability in [0, 1), got {value}.")
-        self.validate_layer_types()
+
+    def _check_token_ids(self) -> None:
+        """Special token ids inside the vocabulary."""
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             ids = getattr(self, name, None)
             for token_id in ids if isinstance(ids, list) else [ids]:
@@ -384,6 +400,11 @@ class CoreformerConfig(PreTrainedConfig):
                 validator(self)
         self.validate_layer_types()
 
+    @staticmethod
+    def causal_layer_types() -> list[str]:
+        """The layer types that may sit in a causal stack."""
+        return [name for name, layer_type in LAYER_TYPE_TABLE.items() if layer_type.not_causal is None]
+
     def validate_layer_types(self) -> None:
         """Each layer-types list has one known entry per layer, and every type used has its parameters."""
         used = set()
@@ -394,25 +415,21 @@ class CoreformerConfig(PreTrainedConfig):
             unknown = sorted(set(types) - set(LAYER_TYPES))
             if unknown:
                 raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {LAYER_TYPES}.")
-            if causal and "lowrank" in types:  # the only type with LAYER_TYPE_TABLE[...].causal False
-                raise ValueError(
-                    f"`{name}` puts 'lowrank' (Linformer) in a causal stack: its projection mixes all positions along "
-                    f"the sequence, so every output would see future tokens. Linformer is bidirectional only (encoder "
-                    f"layers); use 'sliding', 'strided' or 'linear' for decoders."
-                )
+            for layer_type in sorted(set(types)) if causal else ():
+                refusal = LAYER_TYPE_TABLE[layer_type].not_causal
+                if refusal is not None:
+                    raise ValueError(
+                        f"`{name}` puts '{layer_type}' in a causal stack: {refusal}. It is bidirectional only "
+                        f"(encoder layers); use one of {self.causal_layer_types()} for decoders."
+                    )
             used.update(types)
         for layer_type in sorted(used):
-            parameter = LAYER_TYPE_TABLE[layer_type].parameter
-            value = getattr(self, parameter) if parameter else None
-            if parameter and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"'{layer_type}' layers need `{parameter}`, a positive integer; got {value!r}.")
-        if "strided" in used and self.stride < 2:
-            raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {self.stride}.")
-        if "lowrank" in used and self.lowrank_k > self.max_position_embeddings:
-            raise ValueError(
-                f"`lowrank_k` ({self.lowrank_k}) projects sequences of up to max_position_embeddings "
-                f"({self.max_position_embeddings}) tokens: it must not exceed that length."
-            )
+            entry = LAYER_TYPE_TABLE[layer_type]
+            value = getattr(self, entry.parameter) if entry.parameter else None
+            if entry.parameter and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"'{layer_type}' layers need `{entry.parameter}`, a positive integer; got {value!r}.")
+            if entry.validate is not None:
+                entry.validate(self)
         if self.linear_feature_map not in LINEAR_FEATURE_MAPS:
             raise ValueError(
                 f"`linear_feature_map` must be one of {LINEAR_FEATURE_MAPS}, got {self.linear_feature_map!r}."

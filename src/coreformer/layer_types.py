@@ -1,29 +1,27 @@
 """THE table of attention layer types (`config.layer_types`): one entry per type, so a new type is one entry.
 
-    type      mask the stack builds                    sparse kernel (sdpa, nothing     transformers' cache layer
-                                                       cached, not packed)
-    full      causal / bidirectional                   -                                full_attention
-    sliding   ... AND |q - k| <= sliding_window        sliding_window_attention         sliding_attention
-    strided   ... AND (|q - k| < s or s | q - k)       strided_attention                full_attention
-    lowrank   (B, S) padding mask (Linformer rows)     -                                full_attention (never cached)
-    linear    (B, S) padding mask (feature maps)       -                                coreformer_linear_attention
+    type      mask the stack builds                kernel (file)                            transformers' cache layer
+    full      causal / bidirectional               -                                        full_attention
+    sliding   ... AND |q - k| <= sliding_window    band, O(L·w) (sparse_attention)          sliding_attention
+    strided   ... AND (|q - k| < s or s | q - k)   A1 + A2 parts (sparse_attention)         full_attention
+    lowrank   (B, S) padding mask                  Linformer E/F (lowrank_attention)        full_attention, never cached
+    linear    (B, S) padding mask                  feature maps, O(L) (linear_attention)    coreformer_linear_attention
 
-The configuration validates names and parameters against this table and translates it for transformers' caches; the
-stack builds each type's mask from it and decides, once per forward and per layer, whether the sparse kernel runs;
-`Attention` calls the kernel it is handed. What a type computes beyond its mask (Linformer's projections, the feature
-maps) lives in `Attention` and in `linear_attention.py`.
+This file is free of torch: the configuration reads it (names, parameters, cache layers, validation) without loading
+a kernel. Each kernel is named by a loader that imports its file on first use (`Attention.__init__`), so a new layer
+type is its kernel file (a `layer_kernel.LayerKernel`) plus one entry here. Per forward the stack's plan
+(`forward_plan.py`) builds each type's mask from this table and decides whether each kernel runs; `Attention` calls
+the kernel's hooks.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-import torch
+from .layer_kernel import LayerKernel
 
-from .linear_attention import LINEAR_CACHE_LAYER
-from .sparse_attention import sliding_window_attention, strided_attention
-
-# transformers' mask functions: (batch, head, query position, key position) -> whether the key is visible.
-MaskFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# transformers' mask functions: (batch, head, query position, key position) tensors -> whether the key is visible.
+MaskFunction = Callable[[Any, Any, Any, Any], Any]
 
 
 def sliding_window_overlay(window: int) -> MaskFunction:
@@ -46,14 +44,42 @@ def strided_overlay(stride: int) -> MaskFunction:
     return allowed
 
 
-def sliding_kernel(window: int, query, key, value, **shared) -> torch.Tensor:
-    """`sliding_window_attention` with the type's parameter (first, to be bound) as its window."""
-    return sliding_window_attention(query, key, value, window=window, **shared)
+# Kernel loaders: config -> the type's kernel, importing its file only here (the config never calls them).
+def sliding_kernel(config: Any) -> LayerKernel:
+    from .sparse_attention import SparseKernel, sliding_window_attention
+
+    return SparseKernel(sliding_window_attention, window=config.sliding_window)
 
 
-def strided_kernel(stride: int, query, key, value, **shared) -> torch.Tensor:
-    """`strided_attention` with the type's parameter (first, to be bound) as its stride."""
-    return strided_attention(query, key, value, stride=stride, **shared)
+def strided_kernel(config: Any) -> LayerKernel:
+    from .sparse_attention import SparseKernel, strided_attention
+
+    return SparseKernel(strided_attention, stride=config.stride)
+
+
+def lowrank_kernel(config: Any) -> LayerKernel:
+    from .lowrank_attention import LowRankKernel
+
+    return LowRankKernel()
+
+
+def linear_kernel(config: Any) -> LayerKernel:
+    from .linear_attention import LinearKernel
+
+    return LinearKernel()
+
+
+def check_stride(config: Any) -> None:
+    if config.stride < 2:
+        raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {config.stride}.")
+
+
+def check_lowrank_k(config: Any) -> None:
+    if config.lowrank_k > config.max_position_embeddings:
+        raise ValueError(
+            f"`lowrank_k` ({config.lowrank_k}) projects sequences of up to max_position_embeddings "
+            f"({config.max_position_embeddings}) tokens: it must not exceed that length."
+        )
 
 
 @dataclass(frozen=True)
@@ -67,9 +93,15 @@ class LayerType:
         overlay: builds the mask function ANDed into transformers' causal/bidirectional mask from that parameter;
             None for "full". Ignored when `padding_mask_only`.
         padding_mask_only: the layer takes the (B, S) boolean padding mask itself, never a built mask.
-        sparse_kernel: (parameter, query, key, value, *, causal, padding_mask, scaling, dropout) -> (B, T, H, D),
-            run under sdpa when nothing but padding constrains the keys; None where there is none.
-        causal: whether the type may sit in a causal stack.
+        kernel: config -> the type's `LayerKernel` (imported on first call); None where the mask says everything.
+        dense_fallback: the kernel computes exactly what the mask computes (a sparse form of it), so the plan runs it
+            only where it applies (sdpa, nothing cached, no packed rows) and the masked backend otherwise; without
+            it the kernel runs on every call.
+        not_causal: why the type cannot sit in a causal stack, or None where it can.
+        packed_rows: whether the type keeps the documents of a packed row apart (position ids restarting mid-row);
+            a causal stack refuses such rows for a type that cannot.
+        max_length_field: the config field bounding the input length the type accepts, or None.
+        validate: further checks of the config, run where the type is used.
         transformers_window: the `sliding_window` passed to attention functions, in transformers' convention (the
             window counts the query itself, as Mistral/Qwen2 pass it), from the parameter; None if not a window.
         rope_theta_field: the config field holding the rotary base of this type's layers (`None` there falls back
@@ -81,8 +113,12 @@ class LayerType:
     parameter: str | None = None
     overlay: Callable[[int], MaskFunction] | None = None
     padding_mask_only: bool = False
-    sparse_kernel: Callable[..., torch.Tensor] | None = None
-    causal: bool = True
+    kernel: Callable[[Any], LayerKernel] | None = None
+    dense_fallback: bool = False
+    not_causal: str | None = None
+    packed_rows: bool = True
+    max_length_field: str | None = None
+    validate: Callable[[Any], None] | None = None
     transformers_window: Callable[[int], int] | None = None
     rope_theta_field: str = "rope_theta"
 
@@ -94,17 +130,40 @@ LAYER_TYPES: dict[str, LayerType] = {
         "sliding_attention",
         parameter="sliding_window",
         overlay=sliding_window_overlay,
-        sparse_kernel=sliding_kernel,
+        kernel=sliding_kernel,
+        dense_fallback=True,
         transformers_window=lambda window: window + 1,
         rope_theta_field="local_rope_theta",
     ),
     # Every key may be needed later: the stride pattern reaches back indefinitely, so the cache keeps them all.
     "strided": LayerType(
-        "full_attention", "full_attention", parameter="stride", overlay=strided_overlay, sparse_kernel=strided_kernel
+        "full_attention",
+        "full_attention",
+        parameter="stride",
+        overlay=strided_overlay,
+        kernel=strided_kernel,
+        dense_fallback=True,
+        validate=check_stride,
     ),
-    # Linformer's projection mixes all positions along the sequence: bidirectional only, never cached.
+    # Linformer's E/F have one column per position up to max_position_embeddings, and mix all positions: never
+    # cached, and not for packed rows (documents would mix).
     "lowrank": LayerType(
-        "full_attention", "full_attention", parameter="lowrank_k", padding_mask_only=True, causal=False
+        "full_attention",
+        "full_attention",
+        parameter="lowrank_k",
+        padding_mask_only=True,
+        kernel=lowrank_kernel,
+        not_causal="its projection mixes all positions along the sequence, so every output would see future tokens",
+        packed_rows=False,
+        max_length_field="max_position_embeddings",
+        validate=check_lowrank_k,
     ),
-    "linear": LayerType(LINEAR_CACHE_LAYER, "linear_attention", padding_mask_only=True),
+    # The cache layer is registered with transformers' caches by linear_attention.py (`LINEAR_CACHE_LAYER`).
+    "linear": LayerType(
+        "coreformer_linear_attention",
+        "linear_attention",
+        padding_mask_only=True,
+        kernel=linear_kernel,
+        packed_rows=False,
+    ),
 }

@@ -9,6 +9,7 @@ The stacks that assemble blocks live in `modeling_base.py`.
 """
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
@@ -16,8 +17,9 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .attention import Attention, Unpadding
+from .attention import Attention
 from .configuration_coreformer import CoreformerConfig
+from .forward_plan import ForwardPlan
 
 # Activations that transformers writes out elementwise in Python, each mapped to the one fused kernel computing the
 # same formula (max difference 2.4e-7 in fp32): GPT-2's tanh-approximate GELU is ~3x faster fused, forward+backward.
@@ -148,61 +150,38 @@ class Block(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
+        plan: ForwardPlan,
         encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
-        sparse_kernel: bool = False,
-        probability_mask: torch.Tensor | None = None,
-        cross_probability_mask: torch.Tensor | None = None,
-        unpadding: Unpadding | None = None,
-        padded_states: bool = False,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Returns the new hidden states and the self- and cross-attention probabilities (or None).
 
         Args:
-            hidden_states: (B, T, hidden), or the (N, hidden) real tokens of a padded batch when `unpadding` is given
-                and not `padded_states`.
-            sparse_kernel: the stack's decision that self-attention runs its layer type's sparse kernel.
-            probability_mask / cross_probability_mask: eager-form masks for recomputed attention probabilities.
-            unpadding: where the real tokens of a padded batch sit; position-wise work then runs on those alone.
-            padded_states: with `unpadding`, take and return padded (B, T, hidden) states and unpad only inside, so
-                that the states the stack records for `output_hidden_states` are the ones the computation uses.
+            hidden_states: (B, T, hidden), or the (N, hidden) real tokens of a padded batch when the plan unpads and
+                the stack does not record hidden states (`ForwardPlan.padded_states`: then padded in and out, and
+                unpadded only inside, so that the recorded states are the ones the computation uses).
+            plan: what the stack decided once for this forward; this block reads its layer type's entry.
+            encoder_hidden_states: (B, S, hidden), the keys/values of cross-attention.
         """
-        if padded_states:
+        unpadding = plan.unpadding if plan.padded_states else None
+        if unpadding is not None:
             hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N, hidden)
-        hidden_states, self_weights = self._residual(
-            hidden_states,
-            self.self_attn_norm,
-            lambda x: self.self_attn(
-                x,
-                attention_mask,
-                position_embeddings=position_embeddings,
-                past_key_values=past_key_values,
-                sparse_kernel=sparse_kernel,
-                probability_mask=probability_mask,
-                unpadding=unpadding,
-                **kwargs,
-            ),
+        self_attention = partial(
+            self.self_attn, plan=plan.layers[self.layer_type], past_key_values=past_key_values, **kwargs
         )
+        hidden_states, self_weights = self._residual(hidden_states, self.self_attn_norm, self_attention)
         cross_weights = None
         if self.cross_attn is not None:
-            hidden_states, cross_weights = self._residual(
-                hidden_states,
-                self.cross_attn_norm,
-                lambda x: self.cross_attn(
-                    x,
-                    encoder_attention_mask,
-                    key_value_states=encoder_hidden_states,
-                    past_key_values=past_key_values,
-                    probability_mask=cross_probability_mask,
-                    unpadding=unpadding,
-                    **kwargs,
-                ),
+            cross_attention = partial(
+                self.cross_attn,
+                plan=plan.cross,
+                key_value_states=encoder_hidden_states,
+                past_key_values=past_key_values,
+                **kwargs,
             )
+            hidden_states, cross_weights = self._residual(hidden_states, self.cross_attn_norm, cross_attention)
         hidden_states, _ = self._residual(hidden_states, self.mlp_norm, lambda x: (self.mlp(x), None))
-        if padded_states:
+        if unpadding is not None:
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden)
         return hidden_states, self_weights, cross_weights

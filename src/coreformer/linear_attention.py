@@ -3,15 +3,20 @@
 feature maps     elu(x) + 1 (Katharopoulos et al. 2020), FAVOR+ positive random features (Performer)
 linear_attention φ(Q) (φ(K)ᵀ [V, 1]) normalised, chunked when causal, returning the running state
 LinearAttentionStateLayer   the cache layer that keeps that state (registered with transformers' caches)
+LinearKernel     the "linear" layer type's kernel: random features, the O(L) forward with its cache, probabilities
 """
 
 import math
 
 import torch
 from torch import nn
+from transformers import initialization as init
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, CacheLayerMixin
 
-# The cache layer type under which transformers' caches build a `LinearAttentionStateLayer`.
+from .layer_kernel import LayerKernel
+
+# The cache layer type under which transformers' caches build a `LinearAttentionStateLayer` (the "linear" entry of
+# layer_types.py names it).
 LINEAR_CACHE_LAYER = "coreformer_linear_attention"
 
 
@@ -133,3 +138,82 @@ class LinearAttentionStateLayer(CacheLayerMixin):
 # The same running state serves dynamic and static caches.
 DYNAMIC_LAYER_TYPE_MAPPING[LINEAR_CACHE_LAYER] = LinearAttentionStateLayer
 STATIC_LAYER_TYPE_MAPPING[LINEAR_CACHE_LAYER] = LinearAttentionStateLayer
+
+
+class LinearKernel(LayerKernel):
+    """The "linear" layer type: softmax replaced by the configured feature map (`linear_feature_map`), every call.
+
+    Its cache layer keeps the running state, not keys/values, so the kernel reads and writes it itself.
+    """
+
+    keeps_cache = True
+
+    def build(self, attention: nn.Module) -> None:
+        config = attention.config
+        if config.linear_feature_map == "performer":
+            # Random features are part of the function: a persistent buffer, saved with the weights.
+            attention.register_buffer("random_features", torch.empty(attention.head_dim, config.linear_num_features))
+
+    def init_weights(self, attention: nn.Module) -> None:
+        if hasattr(attention, "random_features"):
+            init.copy_(attention.random_features, draw_random_features(attention.random_features))
+
+    def features(self, attention: nn.Module, states: torch.Tensor, is_query: bool) -> torch.Tensor:
+        """(B, H, T, D) -> (B, H, T, m) feature-mapped queries or keys."""
+        if attention.config.linear_feature_map == "performer":
+            return performer_feature_map(states.float(), attention.random_features.float(), is_query)
+        return elu_feature_map(states)
+
+    def attend(self, attention, query, key, value, padding_mask, cache, plan):
+        layer_idx = attention.layer_idx
+        layer = cache.layers[layer_idx] if cache is not None and len(cache.layers) > layer_idx else None
+        if cache is not None and not isinstance(layer, LinearAttentionStateLayer):
+            raise ValueError(
+                "This layer is linear attention, which caches a running state: build the cache from the config "
+                "(DynamicCache(config=model.config) or StaticCache(config=model.config, ...)) or let generate() do it."
+            )
+        if plan.output_attentions and layer is not None and layer.get_seq_length():
+            raise ValueError(
+                "output_attentions=True with a cached 'linear' layer: its cache keeps a running state, not the past "
+                "keys, so the probabilities over earlier tokens no longer exist. Request attentions on a forward "
+                "without a cache (use_cache=False), or on the prefill only."
+            )
+        key_features = self.features(attention, key, is_query=False)
+        if padding_mask is not None:
+            new_tokens = padding_mask[:, -key.shape[2] :]  # (B, T): the mask also covers cached tokens
+            key_features = key_features * new_tokens[:, None, :, None].to(key_features.dtype)
+        output, state = linear_attention(
+            self.features(attention, query, is_query=True),
+            key_features,
+            value,
+            causal=attention.is_causal,
+            state=layer.state if layer is not None else None,
+        )
+        if layer is not None:
+            layer.update_state(state, key.shape[2])
+        return output
+
+    def probabilities(self, attention, query, key, plan):
+        """φ(q)·φ(k) / Σ φ(q)·φ(k) over the visible keys, which the O(L) form never forms."""
+        padding_mask = plan.mask
+        query_features = self.features(attention, query, is_query=True).float()  # (B, H, T, m)
+        key_features = self.features(attention, key, is_query=False).float()  # (B, H, S, m)
+        similarity = query_features @ key_features.transpose(2, 3)  # (B, H, T, S)
+        length, keys = similarity.shape[-2:]
+        visible = torch.ones(length, keys, dtype=torch.bool, device=query.device)
+        if attention.is_causal:
+            visible = visible.tril(keys - length)  # (T, S): query t sees keys up to its own position
+        visible = visible[None, None]
+        if padding_mask is not None:
+            visible = visible & padding_mask[:, None, None, -keys:].bool()
+        similarity = similarity * visible
+        return (similarity / similarity.sum(-1, keepdim=True).clamp_min(1e-6)).to(query.dtype)
+
+
+def draw_random_features(features: torch.Tensor) -> torch.Tensor:
+    """Orthogonal Gaussian features (Performer's ORF variant) shaped and typed like `features`, (head_dim, m)."""
+    head_dim, count = features.shape
+    num_blocks = -(-count // head_dim)
+    blocks = [torch.linalg.qr(torch.randn(head_dim, head_dim))[0] for _ in range(num_blocks)]
+    norms = torch.randn(count, head_dim).norm(dim=-1)  # chi-distributed row norms, as for Gaussian rows
+    return (torch.cat(blocks, dim=1)[:, :count] * norms).to(features.dtype)

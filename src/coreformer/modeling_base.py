@@ -1,4 +1,4 @@
-"""What every family shares: the pretrained-model base, THE stack, and the head pieces.
+"""What every family shares: the pretrained-model base and THE stack.
 
 `CoreformerStack` is the one encoder/decoder stack. It embeds tokens, builds the masks and the rotary (cos, sin)
 once per forward, runs its blocks and applies the final norm. The families differ only in how they build it:
@@ -7,49 +7,40 @@ once per forward, runs its blocks and applies the final norm. The families diffe
     decoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=True)
     seq2seq model   encoder stack as above + CoreformerCrossAttendingStack(config, config.decoder_layer_types, ...)
 
-Layers may differ in attention type (`layer_types`, one entry each in `layer_types.py`): per forward the stack builds
-one mask per type present and decides once which layers run their sparse kernel, and hands both to the blocks.
+Layers may differ in attention type (`layer_types`, one entry each in `layer_types.py`): per forward the stack makes
+one plan (`forward_plan.py`: a mask per type present, which kernels run, the probability masks, the rotary angles,
+where the real tokens are) and hands it to every block.
 Hidden states and attentions are recorded by transformers' `capture_outputs` hooks (`_can_record_outputs`), not
 collected by hand; the stack is a `PreTrainedModel` for that (transformers' contract, as BART's encoder and decoder).
 
-Head pieces (`LMHeadTransform`, `language_model_outputs`, `ClassificationHead`, the pooling functions) and the
-token-classification head, which is the same for every family with a single stack, live here too.
+The head pieces the families share live in `modeling_heads.py`.
 """
-
-import copy
-from typing import NamedTuple
 
 import torch
 from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_bidirectional_mask, create_causal_mask
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
-    SequenceClassifierOutputWithPast,
-    TokenClassifierOutput,
 )
-from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .attention import Attention, Unpadding
+from .attention import Attention
 from .configuration_coreformer import CoreformerConfig
+from .forward_plan import ForwardPlan, ForwardPlanner
 from .layer_types import LAYER_TYPES
 from .layers import (
     MLP,
     Block,
     RotaryEmbedding,
     SinusoidalPositions,
-    build_activation,
     build_norm,
     sinusoidal_table,
 )
-from .losses import LanguageModelLoss, labelled_rows, linear_cross_entropy, token_loss
 
 
 class CoreformerPreTrainedModel(PreTrainedModel):
@@ -116,30 +107,15 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             projection = module.o_proj if isinstance(module, Attention) else module.down_proj
             num_layers = sum(self.config.layer_counts().values())
             init.normal_(projection.weight, mean=0.0, std=std / (2 * num_layers) ** 0.5)
-        if isinstance(module, Attention) and module.layer_type == "linear" and hasattr(module, "random_features"):
-            init.copy_(module.random_features, module.draw_random_features())
+        if isinstance(module, Attention) and module.kernel is not None:
+            module.kernel.init_weights(module)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
         elif isinstance(module, SinusoidalPositions):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
 
 
-class BlockInputs(NamedTuple):
-    """What `CoreformerStack.forward` decides once and every block reads (`CoreformerStack.shared_block_inputs`)."""
-
-    masks: dict[str, torch.Tensor | None]  # per layer type, in the backend's form
-    sparse_types: frozenset[str]  # layer types that run their sparse kernel
-    probability_masks: dict[str, torch.Tensor | None]  # eager-form masks for recomputed attentions, {} when not asked
-    cross_mask: torch.Tensor | None  # over the encoder output (cross-attending stacks)
-    cross_probability_mask: torch.Tensor | None
-    position_embeddings: dict[str, tuple[torch.Tensor, torch.Tensor]]  # rotary (cos, sin) per layer type
-    unpadding: Unpadding | None  # where the real tokens are, when the blocks run on them alone
-    # Recorded hidden states must be the tensors the computation uses: when they are asked for, blocks pass padded
-    # states and unpad inside (the same numbers; two index copies per layer) instead of the stack unpadding once.
-    padded_states: bool
-
-
-class CoreformerStack(CoreformerPreTrainedModel):
+class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
     """Embeddings, a stack of `Block`s and the final norm; bidirectional or causal, with or without cross-attention.
 
     A `PreTrainedModel` of its own, as BART's encoder and decoder are: transformers' output-recording contract puts
@@ -269,17 +245,19 @@ class CoreformerStack(CoreformerPreTrainedModel):
                 f"not match this model; use the model's tokenizer or resize_token_embeddings(len(tokenizer))."
             )
 
-    def _check_lowrank_length(self, length: int) -> None:
-        # Linformer's E/F projections have one column per position up to max_position_embeddings; positions that are
-        # not learned (rotary, none) would not stop a longer input before an opaque matmul error in the projection.
-        # (Linformer is refused in causal stacks, so there is never a cached past to add.)
-        if "lowrank" in self.layer_types and length > self.config.max_position_embeddings:
-            raise ValueError(
-                f"the input has {length} tokens, more than the {self.config.max_position_embeddings} "
-                f"(max_position_embeddings) that this model's 'lowrank' (Linformer) layers project: truncate the "
-                f"input (tokenizer(..., truncation=True, max_length={self.config.max_position_embeddings})) or build "
-                f"the model with a larger max_position_embeddings."
-            )
+    def _check_length(self, length: int) -> None:
+        # A type bounded by a config field (Linformer's E/F have one column per position up to
+        # max_position_embeddings) would otherwise fail in an opaque matmul where positions are not learned (rotary,
+        # none). Such types are never causal, so there is never a cached past to add.
+        for name in dict.fromkeys(self.layer_types):
+            field = LAYER_TYPES[name].max_length_field
+            if field is not None and length > getattr(self.config, field):
+                limit = getattr(self.config, field)
+                raise ValueError(
+                    f"the input has {length} tokens, more than the {limit} ({field}) that this model's '{name}' "
+                    f"layers accept: truncate the input (tokenizer(..., truncation=True, max_length={limit})) or "
+                    f"build the model with a larger {field}."
+                )
 
     def _check_positions(self, position_ids: torch.Tensor) -> None:
         if self.embed_positions is None or is_torchdynamo_compiling() or position_ids.numel() == 0:
@@ -318,185 +296,6 @@ class CoreformerStack(CoreformerPreTrainedModel):
             hidden_states = self.embedding_norm(hidden_states)
         return self.dropout(hidden_states)
 
-    def check_packed_linear(
-        self, attention_mask: torch.Tensor | None, cache: Cache | None, position_ids: torch.Tensor, packed: bool
-    ) -> None:
-        """transformers separates packed documents (position ids restarting mid-row, no attention_mask, no cache) in
-        causal masks only; a linear layer's running sums would run across them: refuse that."""
-        unmasked_packed = packed and attention_mask is None and cache is None
-        if not (self.is_causal and "linear" in self.layer_types and unmasked_packed):
-            return
-        # The test of transformers' find_packed_sequence_indices: a step other than +1 starts a new document.
-        if not is_torchdynamo_compiling() and bool((position_ids.diff(dim=-1) != 1).any()):
-            raise ValueError(
-                "position_ids restart mid-row (packed documents), which 'linear' layers cannot keep apart: their "
-                "running sums would mix the documents, while the other layer types separate them. Give each "
-                "document its own row (pad, and pass attention_mask) instead of packing, or use 'full', "
-                "'sliding' or 'strided' layers."
-            )
-
-    def sparse_kernel_types(
-        self, attention_mask: torch.Tensor | None, cache: Cache | None, packed: bool
-    ) -> frozenset[str]:
-        """The layer types of this stack that run their sparse kernel in this forward: decided here, once, and handed
-        to each layer explicitly.
-
-        Sliding and strided layers run sparse kernels (O(L·w), O(L·(s + L/s))) under sdpa when nothing constrains
-        the keys beyond padding: no cached keys (whose window bookkeeping the dense mask handles) and no packed
-        sequences (documents that restart their position ids, which transformers' mask machinery separates). An
-        empty dynamic cache layer (a prefill; eval-mode forwards build a DynamicCache by default) hands back exactly
-        the new keys, so the kernels apply there too; a static layer hands back its whole fixed-length buffer.
-        Under eager the dense reference path runs; under any other backend (flex, a registered custom function) the
-        backend gets every call. (The layer check goes first: a static cache's length is a tensor, which
-        torch.compile cannot branch on.)
-        """
-        with_kernel = {name for name in self.layer_types if LAYER_TYPES[name].sparse_kernel is not None}
-        if not with_kernel or self.config._attn_implementation != "sdpa" or (attention_mask is None and packed):
-            return frozenset()
-        if cache is not None:
-            layers = [index for index, name in enumerate(self.layer_types) if name in with_kernel]
-            if any(index < len(cache.layers) and not isinstance(cache.layers[index], DynamicLayer) for index in layers):
-                return frozenset()
-            if cache.get_seq_length() != 0:
-                return frozenset()
-        return frozenset(with_kernel)
-
-    def build_masks(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        sparse_types: frozenset[str] = frozenset(),
-        config: CoreformerConfig | None = None,
-    ) -> dict[str, torch.Tensor | None]:
-        """One mask per attention type in the stack, in the form the configured backend wants.
-
-        Types with a mask overlay ("full", "sliding", "strided") go through transformers' mask machinery (eager,
-        sdpa and flex all work; flex turns the pattern into a sparse BlockMask); types that take the padding mask
-        itself ("lowrank", "linear"), and the `sparse_types` that run their kernel, get the (B, S) boolean padding
-        mask. `config`: build for another backend than the model's (`eager_view`, for recomputed probabilities).
-        """
-        config = self.config if config is None else config
-        implementation = config._attn_implementation
-        patterns = sorted(name for name in set(self.layer_types) if LAYER_TYPES[name].overlay is not None)
-        if patterns and implementation is not None and implementation.startswith("flash"):
-            raise ValueError(
-                f"{patterns} layers are defined by their mask, which {implementation} ignores: use "
-                f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
-            )
-        beyond_window = [name for name in patterns if LAYER_TYPES[name].transformers_window is None]
-        if beyond_window and implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
-            raise ValueError(
-                f"{beyond_window} layers are defined by their mask, but the attention function {implementation!r} "
-                f"has no mask function registered, so it would get no mask: register one with "
-                f"AttentionMaskInterface.register({implementation!r}, sdpa_mask) (transformers.masking_utils), or use "
-                f"'sdpa', 'flex_attention' or 'eager'."
-            )
-        masks: dict[str, torch.Tensor | None] = {}
-        for name in dict.fromkeys(self.layer_types):
-            layer_type = LAYER_TYPES[name]
-            if layer_type.padding_mask_only or name in sparse_types:
-                if attention_mask is not None and attention_mask.dim() != 2:
-                    raise ValueError(f"'{name}' layers need the 2D (batch, length) padding mask.")
-                masks[name] = attention_mask.bool() if attention_mask is not None else None
-                continue
-            overlay = layer_type.overlay(getattr(self.config, layer_type.parameter)) if layer_type.overlay else None
-            if self.is_causal:
-                masks[name] = create_causal_mask(
-                    config=config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    past_key_values=cache,
-                    position_ids=position_ids,
-                    and_mask_function=overlay,
-                    # Size the mask by a cache layer of this type: a sliding layer holds only its window.
-                    layer_idx=self.layer_types.index(name) if cache is not None else None,
-                )
-            else:
-                masks[name] = create_bidirectional_mask(
-                    config=config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    and_mask_function=overlay,
-                )
-        return masks
-
-    def unpadding(self, attention_mask: torch.Tensor | None, cache: Cache | None) -> Unpadding | None:
-        """Where the real tokens are, when the batch is padded and nothing needs the padded layout between blocks.
-
-        With a cache the padded layout is what gets cached; under torch.compile the data-dependent token count would
-        break the graph. Padding positions come out of the stack as zeros.
-        """
-        if cache is not None or attention_mask is None or attention_mask.dim() != 2 or is_torchdynamo_compiling():
-            return None
-        if attention_mask.numel() == 0 or bool(attention_mask.all()):
-            return None
-        return Unpadding.from_padding_mask(attention_mask)
-
-    def probability_masks(
-        self,
-        masks: dict[str, torch.Tensor | None],
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        sparse_types: frozenset[str],
-    ) -> dict[str, torch.Tensor | None]:
-        """The masks in eager's form, for attention probabilities recomputed beside another backend or a sparse
-        kernel (`Attention._probabilities`); under eager without sparse kernels, the masks themselves."""
-        if self.config._attn_implementation == "eager" and not sparse_types:
-            return masks
-        return self.build_masks(hidden_states, attention_mask, cache, position_ids, config=eager_view(self.config))
-
-    def self_attention_masks(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        prepared_masks: dict[str, torch.Tensor | None] | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        caller_positions: bool,
-        *,
-        output_attentions: bool,
-    ) -> tuple[frozenset[str], dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]:
-        """(layer types that run their sparse kernel, the mask per layer type, the eager-form masks for recomputed
-        probabilities when attentions are asked for)."""
-        if prepared_masks is not None:  # generate() built them ahead, outside a compiled forward
-            # the backend's own form, boolean or additive: both read as eager's for the probabilities
-            return frozenset(), prepared_masks, prepared_masks
-        self.check_packed_linear(attention_mask, cache, position_ids, caller_positions)
-        sparse_types = self.sparse_kernel_types(attention_mask, cache, caller_positions)
-        masks = self.build_masks(hidden_states, attention_mask, cache, position_ids, sparse_types)
-        if not output_attentions:
-            return sparse_types, masks, {}
-        probability_masks = self.probability_masks(
-            masks, hidden_states, attention_mask, cache, position_ids, sparse_types
-        )
-        return sparse_types, masks, probability_masks
-
-    def cross_attention_masks(
-        self,
-        hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor | None,
-        encoder_attention_mask: torch.Tensor | None,
-        *,
-        output_attentions: bool,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(the cross-attention mask over the encoder output, its eager form when attentions are asked for)."""
-        if not self.cross_attention:
-            return None, None
-        masks = [
-            create_bidirectional_mask(
-                config=config,
-                inputs_embeds=hidden_states,
-                attention_mask=encoder_attention_mask,
-                encoder_hidden_states=encoder_hidden_states,
-            )
-            for config in ((self.config, eager_view(self.config)) if output_attentions else (self.config,))
-        ]
-        return masks[0], masks[1] if output_attentions else None
-
     @capture_outputs
     def forward(
         self,
@@ -530,39 +329,27 @@ class CoreformerStack(CoreformerPreTrainedModel):
         """
         inputs_embeds = self._checked_inputs(input_ids, inputs_embeds, encoder_hidden_states)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        if output_hidden_states is None:
-            output_hidden_states = self.config.output_hidden_states
-        prepared_masks = self._prepared_masks(attention_mask)
-        if prepared_masks is not None:
-            attention_mask = None
-        use_cache, past_key_values = self._resolve_cache(use_cache, past_key_values)
-        self_attention_cache = (
-            past_key_values.self_attention_cache
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else past_key_values
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
-        caller_positions = position_ids is not None
-        position_ids = self._checked_positions(
-            input_ids if input_ids is not None else inputs_embeds, attention_mask, self_attention_cache, position_ids
-        )
-
+        use_cache, past_key_values, cache = self._resolve_cache(use_cache, past_key_values)
+        padding_mask = attention_mask if self.prepared_masks(attention_mask) is None else None
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        packed = position_ids is not None  # the caller's positions may restart mid-row
+        position_ids = self._checked_positions(inputs, padding_mask, cache, position_ids)
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
-        shared = self.shared_block_inputs(
+        plan = self.plan(
             hidden_states,
             attention_mask,
-            prepared_masks,
-            self_attention_cache,
+            cache,
             position_ids,
-            caller_positions,
             encoder_hidden_states,
             encoder_attention_mask,
+            packed=packed,
             output_attentions=output_attentions,
             padded_states=bool(output_hidden_states is not False and output_hidden_states),
         )
-        hidden_states = self.run_blocks(
-            hidden_states, shared, encoder_hidden_states, past_key_values, output_attentions, **kwargs
-        )
-
+        hidden_states = self.run_blocks(hidden_states, plan, encoder_hidden_states, past_key_values, **kwargs)
         if not self.is_causal:
             return BaseModelOutput(last_hidden_state=hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(
@@ -581,83 +368,29 @@ class CoreformerStack(CoreformerPreTrainedModel):
         batch, length = inputs.shape[:2]
         past_length = cache.get_seq_length() if cache is not None else 0
         self._check_mask_shape(attention_mask, batch, past_length, length)
-        self._check_lowrank_length(length)
+        self._check_length(length)
         if position_ids is not None:
             return position_ids
         return torch.arange(length, device=inputs.device).unsqueeze(0) + past_length  # (1, T)
 
-    def shared_block_inputs(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        prepared_masks: dict[str, torch.Tensor | None] | None,
-        cache: Cache | None,
-        position_ids: torch.Tensor,
-        caller_positions: bool,
-        encoder_hidden_states: torch.Tensor | None,
-        encoder_attention_mask: torch.Tensor | None,
-        *,
-        output_attentions: bool,
-        padded_states: bool,
-    ) -> BlockInputs:
-        """What every block of this forward reads, decided once here: the masks, the sparse-kernel decision, the
-        rotary angles and where the real tokens are. `padded_states`: hidden states are recorded, so the blocks keep
-        the padded layout (see `BlockInputs.padded_states`)."""
-        sparse_types, masks, probability_masks = self.self_attention_masks(
-            hidden_states,
-            attention_mask,
-            prepared_masks,
-            cache,
-            position_ids,
-            caller_positions,
-            output_attentions=output_attentions,
-        )
-        cross_mask, cross_probability_mask = self.cross_attention_masks(
-            hidden_states, encoder_hidden_states, encoder_attention_mask, output_attentions=output_attentions
-        )
-        unpadding = self.unpadding(attention_mask, cache)
-        return BlockInputs(
-            masks=masks,
-            sparse_types=sparse_types,
-            probability_masks=probability_masks,
-            cross_mask=cross_mask,
-            cross_probability_mask=cross_probability_mask,
-            position_embeddings=self.rotary_position_embeddings(hidden_states, position_ids),
-            unpadding=unpadding,
-            padded_states=unpadding is not None and padded_states,
-        )
-
     def run_blocks(
         self,
         hidden_states: torch.Tensor,
-        shared: BlockInputs,
+        plan: ForwardPlan,
         encoder_hidden_states: torch.Tensor | None,
         past_key_values: Cache | None,
-        output_attentions: bool,
         **kwargs,
     ) -> torch.Tensor:
         """The blocks, then the final norm: (B, T, hidden) in and out, zeros at the padding when unpadded."""
-        unpadding = shared.unpadding
-        if unpadding is not None and not shared.padded_states:
+        unpadding = plan.unpadding
+        if unpadding is not None and not plan.padded_states:
             hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N real tokens, hidden)
         for block in self.layers:
             # Tensors that need gradients go positionally: reentrant checkpointing only sees positional inputs.
             hidden_states, _, _ = block(
-                hidden_states,
-                shared.masks[block.layer_type],
-                encoder_hidden_states,
-                encoder_attention_mask=shared.cross_mask,
-                position_embeddings=shared.position_embeddings.get(block.layer_type),
-                past_key_values=past_key_values,
-                sparse_kernel=block.layer_type in shared.sparse_types,
-                probability_mask=shared.probability_masks.get(block.layer_type),
-                cross_probability_mask=shared.cross_probability_mask,
-                unpadding=unpadding,
-                padded_states=shared.padded_states,
-                output_attentions=output_attentions,
-                **kwargs,
+                hidden_states, plan, encoder_hidden_states, past_key_values=past_key_values, **kwargs
             )
-        if unpadding is not None and shared.padded_states:
+        if unpadding is not None and plan.padded_states:
             hidden_states = unpadding.unpad(hidden_states)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
@@ -665,35 +398,13 @@ class CoreformerStack(CoreformerPreTrainedModel):
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden), zeros at the padding
         return hidden_states
 
-    def rotary_position_embeddings(
-        self, hidden_states: torch.Tensor, position_ids: torch.Tensor
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{layer type: its rotary (cos, sin), each (B, T, head_dim)}, computed once per rotary base; {} without
-        rotary positions."""
-        by_theta = {
-            table.theta: table(hidden_states, position_ids)
-            for table in (self.rotary_emb, self.local_rotary_emb)
-            if table is not None
-        }
-        return {name: by_theta[theta] for name, theta in self.rope_thetas.items()}
-
-    def _prepared_masks(self, attention_mask) -> dict[str, torch.Tensor | None] | None:
-        """Masks already built per layer type (`CoreformerPreTrainedModel.create_masks_for_generate`), or None."""
-        if not isinstance(attention_mask, dict):
-            return None
-        missing = sorted(set(self.layer_types) - set(attention_mask))
-        if missing:
-            raise ValueError(
-                f"attention_mask is a dict of prepared masks without an entry for the layer types {missing}: pass "
-                f"the (batch, length) padding mask instead, or one mask per type of {sorted(set(self.layer_types))}."
-            )
-        return attention_mask
-
-    def _resolve_cache(self, use_cache: bool | None, past_key_values: Cache | None) -> tuple[bool, Cache | None]:
-        """Whether this forward caches, and the cache: none in a bidirectional stack; a DynamicCache (wrapped for
-        cross-attention) when caching is on and none was passed."""
+    def _resolve_cache(
+        self, use_cache: bool | None, past_key_values: Cache | None
+    ) -> tuple[bool, Cache | None, Cache | None]:
+        """Whether this forward caches, the cache, and its self-attention part: none in a bidirectional stack; a
+        DynamicCache (wrapped for cross-attention) when caching is on and none was passed."""
         if not self.is_causal:
-            return False, None
+            return False, None, None
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
         if use_cache and past_key_values is None:
@@ -701,7 +412,9 @@ class CoreformerStack(CoreformerPreTrainedModel):
             if self.cross_attention:
                 # Cross-attention keeps every encoder key whatever the decoder's layer types: a plain cache.
                 past_key_values = EncoderDecoderCache(past_key_values, DynamicCache())
-        return use_cache, past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):
+            return use_cache, past_key_values, past_key_values.self_attention_cache
+        return use_cache, past_key_values, past_key_values
 
     def _check_mask_shape(self, attention_mask: torch.Tensor | None, batch: int, past_length, length: int) -> None:
         # A static cache's length is a tensor: under torch.compile comparing it would break the graph, so the check
@@ -729,284 +442,3 @@ class CoreformerCrossAttendingStack(CoreformerStack):
 
     def __init__(self, config: CoreformerConfig, layer_types: list[str], embed_tokens: nn.Embedding):
         super().__init__(config, layer_types, embed_tokens, is_causal=True, cross_attention=True)
-
-
-def eager_view(config: CoreformerConfig) -> CoreformerConfig:
-    """A shallow copy of `config` for which transformers' mask builders produce eager's (materialised) masks."""
-    eager_config = copy.copy(config)
-    eager_config._attn_implementation = "eager"  # the copy has no sub-configs for the setter to reach
-    return eager_config
-
-
-def classifier_dropout(config: CoreformerConfig) -> float:
-    return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
-
-
-class LMHeadTransform(nn.Module):
-    """BERT's MLM transform before the vocabulary projection: dense -> activation -> norm. The same shape is
-    ModernBERT's prediction head, in front of its classifiers too (`classifier_transform`)."""
-
-    def __init__(self, config: CoreformerConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.head_transform_bias)
-        self.act_fn = build_activation(config.hidden_act)
-        self.norm = build_norm(config)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.act_fn(self.dense(hidden_states)))
-
-
-def build_lm_head(config: CoreformerConfig) -> tuple[LMHeadTransform | None, nn.Linear]:
-    """The optional MLM transform and the vocabulary projection (named `lm_head`, as transformers expects)."""
-    transform = LMHeadTransform(config) if config.lm_head_transform else None
-    return transform, nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
-
-
-def build_head_transform(config: CoreformerConfig) -> LMHeadTransform | None:
-    """A classification head's own transform (`config.classifier_transform`, ModernBERT's `head`), or None."""
-    return LMHeadTransform(config) if config.classifier_transform else None
-
-
-def language_model_outputs(
-    hidden_states: torch.Tensor,
-    lm_head: nn.Module,
-    labels: torch.Tensor | None,
-    loss: LanguageModelLoss,
-    *,
-    skip_logits: bool,
-    vocab_size: int,
-    transform: nn.Module | None = None,
-    logits_bias: torch.Tensor | None = None,
-    **loss_kwargs,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(loss, logits) of a language-model head from the final hidden states, (B, T, hidden).
-
-    skip_logits=False: logits = lm_head(transform(hidden_states)) [+ logits_bias], (B, T, vocab), and the loss from
-    them, as transformers' heads return. skip_logits=True (training): the loss only, logits None. Only the rows that
-    take a loss go through the transform and the projection (`losses.labelled_rows`: ~15% of a masked-LM batch, the
-    real targets of a padded one), the projection fused with the loss a chunk of rows at a time
-    (`losses.LinearCrossEntropy`). A head that is not a plain `nn.Linear` (a PEFT LoRA layer, a quantized linear)
-    computes more than weight and bias, so it is called as a module on those rows and the loss taken from its logits.
-    """
-    if skip_logits and labels is None:
-        raise ValueError("skip_logits=True returns only the loss: pass labels, or leave skip_logits False for logits.")
-    if not skip_logits:
-        if transform is not None:
-            hidden_states = transform(hidden_states)
-        logits = lm_head(hidden_states)  # (B, T, vocab)
-        if logits_bias is not None:
-            logits = logits + logits_bias.to(logits.dtype)  # (B, T, vocab) + (1, vocab)
-        value = None if labels is None else loss.from_logits(logits, labels, vocab_size=vocab_size, **loss_kwargs)
-        return value, logits
-    return fused_language_model_loss(
-        hidden_states, lm_head, labels, loss, vocab_size, transform, logits_bias, **loss_kwargs
-    ), None
-
-
-# Under torch.compile this runs eagerly, one graph break after the final hidden states: the row selection has a
-# data-dependent shape (3 graph breaks, one per `nonzero`), and the chunk loop, traced, left the fused loss neither
-# fast nor small. The compiled bf16 training step at vocabulary 50,257 (benchmarks/compare.py) went from 0.70x compiled
-# GPT-2 at 1.19x its peak memory (compare_issue17_compiled.json) to 0.90x at 0.58x (..._compiled_training.json).
-@torch.compiler.disable
-def fused_language_model_loss(
-    hidden_states: torch.Tensor,
-    lm_head: nn.Module,
-    labels: torch.Tensor,
-    loss: LanguageModelLoss,
-    vocab_size: int,
-    transform: nn.Module | None,
-    logits_bias: torch.Tensor | None,
-    **loss_kwargs,
-) -> torch.Tensor:
-    """The loss of `language_model_outputs(..., skip_logits=True)`: only the labelled rows through the transform and
-    the projection, fused with the loss (`losses.LinearCrossEntropy`), or through a head that is not a plain
-    `nn.Linear` as a module."""
-    ignore_index = loss_kwargs.pop("ignore_index", -100)
-    targets = loss.targets(labels, ignore_index=ignore_index, **loss_kwargs)  # (B, T) the target of each position
-    loss_kwargs.pop("shift_labels", None)  # applied above: the rows' targets are final
-    rows, targets = labelled_rows(hidden_states, targets, ignore_index)  # (N, hidden), (N,)
-    if transform is not None:
-        rows = transform(rows)
-    if type(lm_head) is nn.Linear:
-        bias = lm_head.bias
-        if logits_bias is not None:  # (1, vocab): a buffer added to every row, BART's final_logits_bias
-            bias = logits_bias[0] if bias is None else bias + logits_bias[0]
-        num_items_in_batch = loss_kwargs.get("num_items_in_batch")
-        return linear_cross_entropy(rows, lm_head.weight, bias, targets, num_items_in_batch)
-    logits = lm_head(rows)  # (N, vocab)
-    if logits_bias is not None:
-        logits = logits + logits_bias.to(logits.dtype)
-    return token_loss(logits, targets, vocab_size, ignore_index=ignore_index, **loss_kwargs)
-
-
-class ClassificationHead(nn.Module):
-    """Pooled token -> [[dropout] -> tanh(dense)] -> dropout -> out_proj.
-
-    With `config.classifier_dense` this is BERT's pooler + classifier, and with `classifier_dropout_before_dense`
-    RoBERTa's and BART's classification heads; without a dense layer, GPT-2's `score` projection.
-    """
-
-    def __init__(self, config: CoreformerConfig, num_outputs: int):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size) if config.classifier_dense else None
-        self.dropout_before_dense = config.classifier_dense and config.classifier_dropout_before_dense
-        self.dropout = nn.Dropout(classifier_dropout(config))
-        self.out_proj = nn.Linear(config.hidden_size, num_outputs, bias=config.classifier_bias)
-
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        if self.dense is not None:
-            if self.dropout_before_dense:
-                pooled = self.dropout(pooled)
-            pooled = torch.tanh(self.dense(pooled))
-        return self.out_proj(self.dropout(pooled))
-
-
-def pool_last_token(
-    hidden_states: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    input_ids: torch.Tensor | None,
-    pad_token_id: int | None,
-) -> torch.Tensor:
-    """The rightmost real token of each row, left or right padded: (B, T, H) -> (B, H). Real tokens are where the
-    attention mask is 1, or, without a mask, where the ids are not `pad_token_id`."""
-    batch = hidden_states.shape[0]
-    if attention_mask is not None and attention_mask.dim() == 2:
-        real = attention_mask[:, -hidden_states.shape[1] :].bool()
-    elif input_ids is not None and pad_token_id is not None:
-        real = input_ids != pad_token_id
-    else:
-        if batch > 1 and input_ids is not None:
-            raise ValueError("Pooling the last token of a padded batch needs config.pad_token_id to find the padding.")
-        return hidden_states[:, -1]
-    positions = torch.arange(real.shape[-1], device=hidden_states.device)
-    last = (positions * real.to(hidden_states.device)).argmax(-1)  # (B,)
-    return hidden_states[torch.arange(batch, device=hidden_states.device), last]
-
-
-def pool_first_token(
-    hidden_states: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    input_ids: torch.Tensor | None,
-    pad_token_id: int | None,
-) -> torch.Tensor:
-    """The first token of each row ([CLS]): (B, T, H) -> (B, H)."""
-    return hidden_states[:, 0]
-
-
-def pool_mean(
-    hidden_states: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    input_ids: torch.Tensor | None,
-    pad_token_id: int | None,
-) -> torch.Tensor:
-    """The mean over each row's real tokens (attention mask 1; every token without a mask): (B, T, H) -> (B, H)."""
-    if attention_mask is None or attention_mask.dim() != 2:
-        return hidden_states.mean(dim=1)
-    real = attention_mask[:, -hidden_states.shape[1] :, None].to(hidden_states.dtype)  # (B, T, 1)
-    return (hidden_states * real).sum(dim=1) / real.sum(dim=1)
-
-
-# config.classifier_pooling -> (hidden_states, attention_mask, input_ids, pad_token_id) -> (B, H) pooled states.
-POOLINGS = {"cls": pool_first_token, "last": pool_last_token, "mean": pool_mean}
-
-
-class CoreformerTokenClassifier(CoreformerPreTrainedModel):
-    """Token classification over any single-stack family; the family subclass names its base model class."""
-
-    base_model_class: type[CoreformerPreTrainedModel]
-
-    def __init__(self, config: CoreformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = self.base_model_class(config)
-        self.head_transform = build_head_transform(config)
-        self.dropout = nn.Dropout(classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> TokenClassifierOutput:
-        """labels: (B, T) class ids, -100 where no loss is taken (padding, sub-word continuations)."""
-        outputs = self.model(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            **kwargs,
-        )
-        hidden_states = outputs.last_hidden_state
-        if self.head_transform is not None:
-            hidden_states = self.head_transform(hidden_states)
-        logits = self.classifier(self.dropout(hidden_states))  # (B, T, num_labels)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, self.config, **kwargs)
-        return TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-
-
-class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
-    """Sequence classification over any single-stack family.
-
-    The family subclass names its base model class and how the sequence is summarised unless the config says
-    otherwise (`classifier_pooling`, a key of POOLINGS): the first token for a bidirectional encoder ([CLS]), the last
-    non-padding one for a causal decoder (the only one that saw everything).
-    """
-
-    base_model_class: type[CoreformerPreTrainedModel]
-    default_pooling: str
-
-    def __init__(self, config: CoreformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = self.base_model_class(config)
-        self.pool = POOLINGS[config.classifier_pooling or self.default_pooling]
-        self.head_transform = build_head_transform(config)
-        self.classifier = ClassificationHead(config, config.num_labels)
-        self.post_init()
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> SequenceClassifierOutputWithPast:
-        """labels: (B,) class ids, (B, num_labels) floats for multi-label, or (B,) floats when num_labels == 1."""
-        outputs = self.model(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            **kwargs,
-        )
-        pooled = self.pool(outputs.last_hidden_state, attention_mask, input_ids, self.config.pad_token_id)  # (B, H)
-        if self.head_transform is not None:
-            pooled = self.head_transform(pooled)
-        logits = self.classifier(pooled)  # (B, num_labels)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
-        return SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=logits,
-            past_key_values=getattr(outputs, "past_key_values", None),
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )

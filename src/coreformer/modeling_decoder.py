@@ -17,10 +17,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerDecoderConfig
 from .losses import CAUSAL_LM_LOSS
-from .modeling_base import (
-    CoreformerPreTrainedModel,
+from .modeling_base import CoreformerPreTrainedModel, CoreformerStack
+from .modeling_heads import (
     CoreformerSequenceClassifier,
-    CoreformerStack,
     CoreformerTokenClassifier,
     build_lm_head,
     language_model_outputs,

@@ -21,12 +21,11 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_coreformer import CoreformerEncoderConfig
 from .losses import TOKEN_LOSS
-from .modeling_base import (
+from .modeling_base import CoreformerPreTrainedModel, CoreformerStack
+from .modeling_heads import (
     POOLINGS,
     ClassificationHead,
-    CoreformerPreTrainedModel,
     CoreformerSequenceClassifier,
-    CoreformerStack,
     CoreformerTokenClassifier,
     build_head_transform,
     build_lm_head,

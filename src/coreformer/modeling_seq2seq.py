@@ -25,11 +25,9 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_coreformer import CoreformerSeq2SeqConfig
 from .losses import TOKEN_LOSS
-from .modeling_base import (
+from .modeling_base import CoreformerCrossAttendingStack, CoreformerPreTrainedModel, CoreformerStack
+from .modeling_heads import (
     ClassificationHead,
-    CoreformerCrossAttendingStack,
-    CoreformerPreTrainedModel,
-    CoreformerStack,
     build_head_transform,
     build_lm_head,
     language_model_outputs,

@@ -16,15 +16,17 @@ Both cut the work into dense pieces and join them exactly:
 
 On CPU without attention dropout both go through torch's fused flash kernels (`_FusedSparseAttention`), which keep
 for backward only what full attention under sdpa keeps; elsewhere through sdpa (or written out) and autograd.
-The stack decides once per layer whether a layer runs these kernels (`attention.LAYER_TYPES`); `Attention` calls
-them through that table.
+`SparseKernel` binds one of them to its layer type (`layer_types.py`, the table of layer types); the forward plan
+decides once per forward whether each layer runs it (`forward_plan.py`), and `Attention` calls it.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from .layer_kernel import LayerKernel
 
 
 class _OverlappingWindows(torch.autograd.Function):
@@ -592,3 +594,26 @@ def strided_attention(
     band_out, band_lse = band.to_sequence(band_out), band.to_sequence(band_lse)[..., 0]
     far_out, far_lse = far.to_sequence(far_out), far.to_sequence(far_lse)[..., 0]
     return _join(band_out, band_lse, far_out, far_lse, far.has_far, query.dtype)[0]
+
+
+class SparseKernel(LayerKernel):
+    """A sliding or strided layer's kernel: `function` with the type's parameter bound (`window=` or `stride=`).
+    It computes what the type's dense mask computes, so the plan runs it only where it applies
+    (`LayerType.dense_fallback`)."""
+
+    def __init__(self, function: Callable[..., torch.Tensor], **parameter: int):
+        self.function = function
+        self.parameter = parameter
+
+    def attend(self, attention, query, key, value, mask, cache, plan):
+        dropout = attention.attention_dropout if attention.training else 0.0
+        return self.function(
+            query,
+            key,
+            value,
+            **self.parameter,
+            causal=attention.is_causal,
+            padding_mask=mask,
+            scaling=attention.scaling,
+            dropout=dropout,
+        )

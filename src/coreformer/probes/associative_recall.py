@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .configuration_coreformer import CoreformerDecoderConfig
-from .modeling_decoder import CoreformerDecoderForCausalLM
+from ..configuration_coreformer import CoreformerDecoderConfig
+from ..modeling_decoder import CoreformerDecoderForCausalLM
 
 
 @dataclass(frozen=True)

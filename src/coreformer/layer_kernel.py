@@ -1,0 +1,45 @@
+"""The hooks of a layer type that computes more than a mask: what `Attention` calls, and when the forward plan says.
+
+A layer type's kernel (`layer_types.LayerType.kernel` loads it) is a `LayerKernel` subclass in its own file beside the
+attention core (`sparse_attention.py`, `linear_attention.py`, `lowrank_attention.py`). The core owns q/k/v, heads
+and caches; a kernel receives them at three points of `Attention.forward`:
+
+    build(attention)           once, at construction: extra parameters/buffers (their names are checkpoint keys)
+    init_weights(attention)    from `_init_weights`: values for what `build` registered
+    project(...)               keys/values before the scores (Linformer's projections along the sequence)
+    attend(...)                the scores and weighted values instead of the configured backend, (B, T, H, D)
+    probabilities(...)         the (B, H, T, S) probabilities of a kernel whose form is not a softmax over keys
+
+`keeps_cache`: the kernel reads and writes its own cache layer (the core does not put keys/values in it). This file
+is free of torch so that the configuration, which reads the layer-type table, never loads a kernel.
+"""
+
+from typing import Any
+
+
+class LayerKernel:
+    """Defaults: nothing extra, keys/values unchanged, the configured backend attends, softmax probabilities."""
+
+    keeps_cache = False
+
+    def build(self, attention: Any) -> None:
+        """Register extra parameters/buffers on the attention module (`attention.config` holds the settings)."""
+
+    def init_weights(self, attention: Any) -> None:
+        """Fill what `build` registered (models are built on the meta device; `_init_weights` calls this)."""
+
+    def project(self, attention: Any, key: Any, value: Any, padding_mask: Any) -> tuple[Any, Any, Any]:
+        """(B, H_kv, S, D) keys/values and the (B, S) padding mask (or None) -> the keys/values and mask the scores
+        see."""
+        return key, value, padding_mask
+
+    def attend(self, attention: Any, query: Any, key: Any, value: Any, mask: Any, cache: Any, plan: Any) -> Any:
+        """(B, H, T, D) queries, keys/values with their heads repeated to H, the mask after `project` (the (B, S)
+        padding mask for the types that take it), the layer's cache (or None) and its `forward_plan.LayerPlan` (what
+        else the stack decided: output_attentions, ...) -> (B, T, H, D); None to leave the scores to the backend."""
+        return None
+
+    def probabilities(self, attention: Any, query: Any, key: Any, plan: Any) -> Any:
+        """(B, H, T, D) queries, (B, H, S, D) keys, the layer's plan -> (B, H, T, S); None for a softmax over the
+        plan's eager-form mask."""
+        return None
