@@ -1,11 +1,18 @@
 """LSH attention (`lsh_attention.py`): the kernel against a brute-force dense reference and against transformers'
-Reformer `LSHSelfAttention`, causality, padding, determinism."""
+Reformer `LSHSelfAttention`, causality, padding, determinism; then the "lsh" layer type in whole models: rotations
+saved with the weights, cached decoding and generation, padding, gradient checkpointing, attention maps, refusals."""
+
+import json
 
 import pytest
 import torch
+from conftest import VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
 from transformers import ReformerConfig
+from transformers.configuration_utils import ALLOWED_LAYER_TYPES
 from transformers.models.reformer.modeling_reformer import LSHSelfAttention
 
+import coreformer as cf
+from coreformer.export import export_native
 from coreformer.lsh_attention import (
     SELF_SCORE,
     draw_rotations,
@@ -259,3 +266,146 @@ def test_a_query_sees_itself_only_when_it_sees_nothing_else():
 def test_odd_bucket_counts_are_refused():
     with pytest.raises(ValueError, match="even number of buckets"):
         draw_rotations(HEADS, HEAD_DIM, 1, 5, seed=0)
+
+
+LSH = dict(lsh_bucket_size=3, lsh_num_hashes=2, lsh_num_buckets=4)
+
+
+def _lsh_model(family: str = "decoder", **overrides):
+    model_class = cf.CoreformerDecoderForCausalLM if family == "decoder" else cf.CoreformerEncoderModel
+    fields = dict(layer_types=["lsh", "lsh"], position_embedding_type="rotary", **LSH)
+    fields.update(overrides)
+    return tiny_model(model_class, family, **fields)
+
+
+def _attention(model, layer: int = 0):
+    stack = model.model.decoder if hasattr(model, "lm_head") else model.encoder
+    return stack.layers[layer].self_attn
+
+
+def test_lsh_layers_share_queries_and_keys_and_save_their_rotations(tmp_path):
+    model = _lsh_model()
+    assert _attention(model).k_proj is None
+    assert not any("k_proj" in name for name in model.state_dict())
+    for layer in (0, 1):  # drawn at initialisation from lsh_hash_seed + layer
+        expected = draw_rotations(4, 8, LSH["lsh_num_hashes"], LSH["lsh_num_buckets"], seed=layer)
+        assert torch.equal(_attention(model, layer).lsh_rotations, expected)
+    # The checkpoint's rotations are the ones used after loading, not redrawn from the seed.
+    _attention(model).lsh_rotations.copy_(draw_rotations(4, 8, 2, 4, seed=99))
+    model.save_pretrained(tmp_path)
+    loaded = cf.CoreformerDecoderForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(_attention(loaded).lsh_rotations, _attention(model).lsh_rotations)
+    ids = torch.randint(3, VOCAB, (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
+
+
+def test_lsh_decoding_through_the_cache_equals_the_full_forward():
+    model = _lsh_model()
+    ids, mask = padded_batch(length=14, left=True)
+    incremental, full, _ = decode_incrementally(model, ids, mask, prefix=5)
+    real = mask.bool()
+    torch.testing.assert_close(incremental[real], full[real], atol=1e-5, rtol=0)
+
+
+def test_lsh_cached_greedy_generation_equals_uncached():
+    model = _lsh_model()
+    ids, mask = padded_batch(length=8, left=True)
+    options = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        cached = model.generate(ids, use_cache=True, **options)
+        uncached = model.generate(ids, use_cache=False, **options)
+    assert torch.equal(cached, uncached)
+
+
+def test_lsh_decoder_later_tokens_never_change_earlier_logits():
+    model = _lsh_model()
+    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    changed = ids.clone()
+    changed[:, 9:] = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits, changed_logits = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(changed_logits[:, :9], logits[:, :9], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_lsh_padding_changes_nothing_for_real_tokens(family):
+    """Left-padded decoder rows get position ids that skip the padding (as generate() passes them): buckets hash the
+    rotary-rotated keys, so the positions must be the row's own."""
+    model = _lsh_model(family)
+    ids, mask = padded_batch(length=13, left=family == "decoder")
+    positions = (mask.cumsum(-1) - 1).clamp_min(0) if family == "decoder" else None
+    with torch.no_grad():
+        batched = model(ids, attention_mask=mask, position_ids=positions)
+        batched = batched.logits if family == "decoder" else batched.last_hidden_state
+        for row in range(ids.shape[0]):
+            real = mask[row].bool()
+            alone = model(ids[row : row + 1, real])
+            alone = alone.logits if family == "decoder" else alone.last_hidden_state
+            torch.testing.assert_close(batched[row, real], alone[0], atol=1e-5, rtol=0)
+
+
+def test_lsh_gradient_checkpointing_gives_identical_gradients():
+    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    grads = []
+    for checkpointing in (False, True):
+        model = _lsh_model().train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model(ids, labels=ids).loss.backward()
+        grads.append({name: param.grad for name, param in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=0, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_lsh_attention_maps_are_the_pattern_s_softmax(family):
+    model = _lsh_model(family)
+    ids, mask = padded_batch(length=12, left=family == "decoder")
+    with torch.no_grad():
+        attentions = model(ids, attention_mask=mask, output_attentions=True).attentions
+    first = attentions[0]  # (B, H, T, T)
+    real = mask.bool()
+    torch.testing.assert_close(first.sum(-1)[real[:, None].expand(-1, 4, -1)], torch.ones(int(real.sum()) * 4))
+    assert (first == 0).float().mean() > 0.5  # most keys are outside the pattern
+    # Padding keys get no weight from real queries.
+    weight_on_padding = (first * (~real)[:, None, None, :]).sum(-1)
+    assert weight_on_padding[real[:, None].expand(-1, 4, -1)].max() == 0
+    if family == "decoder":
+        out = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True, output_attentions=True)  # a prefill
+        with pytest.raises(ValueError, match="cached decoding step of an 'lsh' layer"):
+            model(ids[:, 6:7], attention_mask=mask[:, :7], past_key_values=out.past_key_values, output_attentions=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(lsh_bucket_size=None), "need `lsh_bucket_size`, a positive integer"),
+        (dict(lsh_num_buckets=5), "`lsh_num_buckets` must be even"),
+        (dict(lsh_num_hashes=0), "`lsh_num_hashes` must be a positive integer"),
+        (dict(num_key_value_heads=2), "set num_key_value_heads"),
+    ],
+)
+def test_lsh_config_is_validated_with_the_fix(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config("decoder", layer_types=["lsh", "full"], **{**LSH, **overrides})
+
+
+def test_lsh_is_saved_under_a_layer_type_name_transformers_accepts(tmp_path):
+    config = tiny_config("decoder", layer_types=["lsh", "full"], **LSH)
+    config.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert set(written["layer_types"]) <= set(ALLOWED_LAYER_TYPES)
+    assert cf.CoreformerDecoderConfig.from_pretrained(tmp_path).layer_types == ["lsh", "full"]
+    assert config.get_text_config(decoder=True).layer_types == ["full_attention", "full_attention"]
+
+
+def test_lsh_models_are_refused_by_onnx_and_native_export_naming_the_layer_type(tmp_path):
+    from coreformer.onnx_export import export_onnx
+
+    model = _lsh_model(layer_types=["lsh", "full"])
+    model.save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match=r"\['lsh'\] attention layers, which do not export to ONNX"):
+        export_onnx(tmp_path / "model", tmp_path / "onnx")
+    with pytest.raises(ValueError, match="layer_types"):
+        export_native(tmp_path / "model", tmp_path / "native")

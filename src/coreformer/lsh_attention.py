@@ -5,6 +5,7 @@
     length_normalized     the shared-QK keys: each query scaled to unit root-mean-square (Reformer's `_len_norm`)
     lsh_attention         the O(L log L) kernel: sort by bucket, chunk, attend, unsort, join the rounds
     lsh_visible_mask      the same pattern as a dense (B, H, T, S) mask: cached decoding, attention maps, references
+    LshKernel             the "lsh" layer type: rotations as a buffer, the kernel, cached decoding, probabilities
 
 Queries and keys share one projection (Reformer sec. 3): a key is its query, length-normalised, so a token's query
 and key fall into the same bucket. Per hash round, the keys a query sees are the tokens of its own bucket at most
@@ -37,6 +38,9 @@ Time O(n·L·log L) (the sort) plus O(n·L·c·D); memory O(n·L·c).
 
 import torch
 from torch import nn
+from transformers import initialization as init
+
+from .layer_kernel import LayerKernel
 
 # Reformer's fp32 mask values (`LSHSelfAttention.mask_value_float32`, `self_mask_value_float32`): finite, so that a
 # query whose only key is itself keeps it (weight 1), and any other visible key outweighs it completely.
@@ -274,3 +278,94 @@ def lsh_visible_mask(
     is_self = key_index == query_positions[:, None]  # (T, S)
     others = visible & ~is_self
     return others | (is_self & ~others.any(dim=-1, keepdim=True))
+
+
+def _masked_softmax(query: torch.Tensor, key: torch.Tensor, visible: torch.Tensor, scaling: float) -> torch.Tensor:
+    """softmax(Q Kᵀ · scaling) over the visible keys, in fp32: (B, H, T, D), (B, H, S, D), (B, H, T, S) -> (B, H, T, S).
+    Every row has a visible key (`lsh_visible_mask` keeps the query itself where nothing else is)."""
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+
+
+class LshKernel(LayerKernel):
+    """The "lsh" layer type (`layer_types.py`): shared query-key, rotations kept as `lsh_rotations`, the sorted-chunk
+    kernel on uncached forwards and prefills, the dense form of the same pattern on cached decoding steps.
+
+    The rotations are a persistent buffer, saved with the weights: the hash is part of the function, so a saved model
+    hashes identically whatever device or torch version draws random numbers; `_init_weights` draws them for a new
+    model (built on the meta device) from a generator seeded with `lsh_hash_seed + layer_idx`.
+    """
+
+    keeps_cache = True
+
+    def build(self, attention: nn.Module) -> None:
+        config = attention.config
+        # Reformer's shared query-key: a token's key is its own query (length-normalised in `attend`).
+        attention.k_proj = None
+        shape = (attention.num_heads, attention.head_dim, config.lsh_num_hashes, config.lsh_num_buckets // 2)
+        attention.register_buffer("lsh_rotations", torch.empty(shape))
+
+    def init_weights(self, attention: nn.Module) -> None:
+        config = attention.config
+        heads, head_dim, rounds, half = attention.lsh_rotations.shape
+        seed = config.lsh_hash_seed + attention.layer_idx
+        init.copy_(attention.lsh_rotations, draw_rotations(heads, head_dim, rounds, 2 * half, seed))
+
+    def attend(self, attention, query, key, value, padding_mask, cache, plan):
+        """`key` is the (rotated) query itself (no key projection): normalised here into the shared key."""
+        config = attention.config
+        key = length_normalized(key)
+        past = 0
+        if cache is not None:
+            past = cache.get_seq_length(attention.layer_idx)
+            if plan.output_attentions and past:
+                raise ValueError(
+                    "output_attentions=True on a cached decoding step of an 'lsh' layer is not supported: request "
+                    "attentions on a forward without a cache (use_cache=False), or on the prefill only."
+                )
+            cached_key, cached_value = cache.update(key, value, attention.layer_idx)
+        if not past:  # no earlier tokens: the sorted-chunk kernel over these tokens
+            return lsh_attention(
+                query,
+                key,
+                value,
+                hash_buckets(key, attention.lsh_rotations, padding_mask),
+                num_buckets=config.lsh_num_buckets,
+                bucket_size=config.lsh_bucket_size,
+                causal=attention.is_causal,
+                padding_mask=padding_mask,
+                scaling=attention.scaling,
+                dropout=attention.attention_dropout if attention.training else 0.0,
+            )
+        # A decoding step: the new queries against every cached key, under the pattern's dense form.
+        positions = past + torch.arange(query.shape[2], device=query.device)
+        visible = self._visible(attention, cached_key, positions, padding_mask)
+        probs = _masked_softmax(query, cached_key, visible, attention.scaling)
+        probs = nn.functional.dropout(probs, p=attention.attention_dropout, training=attention.training)
+        return torch.matmul(probs, cached_value.float()).transpose(1, 2).to(query.dtype)  # (B, T, H, D)
+
+    def probabilities(self, attention, query, key, plan):
+        """The dense (B, H, T, T) probabilities of an uncached forward (or a prefill): `key` is the rotated query."""
+        key = length_normalized(key)
+        positions = torch.arange(query.shape[2], device=query.device)
+        visible = self._visible(attention, key, positions, plan.mask)
+        return _masked_softmax(query, key, visible, attention.scaling).to(query.dtype)
+
+    @staticmethod
+    def _visible(
+        attention: nn.Module, keys: torch.Tensor, positions: torch.Tensor, padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The pattern for the queries at `positions` over all (B, H, S, D) `keys`: (B, H, T, S) boolean."""
+        length = keys.shape[2]
+        if padding_mask is not None and padding_mask.shape[-1] != length:
+            # A static cache's buffer runs past the mask: those slots are empty (and later than every query).
+            padding_mask = nn.functional.pad(padding_mask.bool(), (0, length - padding_mask.shape[-1]), value=False)
+        buckets = hash_buckets(keys, attention.lsh_rotations, padding_mask)  # (B, H, n, S)
+        return lsh_visible_mask(
+            buckets[..., positions],
+            buckets,
+            query_positions=positions,
+            bucket_size=attention.config.lsh_bucket_size,
+            causal=attention.is_causal,
+            key_padding_mask=padding_mask,
+        )
