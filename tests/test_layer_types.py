@@ -1,5 +1,6 @@
 """Efficient attention per layer (`layer_types`): each type against an explicit reference, caches, and whole models."""
 
+import ast
 import functools
 import json
 import os
@@ -14,9 +15,11 @@ from transformers.cache_utils import DynamicCache
 
 import coreformer as cf
 from coreformer import sparse_attention
+from coreformer.layer_kernel import LayerKernel
+from coreformer.layer_types import LAYER_TYPES, LayerType
 from coreformer.linear_attention import elu_feature_map, linear_attention, performer_feature_map
-from coreformer.sparse_attention import sliding_window_attention, strided_attention
 from coreformer.probes import AssociativeRecall, recall_model_config, train_associative_recall
+from coreformer.sparse_attention import sliding_window_attention, strided_attention
 
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
 
@@ -546,3 +549,81 @@ def test_flex_block_mask_skips_blocks_for_sliding_layers():
     # 8 x 8 blocks; a band of +-64 touches at most 3 per row: at least 58% of them skipped. Full attention skips none.
     assert masks["sliding"].sparsity() > 55
     assert masks["full"] is None or masks["full"].sparsity() == 0
+
+
+class _UniformKernel(LayerKernel):
+    """A toy layer type's kernel: every query averages the values of the real keys, scaled by a buffer of its own."""
+
+    def build(self, attention):
+        attention.register_buffer("toy_scale", torch.empty(()))
+
+    def init_weights(self, attention):
+        attention.toy_scale.fill_(2.0)
+
+    def attend(self, attention, query, key, value, mask, cache, plan):
+        return (self.probabilities(attention, query, key, plan) @ value).transpose(1, 2) * attention.toy_scale
+
+    def probabilities(self, attention, query, key, plan):
+        visible = torch.ones(*query.shape[:3], key.shape[2])  # (B, H, T, S)
+        if plan.mask is not None:
+            visible = visible * plan.mask[:, None, None, :]
+        return visible / visible.sum(-1, keepdim=True)
+
+
+def test_a_new_layer_type_is_a_kernel_and_one_table_entry(monkeypatch):
+    # What adding a layer type takes: a LayerKernel and one entry in the table; config, stack, plan, attention,
+    # weight init and recomputed probabilities follow from them.
+    entry = LayerType(
+        "full_attention", "full_attention", padding_mask_only=True, kernel=lambda config: _UniformKernel()
+    )
+    monkeypatch.setitem(LAYER_TYPES, "uniform", entry)
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["uniform", "full"])
+    attention = model.encoder.layers[0].self_attn
+    assert float(attention.toy_scale) == 2.0 and "encoder.layers.0.self_attn.toy_scale" in model.state_dict()
+    ids, mask = padded_batch(length=8)
+    with torch.no_grad():
+        attentions = model(ids, attention_mask=mask, output_attentions=True).attentions
+    uniform = (mask / mask.sum(1, keepdim=True))[:, None, None, :]  # (B, 1, 1, S): the real keys, equally
+    torch.testing.assert_close(attentions[0], uniform.expand_as(attentions[0]))
+    # The plan hands the layer its padding mask and runs its kernel; the layer computes the kernel's output.
+    hidden = torch.randn(*ids.shape, model.config.hidden_size)
+    plan = model.encoder.plan(
+        hidden,
+        mask,
+        None,
+        torch.arange(8)[None],
+        None,
+        None,
+        packed=False,
+        output_attentions=False,
+        padded_states=False,
+    )
+    layer = plan.layers["uniform"]
+    assert layer.kernel and torch.equal(layer.mask, mask.bool())
+    with torch.no_grad():
+        ours = attention(hidden, layer._replace(unpadding=None))[0]  # padded states in
+        value = attention.v_proj(hidden).view(*hidden.shape[:2], -1, attention.head_dim)  # (B, T, H, D)
+        average = (value * mask[:, :, None, None]).sum(1) / mask.sum(1)[:, None, None]  # (B, H, D)
+        reference = attention.o_proj(2.0 * average.flatten(-2))[:, None].expand_as(ours)  # (B, T, hidden)
+    torch.testing.assert_close(ours[mask.bool()], reference[mask.bool()], atol=1e-5, rtol=0)
+
+
+def test_the_config_reaches_the_table_without_torch_or_kernels():
+    # The configuration reads the table; the kernels load only when a layer is built (the table's loaders import
+    # them inside functions). Every module-level import from the config down, followed within the package:
+    package = os.path.dirname(cf.__file__)
+    seen, todo, outside = set(), ["configuration_coreformer"], set()
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        with open(os.path.join(package, f"{name}.py")) as source:
+            tree = ast.parse(source.read())
+        for node in tree.body:  # module level only
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module not in seen:
+                todo.append(node.module)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                outside.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                outside |= {alias.name.split(".")[0] for alias in node.names}
+    assert "layer_types" in seen and not seen & {"sparse_attention", "linear_attention", "lowrank_attention"}
+    assert "torch" not in outside, sorted(seen)

@@ -26,8 +26,6 @@ POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
 # Attention per layer (`layer_types`): the names of layer_types.py's table.
 LAYER_TYPES = tuple(LAYER_TYPE_TABLE)
 LINEAR_FEATURE_MAPS = ("elu", "performer")
-# What transformers' caches must hold for each of our layer types (it reads `layer_types` itself, with its own names).
-CACHE_LAYER_TYPES = {name: layer_type.cache_layer for name, layer_type in LAYER_TYPE_TABLE.items()}
 # config.json writes `layer_types` in names transformers' generic config accepts (AutoTokenizer reads config.json
 # where coreformer is not installed, and validates that field strictly), and our own names under SAVED_LAYER_TYPES.
 SAVED_LAYER_TYPES = "coreformer_layer_types"
@@ -209,9 +207,9 @@ class CoreformerConfig(PreTrainedConfig):
         for name in self.stack_layer_types():
             if set(output.get(name) or ()) <= {"full"}:
                 output.pop(name, None)
-            elif name == "layer_types" and set(output[name]) <= set(LAYER_TYPES):  # not get_text_config's copy
+            elif name == "layer_types" and set(output[name]) <= set(LAYER_TYPE_TABLE):  # not get_text_config's copy
                 output[SAVED_LAYER_TYPES] = output[name]
-                output[name] = [GENERIC_LAYER_TYPES[layer_type] for layer_type in output[name]]
+                output[name] = [LAYER_TYPE_TABLE[layer_type].saved_name for layer_type in output[name]]
         return output
 
     @classmethod
@@ -291,10 +289,10 @@ class CoreformerConfig(PreTrainedConfig):
         ("full_attention", "sliding_attention", ...). Hand it a translated copy; users keep our names."""
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
         layer_types = self.cached_layer_types
-        if not decoder or not layer_types or layer_types[0] in CACHE_LAYER_TYPES.values():
+        if not decoder or not layer_types or layer_types[0] not in LAYER_TYPE_TABLE:
             return text_config
         translated = copy.copy(text_config)
-        translated.layer_types = [CACHE_LAYER_TYPES[layer_type] for layer_type in layer_types]
+        translated.layer_types = [LAYER_TYPE_TABLE[layer_type].cache_layer for layer_type in layer_types]
         if text_config.sliding_window is not None:
             # transformers' window counts the query itself and keeps `sliding_window - 1` past tokens in the cache.
             translated.sliding_window = text_config.sliding_window + 1
@@ -430,9 +428,9 @@ class CoreformerConfig(PreTrainedConfig):
             types = getattr(self, name)
             if not isinstance(types, list) or len(types) != count:
                 raise ValueError(f"`{name}` needs one entry per layer ({count}), got {types!r}.")
-            unknown = sorted(set(types) - set(LAYER_TYPES))
+            unknown = sorted(set(types) - set(LAYER_TYPE_TABLE))
             if unknown:
-                raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {LAYER_TYPES}.")
+                raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {tuple(LAYER_TYPE_TABLE)}.")
             for layer_type in sorted(set(types)) if causal else ():
                 refusal = LAYER_TYPE_TABLE[layer_type].not_causal
                 if refusal is not None:

@@ -9,7 +9,6 @@ The stacks that assemble blocks live in `modeling_base.py`.
 """
 
 import math
-from functools import partial
 
 import torch
 from torch import nn
@@ -138,14 +137,14 @@ class Block(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def _residual(
-        self, hidden_states: torch.Tensor, norm: nn.Module, branch
+        self, hidden_states: torch.Tensor, norm: nn.Module, branch: nn.Module, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Apply one residual branch; `branch` returns (output, attention weights or None)."""
-        if self.pre_norm:
-            output, weights = branch(norm(hidden_states))
-            return hidden_states + self.dropout(output), weights
-        output, weights = branch(hidden_states)
-        return norm(hidden_states + self.dropout(output)), weights
+        """Apply one residual branch (pre- or post-norm); an attention branch returns (output, weights), the MLP its
+        output alone (weights None)."""
+        output = branch(norm(hidden_states) if self.pre_norm else hidden_states, **kwargs)
+        output, weights = output if isinstance(output, tuple) else (output, None)
+        hidden_states = hidden_states + self.dropout(output)
+        return (hidden_states if self.pre_norm else norm(hidden_states)), weights
 
     def forward(
         self,
@@ -167,21 +166,26 @@ class Block(GradientCheckpointingLayer):
         unpadding = plan.unpadding if plan.padded_states else None
         if unpadding is not None:
             hidden_states = unpadding.unpad(hidden_states)  # (B, T, hidden) -> (N, hidden)
-        self_attention = partial(
-            self.self_attn, plan=plan.layers[self.layer_type], past_key_values=past_key_values, **kwargs
+        hidden_states, self_weights = self._residual(
+            hidden_states,
+            self.self_attn_norm,
+            self.self_attn,
+            plan=plan.layers[self.layer_type],
+            past_key_values=past_key_values,
+            **kwargs,
         )
-        hidden_states, self_weights = self._residual(hidden_states, self.self_attn_norm, self_attention)
         cross_weights = None
         if self.cross_attn is not None:
-            cross_attention = partial(
+            hidden_states, cross_weights = self._residual(
+                hidden_states,
+                self.cross_attn_norm,
                 self.cross_attn,
                 plan=plan.cross,
                 key_value_states=encoder_hidden_states,
                 past_key_values=past_key_values,
                 **kwargs,
             )
-            hidden_states, cross_weights = self._residual(hidden_states, self.cross_attn_norm, cross_attention)
-        hidden_states, _ = self._residual(hidden_states, self.mlp_norm, lambda x: (self.mlp(x), None))
+        hidden_states, _ = self._residual(hidden_states, self.mlp_norm, self.mlp)
         if unpadding is not None:
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden)
         return hidden_states, self_weights, cross_weights
