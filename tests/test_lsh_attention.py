@@ -311,12 +311,13 @@ def test_lsh_decoding_through_the_cache_equals_the_full_forward():
     torch.testing.assert_close(incremental[real], full[real], atol=1e-5, rtol=0)
 
 
-def test_lsh_cached_greedy_generation_equals_uncached():
+@pytest.mark.parametrize("cache_implementation", ["dynamic", "static"])
+def test_lsh_cached_greedy_generation_equals_uncached(cache_implementation):
     model = _lsh_model()
     ids, mask = padded_batch(length=8, left=True)
     options = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
     with torch.no_grad():
-        cached = model.generate(ids, use_cache=True, **options)
+        cached = model.generate(ids, use_cache=True, cache_implementation=cache_implementation, **options)
         uncached = model.generate(ids, use_cache=False, **options)
     assert torch.equal(cached, uncached)
 

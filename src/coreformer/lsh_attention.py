@@ -317,7 +317,8 @@ class LshKernel(LayerKernel):
         key = length_normalized(key)
         past = 0
         if cache is not None:
-            past = cache.get_seq_length(attention.layer_idx)
+            # An int now: a static layer's length is a tensor that its own update advances in place.
+            past = int(cache.get_seq_length(attention.layer_idx))
             if plan.output_attentions and past:
                 raise ValueError(
                     "output_attentions=True on a cached decoding step of an 'lsh' layer is not supported: request "
