@@ -322,6 +322,22 @@ def test_lsh_cached_greedy_generation_equals_uncached(cache_implementation):
     assert torch.equal(cached, uncached)
 
 
+def test_lsh_seq2seq_cached_generation_equals_uncached():
+    model = tiny_model(
+        cf.CoreformerSeq2SeqForConditionalGeneration,
+        "seq2seq",
+        layer_types=["lsh", "full"],
+        decoder_layer_types=["lsh", "full"],
+        **LSH,
+    )
+    ids, mask = padded_batch(length=9)
+    options = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    with torch.no_grad():
+        assert torch.equal(
+            model.generate(ids, use_cache=True, **options), model.generate(ids, use_cache=False, **options)
+        )
+
+
 def test_lsh_decoder_later_tokens_never_change_earlier_logits():
     model = _lsh_model()
     ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))

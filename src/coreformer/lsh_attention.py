@@ -94,7 +94,7 @@ def _look_around(chunks: torch.Tensor, after: bool) -> torch.Tensor:
     return torch.cat(parts, dim=3)
 
 
-def _round_tables(buckets: torch.Tensor, num_buckets: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _round_tables(buckets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort each round by (bucket, position): (B, H, n, L) buckets -> `order` (B, H, n, L), the position at each
     sorted place, and `place` (B, H, n, L), the flat sorted index r·L + s of each round's copy of each position."""
     rounds, length = buckets.shape[2:]
@@ -167,11 +167,13 @@ def lsh_attention(
         query, key, value = (nn.functional.pad(states, (0, 0, 0, extra)) for states in (query, key, value))
         valid = nn.functional.pad(valid, (0, extra), value=False)
         buckets = nn.functional.pad(buckets, (0, extra), value=num_buckets)
-    # Rounds apart: a bucket id per (round, bucket), padding last in each round.
+    # Padding in its own bucket whatever the caller hashed (it must not take places in a real bucket's order), and
+    # the rounds apart: a bucket id per (round, bucket), padding last in each round.
+    buckets = buckets.masked_fill(~valid[:, None, None, :], num_buckets)
     buckets = buckets + torch.arange(rounds, device=buckets.device).view(1, 1, rounds, 1) * (num_buckets + 1)
 
     with torch.no_grad():
-        order, place = _round_tables(buckets, num_buckets)
+        order, place = _round_tables(buckets)
         sorted_pos = order.reshape(batch, heads, rounds * padded)  # (B, H, n·L): position at each sorted place
         chunk_pos = sorted_pos.view(batch, heads, -1, bucket_size)  # (B, H, C, c), C = n·L / c
         key_pos = _look_around(chunk_pos, after=not causal and not reformer_compatible)  # (B, H, C, w·c)
