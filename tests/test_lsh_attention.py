@@ -403,7 +403,7 @@ def test_lsh_attention_maps_are_the_pattern_s_softmax(family):
         (dict(lsh_bucket_size=None), "need `lsh_bucket_size`, a positive integer"),
         (dict(lsh_num_buckets=5), "`lsh_num_buckets` must be even"),
         (dict(lsh_num_hashes=0), "`lsh_num_hashes` must be a positive integer"),
-        (dict(num_key_value_heads=2), "set num_key_value_heads"),
+        (dict(num_key_value_heads=2), "set `num_key_value_heads`"),
     ],
 )
 def test_lsh_config_is_validated_with_the_fix(overrides, message):

@@ -109,7 +109,7 @@ def check_lsh(config: Any) -> None:
     if config.num_key_value_heads != config.num_attention_heads:
         raise ValueError(
             f"'lsh' layers share one projection for queries and keys, so each query head is its own key head: set "
-            f"num_key_value_heads ({config.num_key_value_heads}) to num_attention_heads "
+            f"`num_key_value_heads` ({config.num_key_value_heads}) to `num_attention_heads` "
             f"({config.num_attention_heads}), or use another layer type for grouped-query attention."
         )
 
