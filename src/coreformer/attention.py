@@ -182,7 +182,8 @@ class Attention(nn.Module):
             cache = past_key_values.self_attention_cache
         if source is None:
             raise ValueError("cross-attention needs `key_value_states` (the encoder output) on its first call")
-        key = self._split_heads(source, self.k_proj, unpadding)
+        # No key projection (a kernel's `build` removed it, "lsh"): queries and keys are shared, set by `forward`.
+        key = self._split_heads(source, self.k_proj, unpadding) if self.k_proj is not None else None
         return key, self._split_heads(source, self.v_proj, unpadding), cache
 
     def forward(
@@ -217,6 +218,7 @@ class Attention(nn.Module):
         key, value, cache = self._keys_values(
             source, past_key_values, None if self.is_cross_attention else plan.unpadding
         )  # (B, H_kv, S, D)
+        key = query if key is None else key
         if plan.position_embeddings is not None and not self.is_cross_attention:
             query, key = apply_rotary(query, key, *plan.position_embeddings)
         output, weights, attended_key = self._attend(query, key, value, plan, past_key_values, cache, **kwargs)

@@ -104,12 +104,25 @@ class CoreformerConfig(PreTrainedConfig):
             "lowrank"  Linformer (Wang et al. 2020): keys and values projected along the sequence to `lowrank_k`
                        rows; bidirectional only, for sequences up to `max_position_embeddings`;
             "linear"   kernel feature-map attention (Katharopoulos et al. 2020; Performer, Choromanski et al. 2021):
-                       O(L) in time and memory, with a running state in the cache (O(1) per generated token).
+                       O(L) in time and memory, with a running state in the cache (O(1) per generated token);
+            "lsh"      Reformer's LSH attention (Kitaev et al. 2020): queries and keys share one projection, tokens are
+                       hashed into buckets and each query sees the `lsh_bucket_size` nearest tokens of its bucket
+                       (earlier ones in a decoder), over `lsh_num_hashes` rounds; O(L log L);
+            "block"    block-diagonal local attention: each query sees the keys of its own block of `block_size`
+                       positions (counted from the start of the row; earlier ones in a decoder).
         sliding_window: Tokens a "sliding" layer sees on each side of the query (the query itself comes on top).
         stride: Period of the "strided" pattern, also the width of its local band.
         lowrank_k: Projected sequence length of "lowrank" layers.
         linear_feature_map: "elu" (elu(x) + 1) or "performer" (positive random features, softmax-kernel estimate).
         linear_num_features: Random features per head for "performer" (default: head_dim).
+        lsh_bucket_size: Keys of its own bucket an "lsh" query sees per hash round (the nearest), also the chunk
+            length of its kernel (Reformer's `lsh_attn_chunk_length`).
+        lsh_num_hashes: Hash rounds of "lsh" layers; a query sees the union of its rounds' keys (Reformer's
+            `num_hashes`).
+        lsh_num_buckets: Buckets per hash round of "lsh" layers, even (Reformer's `num_buckets`).
+        lsh_hash_seed: Seed of the random rotations of "lsh" layers, drawn at initialisation (layer i: seed + i) and
+            saved with the weights.
+        block_size: Positions per block of "block" layers.
     """
 
     vocab_size: int = 32000
@@ -159,6 +172,11 @@ class CoreformerConfig(PreTrainedConfig):
     lowrank_k: int | None = None
     linear_feature_map: str = "elu"
     linear_num_features: int | None = None
+    lsh_bucket_size: int | None = None
+    lsh_num_hashes: int = 1
+    lsh_num_buckets: int = 32
+    lsh_hash_seed: int = 0
+    block_size: int | None = None
 
     def __post_init__(self, **kwargs):
         if SAVED_LAYER_TYPES in kwargs:

@@ -6,6 +6,8 @@
     strided   ... AND (|q - k| < s or s | q - k)   A1 + A2 parts (sparse_attention)         full_attention
     lowrank   (B, S) padding mask                  Linformer E/F (lowrank_attention)        full_attention, never cached
     linear    (B, S) padding mask                  feature maps, O(L) (linear_attention)    coreformer_linear_attention
+    lsh       (B, S) padding mask                  hash, sort, chunks (lsh_attention)       full_attention
+    block     ... AND q // b == k // b             blocks of b, O(L·b) (block_attention)    full_attention
 
 This file is free of torch: the configuration reads it (names, parameters, cache layers, validation) without loading
 a kernel. Each kernel is named by a loader that imports its file on first use (`Attention.__init__`), so a new layer
@@ -67,6 +69,49 @@ def linear_kernel(config: Any) -> LayerKernel:
     from .linear_attention import LinearKernel
 
     return LinearKernel()
+
+
+def block_overlay(block_size: int) -> MaskFunction:
+    """Block-diagonal mask: a query sees the keys of its own block of `block_size` positions (ANDed with causality
+    in decoders). Not a band: the first token of a block sees only itself, the last sees the whole block."""
+
+    def allowed(batch_idx, head_idx, q_idx, kv_idx):
+        return q_idx // block_size == kv_idx // block_size
+
+    return allowed
+
+
+def block_kernel(config: Any) -> LayerKernel:
+    from .block_attention import block_attention
+    from .sparse_attention import SparseKernel
+
+    return SparseKernel(block_attention, block_size=config.block_size)
+
+
+def lsh_kernel(config: Any) -> LayerKernel:
+    from .lsh_attention import LshKernel
+
+    return LshKernel()
+
+
+def check_lsh(config: Any) -> None:
+    for name in ("lsh_num_hashes", "lsh_num_buckets"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    if config.lsh_num_buckets % 2:
+        raise ValueError(
+            f"`lsh_num_buckets` must be even (angular LSH hashes to the argmax over [xR, -xR]), got "
+            f"{config.lsh_num_buckets}."
+        )
+    if not isinstance(config.lsh_hash_seed, int) or config.lsh_hash_seed < 0:
+        raise ValueError(f"`lsh_hash_seed` must be a non-negative integer, got {config.lsh_hash_seed!r}.")
+    if config.num_key_value_heads != config.num_attention_heads:
+        raise ValueError(
+            f"'lsh' layers share one projection for queries and keys, so each query head is its own key head: set "
+            f"`num_key_value_heads` ({config.num_key_value_heads}) to `num_attention_heads` "
+            f"({config.num_attention_heads}), or use another layer type for grouped-query attention."
+        )
 
 
 def check_stride(config: Any) -> None:
@@ -165,5 +210,26 @@ LAYER_TYPES: dict[str, LayerType] = {
         padding_mask_only=True,
         kernel=linear_kernel,
         packed_rows=False,
+    ),
+    # Reformer (Kitaev et al. 2020): queries hashed into buckets, each attending to the nearest keys of its bucket.
+    # It keeps every key (a bucket reaches back indefinitely); packed documents would share buckets. Saved under
+    # transformers' name for attention whose keys an index picks per query.
+    "lsh": LayerType(
+        "full_attention",
+        "indexed_attention",
+        parameter="lsh_bucket_size",
+        padding_mask_only=True,
+        kernel=lsh_kernel,
+        packed_rows=False,
+        validate=check_lsh,
+    ),
+    # Non-overlapping windows, transformers' "window_attention" (ViT-style); every key is cached, as for strided.
+    "block": LayerType(
+        "full_attention",
+        "window_attention",
+        parameter="block_size",
+        overlay=block_overlay,
+        kernel=block_kernel,
+        dense_fallback=True,
     ),
 }

@@ -75,6 +75,11 @@ MANIFEST_NAME = "onnx_export.json"
 # The cache layers the graphs' key/value tensors can carry (a layer type's `cache_layer`, layer_types.py).
 KEY_VALUE_CACHE_LAYERS = ("full_attention", "sliding_attention")
 
+# Layer types no graph can hold, and why.
+UNEXPORTABLE_LAYER_TYPES = {
+    "lsh": "its hash-sort-chunk kernel pads to whole chunks and sorts, which the exporter traces at one length only",
+}
+
 # Inputs of the heads whose tensors are not (batch, sequence).
 INPUT_AXES = {"AutoModelForMultipleChoice": ("batch", "choices", "sequence")}
 
@@ -190,6 +195,18 @@ def refuse_uncachable(layer_types: list[str]) -> None:
             f"in a custom cache layer), so the ONNX cache graphs (past_key_values in, present out) cannot carry it. "
             f"Layer types that export with a cache: {', '.join(cached)}; the base models and classification heads "
             f"export with every layer type (no cache)."
+        )
+
+
+def refuse_unexportable(config) -> None:
+    """ValueError for a model with layer types that no ONNX graph can hold, naming them and why."""
+    used = {name for stack in config.stack_layer_types() for name in getattr(config, stack)}
+    refused = sorted(used & set(UNEXPORTABLE_LAYER_TYPES))
+    if refused:
+        reasons = "; ".join(f"'{name}': {UNEXPORTABLE_LAYER_TYPES[name]}" for name in refused)
+        raise ValueError(
+            f"This model has {refused} attention layers, which do not export to ONNX ({reasons}). Export a model "
+            f"whose layer types are among {sorted(set(LAYER_TYPES) - set(UNEXPORTABLE_LAYER_TYPES))}."
         )
 
 
@@ -574,6 +591,7 @@ def export_onnx(source: Path, out: Path, *, check: bool = False) -> dict:
     """
     source, out = Path(source), Path(out)
     model, family, auto_class = load_source(source)
+    refuse_unexportable(model.config)
     graphs = GRAPH_BUILDERS[family.name](model, family, auto_class)
     report: dict = {
         "source": str(source),
