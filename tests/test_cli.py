@@ -483,17 +483,16 @@ def test_fine_tuning_ends_with_where_everything_went(tmp_path):
     ]
 
 
-def test_missing_columns_are_named_together():
-    from types import SimpleNamespace
-
+def test_missing_columns_are_named_together(tmp_path):
     import datasets
 
-    from coreformer.training.finetuning import FinetuningError, check_columns
+    from coreformer.training.finetuning import FinetuningArguments, FinetuningError, check_columns
 
     splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["a"], "kind": [0]})})
-    spec = SimpleNamespace(columns=("text_column", "text_pair_column", "label_column"))
-    args = SimpleNamespace(spec=spec, task="sequence-classification", text_column="text", label_column="label")
-    args.text_pair_column = None  # optional, unset: not looked for
+    # text_pair_column is optional and left unset: not looked for
+    args = FinetuningArguments.resolve(
+        {"task": "sequence-classification", "model": "m", "output_dir": str(tmp_path), "text_column": "text"}
+    )
     with pytest.raises(FinetuningError) as error:
         check_columns(splits, args)
     assert str(error.value) == (

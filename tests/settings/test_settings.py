@@ -5,6 +5,7 @@ That the scripts build their parsers from them without importing torch is tested
 
 import dataclasses
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,7 @@ from coreformer_settings.families import FAMILY_NAMES
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, ElectraSettings, objective_fields
 from coreformer_settings.tasks import TASK_REGISTRY, QuestionAnsweringSettings, task_fields
 
-PRETRAIN_SCRIPT = pretraining.default_configs_dir().parent / "pretrain.py"
+PRETRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "training" / "pretrain.py"
 
 
 def test_family_names_are_read_from_the_family_registry_file():
