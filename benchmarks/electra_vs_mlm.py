@@ -239,22 +239,24 @@ def finetune(
     newly_initialised = load_report(folder, classes)
     accuracies = []
     for seed in range(args.seeds if seeds is None else seeds):
-        finetuning = FinetuningArguments(
-            task="sequence-classification",
-            model=str(folder),
-            output_dir=str(work / f"finetune-{folder.name}{tag}-{seed}"),
-            overwrite=True,
-            train_file=str(data[0]),
-            validation_file=str(data[1]),
-            text_pair_column="text_pair" if pair else None,
-            max_eval_examples=TINY_HELD_OUT if args.tiny else None,
-            max_steps=args.finetune_steps,
-            warmup_steps=args.finetune_steps // 10,
-            batch_size=16,
-            lr=args.finetune_lr if lr is None else lr,
-            max_length=128 if pair else 64,
-            seed=seed,
-        )
+        finetuning = FinetuningArguments.resolve(
+            dict(
+                task="sequence-classification",
+                model=str(folder),
+                output_dir=str(work / f"finetune-{folder.name}{tag}-{seed}"),
+                overwrite=True,
+                train_file=str(data[0]),
+                validation_file=str(data[1]),
+                text_pair_column="text_pair" if pair else None,
+                max_eval_examples=TINY_HELD_OUT if args.tiny else None,
+                max_steps=args.finetune_steps,
+                warmup_steps=args.finetune_steps // 10,
+                batch_size=16,
+                lr=args.finetune_lr if lr is None else lr,
+                max_length=128 if pair else 64,
+                seed=seed,
+            )
+        )  # resolve: text_pair_column is the sequence-classification task's own setting
         accuracies.append(run_finetuning(finetuning)["eval_accuracy"])
     return {
         "newly_initialised": newly_initialised,

@@ -1,4 +1,4 @@
-"""The settings of `coreformer evaluate` (training/evaluate.py), importable without torch: `--help` answers at once.
+"""The settings of `coreformer evaluate` (training/zero_shot.py), importable without torch: `--help` answers at once.
 
     EvaluationSettings               the folder, the held-out text and how much of it is scored
     build_parser(prog) -> parser     one flag per setting
