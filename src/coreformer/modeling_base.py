@@ -31,7 +31,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .attention import Attention
 from .configuration_coreformer import CoreformerConfig
-from .forward_plan import ForwardPlan, ForwardPlanner
+from .forward_plan import PACKING_KWARGS, ForwardPlan, ForwardPlanner, positions_in_documents
 from .layer_types import LAYER_TYPES
 from .layers import (
     MLP,
@@ -310,6 +310,7 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | int | list[int] | None = None,
+        encoder_documents: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutput | BaseModelOutputWithPastAndCrossAttentions:
         """
@@ -319,23 +320,32 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
                 prepared per layer type for a static cache (`CoreformerPreTrainedModel.create_masks_for_generate`).
             token_type_ids: (B, T) segment ids; ignored when the config has no token types (type_vocab_size=0),
                 because tokenizers return them by default.
-            position_ids: (B, T); default past + arange(T). Generation passes them to skip left padding.
+            position_ids: (B, T); default past + arange(T), or the positions within each document of a packed batch.
+                Generation passes them to skip left padding. Without attention_mask and cache, positions that
+                restart mid-row pack several documents into the row, as transformers reads them.
             encoder_hidden_states / encoder_attention_mask: the encoder output and its padding mask (cross-attention).
             past_key_values: a `Cache`, updated in place (causal stacks only).
             use_cache: build and return a cache; default `config.use_cache` at inference, never while training.
             output_attentions / output_hidden_states: recorded by `capture_outputs` from the blocks
                 (`_can_record_outputs`); hidden states may be selected by index (an int or a list), as transformers
                 allows. Attentions come under every backend (recomputed next to fast kernels).
+            encoder_documents: (B, S) document ids of a packed encoder output (cross-attention pairs documents).
+            **kwargs: transformers' attention kwargs; `cu_seq_lens_q/k` + `max_length_q/k` or `seq_idx` describe a
+                packed batch (`ForwardPlanner.packed_documents`). Each document then gets what it gets alone.
         """
         inputs_embeds = self._checked_inputs(input_ids, inputs_embeds, encoder_hidden_states)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        packing = {name: value for name in PACKING_KWARGS if (value := kwargs.pop(name, None)) is not None}
+        documents = self.packed_documents(inputs, attention_mask, past_key_values, position_ids, packing)
+        if documents is not None:
+            use_cache = self._packed_use_cache(use_cache, past_key_values)
+            position_ids = positions_in_documents(documents) if position_ids is None else position_ids
         use_cache, past_key_values, cache = self._resolve_cache(use_cache, past_key_values)
         padding_mask = attention_mask if self.prepared_masks(attention_mask) is None else None
-        inputs = input_ids if input_ids is not None else inputs_embeds
-        packed = position_ids is not None  # the caller's positions may restart mid-row
         position_ids = self._checked_positions(inputs, padding_mask, cache, position_ids)
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
         plan = self.plan(
@@ -345,9 +355,11 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             position_ids,
             encoder_hidden_states,
             encoder_attention_mask,
-            packed=packed,
             output_attentions=output_attentions,
             padded_states=bool(output_hidden_states is not False and output_hidden_states),
+            documents=documents,
+            encoder_documents=encoder_documents,
+            packing=packing,
         )
         hidden_states = self.run_blocks(hidden_states, plan, encoder_hidden_states, past_key_values, **kwargs)
         if not self.is_causal:
@@ -397,6 +409,17 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         if unpadding is not None:
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden), zeros at the padding
         return hidden_states
+
+    def _packed_use_cache(self, use_cache: bool | None, past_key_values: Cache | None) -> bool:
+        """Packed rows are a training-like forward: no cache unless asked for, and a cache cannot hold them (its keys
+        would serve every document's continuation)."""
+        if use_cache or past_key_values is not None:
+            raise ValueError(
+                "this batch packs several documents into a row (restarting position_ids, cu_seq_lens or seq_idx), "
+                "which a cache cannot continue: pass use_cache=False and no past_key_values, or give each document "
+                "its own row (with attention_mask) to generate."
+            )
+        return False
 
     def _resolve_cache(
         self, use_cache: bool | None, past_key_values: Cache | None
