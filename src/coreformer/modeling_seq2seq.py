@@ -148,20 +148,10 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
                 input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
             )
         encoder_kwargs, decoder_kwargs = packing_by_side(kwargs)
-        if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                inputs_embeds=inputs_embeds,
-                **encoder_kwargs,
-            )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(*encoder_outputs)
-        encoder_hidden_states = encoder_outputs.last_hidden_state
-        encoder_documents = self.encoder.packed_documents(
-            encoder_hidden_states, attention_mask, None, position_ids, encoder_kwargs
+        encoder_outputs, encoder_documents = self._encode(
+            input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, encoder_kwargs
         )
+        encoder_hidden_states = encoder_outputs.last_hidden_state
         decoder_outputs = self.decoder(
             decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -183,6 +173,32 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
+        )
+
+    def _encode(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.LongTensor | None,
+        inputs_embeds: torch.Tensor | None,
+        encoder_outputs: BaseModelOutput | tuple | None,
+        encoder_kwargs: dict,
+    ) -> tuple[BaseModelOutput, torch.Tensor | None]:
+        """The encoder's outputs (run here unless given) and the (B, S) documents of a packed source, which the
+        decoder's cross-attention pairs with its own (or None)."""
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+                **encoder_kwargs,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        source = encoder_outputs.last_hidden_state
+        return encoder_outputs, self.encoder.packed_documents(
+            source, attention_mask, None, position_ids, encoder_kwargs
         )
 
 
