@@ -1,5 +1,6 @@
 """Efficient attention per layer (`layer_types`): each type against an explicit reference, caches, and whole models."""
 
+import ast
 import functools
 import json
 import os
@@ -591,3 +592,24 @@ def test_a_new_layer_type_is_a_kernel_and_one_table_entry(monkeypatch):
         average = (value * mask[:, :, None, None]).sum(1) / mask.sum(1)[:, None, None]  # (B, H, D)
         reference = attention.o_proj(2.0 * average.flatten(-2))[:, None].expand_as(ours)  # (B, T, hidden)
     torch.testing.assert_close(ours[mask.bool()], reference[mask.bool()], atol=1e-5, rtol=0)
+
+
+def test_the_config_reaches_the_table_without_torch_or_kernels():
+    # The configuration reads the table; the kernels load only when a layer is built (the table's loaders import
+    # them inside functions). Every module-level import from the config down, followed within the package:
+    package = os.path.dirname(cf.__file__)
+    seen, todo, outside = set(), ["configuration_coreformer"], set()
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        with open(os.path.join(package, f"{name}.py")) as source:
+            tree = ast.parse(source.read())
+        for node in tree.body:  # module level only
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module not in seen:
+                todo.append(node.module)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                outside.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                outside |= {alias.name.split(".")[0] for alias in node.names}
+    assert "layer_types" in seen and not seen & {"sparse_attention", "linear_attention", "lowrank_attention"}
+    assert "torch" not in outside, sorted(seen)
