@@ -323,3 +323,21 @@ def test_attention_function_receives_positions_and_varlen_arguments(monkeypatch)
     with torch.no_grad():
         model(ids)  # one document: positions only
     assert all("cu_seq_lens_q" not in kwargs and kwargs["position_ids"].shape == (1, 17) for kwargs in received)
+
+
+@pytest.mark.parametrize("layer_type", ["sliding", "linear"])
+def test_packed_attentions_are_each_documents_own(layer_type):
+    # Recomputed probabilities (beside the sparse kernel under sdpa; the linear kernel's own) see the documents too.
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=[layer_type, "full"], **PARAMETERS)
+    sources = documents(LENGTHS, seed=8)
+    with torch.no_grad():
+        packed = model(torch.cat(sources, 1), position_ids=restarting_positions(LENGTHS), output_attentions=True)
+        alone = [model(ids, output_attentions=True).attentions for ids in sources]
+    start = 0
+    for index, length in enumerate(LENGTHS):
+        rows = slice(start, start + length)
+        for layer, attentions in enumerate(packed.attentions):
+            block = attentions[:, :, rows]  # (1, H, length, T): this document's queries over the whole row
+            torch.testing.assert_close(block[..., rows], alone[index][layer], atol=1e-5, rtol=1e-5)
+            assert float(block.sum(-1).sub(1).abs().max()) < 1e-5  # nothing left for the other documents
+        start += length

@@ -422,7 +422,9 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         Returns the caller's packing kwargs (popped from `kwargs`: they describe this stack's rows, not
         cross-attention's), the (B, T) document ids (`ForwardPlanner.packed_documents`, or None), the positions
         (each document's own where the caller gave none) and use_cache (packed rows are never cached)."""
-        packing = {name: value for name in PACKING_KWARGS if (value := kwargs.pop(name, None)) is not None}
+        # Two steps, no walrus: Dynamo cannot trace one inside a comprehension.
+        packing = {name: kwargs.pop(name) for name in PACKING_KWARGS if name in kwargs}
+        packing = {name: value for name, value in packing.items() if value is not None}
         documents = self.packed_documents(inputs, attention_mask, past_key_values, position_ids, packing)
         if documents is None:
             return packing, None, position_ids, use_cache
