@@ -33,7 +33,12 @@ from typing import Any, NamedTuple
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    and_masks,
+    create_bidirectional_mask,
+    create_causal_mask,
+)
 from transformers.utils.generic import is_flash_attention_requested
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
@@ -182,11 +187,7 @@ def with_documents(overlay: Callable | None, documents: torch.Tensor | None) -> 
     if documents is None:
         return overlay
     keep = same_document(documents, documents)
-    if overlay is None:
-        return keep
-    return lambda batch_idx, head_idx, q_idx, kv_idx: (
-        overlay(batch_idx, head_idx, q_idx, kv_idx) & keep(batch_idx, head_idx, q_idx, kv_idx)
-    )
+    return keep if overlay is None else and_masks(overlay, keep)
 
 
 def eager_view(config: CoreformerConfig) -> CoreformerConfig:
