@@ -412,7 +412,8 @@ class CoreformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` needs one entry per layer ({count}), got {types!r}.")
             unknown = sorted(set(types) - set(LAYER_TYPE_TABLE))
             if unknown:
-                raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {tuple(LAYER_TYPE_TABLE)}.")
+                known = tuple(LAYER_TYPE_TABLE)
+                raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {known}.")
             for layer_type in sorted(set(types)) if causal else ():
                 refusal = LAYER_TYPE_TABLE[layer_type].not_causal
                 if refusal is not None:
