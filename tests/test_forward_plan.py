@@ -10,7 +10,7 @@ import coreformer as cf
 PARAMETERS = dict(sliding_window=2, stride=3)
 
 
-def _plan(stack, ids, mask, *, cache=None, output_attentions=False, packed=False):
+def _plan(stack, ids, mask, *, cache=None, output_attentions=False, documents=None):
     hidden = torch.zeros(*ids.shape, stack.config.hidden_size)
     positions = torch.arange(ids.shape[1])[None]
     return stack.plan(
@@ -20,7 +20,7 @@ def _plan(stack, ids, mask, *, cache=None, output_attentions=False, packed=False
         positions,
         None,
         None,
-        packed=packed,
+        documents=documents,
         output_attentions=output_attentions,
         padded_states=False,
     )
@@ -43,7 +43,7 @@ def test_sparse_kernels_run_under_sdpa_and_the_linear_form_always(backend):
         assert plan.layers["sliding"].mask.shape == (ids.shape[0], 1, 8, 8)
 
 
-def test_cached_keys_and_packed_rows_turn_the_sparse_kernels_off():
+def test_cached_keys_turn_the_sparse_kernels_off_and_packed_rows_keep_them():
     model = tiny_model(cf.CoreformerDecoderModel, "decoder", layer_types=["sliding", "strided"], **PARAMETERS)
     ids, mask = padded_batch(length=8)
     assert _plan(model.decoder, ids, mask).layers["strided"].kernel  # an empty cache or none: the kernels apply
@@ -53,8 +53,9 @@ def test_cached_keys_and_packed_rows_turn_the_sparse_kernels_off():
     extended = torch.cat([mask, torch.ones(ids.shape[0], 1, dtype=mask.dtype)], dim=1)
     cached = _plan(model.decoder, ids[:, :1], extended, cache=cache)
     assert not any(layer.kernel for layer in cached.layers.values())
-    packed = _plan(model.decoder, ids, None, packed=True)  # documents that restart their positions: dense masks
-    assert not any(layer.kernel for layer in packed.layers.values())
+    documents = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2]]).expand(ids.shape[0], -1)
+    packed = _plan(model.decoder, ids, None, documents=documents)  # packed rows: document ids beside row ids
+    assert all(layer.kernel and torch.equal(layer.documents, documents) for layer in packed.layers.values())
 
 
 def test_probability_masks_are_built_only_when_attentions_are_asked_for():

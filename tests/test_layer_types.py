@@ -211,19 +211,6 @@ def test_sparse_kernels_under_sdpa_match_eager_on_long_padded_sequences(layer_ty
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_packed_documents_are_refused_by_linear_layers_with_the_fix():
-    # Position ids that restart mid-row mark packed documents; transformers' causal masks keep them apart, a linear
-    # layer's running sums cannot.
-    model = tiny_model(cf.CoreformerDecoderModel, "decoder", layer_types=["linear", "full"])
-    ids = torch.randint(3, VOCAB, (1, 8))
-    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
-    with pytest.raises(ValueError, match="'linear' layers cannot keep apart.*own row"):
-        model(ids, position_ids=packed, use_cache=False)
-    # One document per row is fine, with position ids given (as generate() does) or a padding mask.
-    model(ids, position_ids=torch.arange(8)[None], use_cache=False)
-    model(ids, attention_mask=torch.ones(1, 8, dtype=torch.long), position_ids=packed, use_cache=False)
-
-
 @functools.cache  # compiling flex takes seconds; two tests ask
 def _flex_compiles_here() -> bool:
     model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["sliding"] * 2, **PARAMETERS)
@@ -594,7 +581,6 @@ def test_a_new_layer_type_is_a_kernel_and_one_table_entry(monkeypatch):
         torch.arange(8)[None],
         None,
         None,
-        packed=False,
         output_attentions=False,
         padded_states=False,
     )

@@ -292,13 +292,14 @@ def test_unpadded_causal_batch_takes_sdpa_is_causal_path_without_a_mask(monkeypa
         assert seen and all(attn_mask is not None and not is_causal for attn_mask, is_causal in seen)
 
 
-# Every registered head but the base models (each family's first entry).
-REGISTERED_HEADS = [getattr(cf, head.class_name) for family in FAMILIES.values() for head in family.heads[1:]]
+# Every registered class: the base models (each family's first entry) and their heads.
+REGISTERED_HEADS = [getattr(cf, head.class_name) for family in FAMILIES.values() for head in family.heads]
 
 
 @pytest.mark.parametrize("head", REGISTERED_HEADS, ids=lambda head: head.__name__)
 def test_head_forward_types_its_kwargs_as_transformers_kwargs(head):
-    # What transformers' in-library BERT and BART heads declare, and what its tools read from the signature.
+    # What transformers' in-library BERT and BART models and heads declare, and what its tools read from the
+    # signature (its common tests decide from it whether a model can output attentions).
     reference = inspect.signature(transformers.BertForSequenceClassification.forward).parameters["kwargs"]
     kwargs = inspect.signature(head.forward).parameters["kwargs"]
     assert kwargs.kind is inspect.Parameter.VAR_KEYWORD

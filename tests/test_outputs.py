@@ -93,7 +93,6 @@ def test_recomputed_probabilities_reproduce_the_layer_output(layer_type):
         torch.arange(12)[None],
         None,
         None,
-        packed=False,
         output_attentions=True,
         padded_states=False,
     )

@@ -10,6 +10,17 @@
       layers: {layer type: LayerPlan}        one per type present in the stack (layers of a type share everything)
       cross:  LayerPlan | None               cross-attention over the encoder output (cross-attending stacks)
       unpadding, padded_states               where the real tokens are, when the blocks run on them alone
+      documents                              (B, T) document of each token of a packed (flattened) batch, or None
+
+Packed rows: several documents laid end to end in one row, described by position ids that restart at 0 (no
+attention_mask), by `cu_seq_lens_q/k` + `max_length_q/k` (transformers' FlashAttentionKwargs) or by `seq_idx`.
+`ForwardPlanner.packed_documents` reads whichever the caller passed, once per forward; every mask then ANDs
+"same document" into causality and the type's overlay, and kernels read `LayerPlan.documents`:
+
+    row        | a0 a1 a2 a3 a4 | b0 b1 b2 b3 b4 b5 b6 b7 b8 | c0 c1 c2 |
+    positions    0  1  2  3  4    0  1  2  3  4  5  6  7  8    0  1  2
+    documents    0  0  0  0  0    1  1  1  1  1  1  1  1  1    2  2  2
+    cu_seq_lens  0               5                            14        17
 
 `ForwardPlanner` is the planning half of `CoreformerStack` (`modeling_base.py`): it reads the layer-type table
 (`layer_types.py`) for each type's mask overlay and kernel, and the backend, cache and packing of this forward.
@@ -17,17 +28,27 @@ Plans are NamedTuples of tensors and flags: built in Python, cheap, and traced b
 """
 
 import copy
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    and_masks,
+    create_bidirectional_mask,
+    create_causal_mask,
+)
+from transformers.utils.generic import is_flash_attention_requested
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_coreformer import CoreformerConfig
 from .layer_types import LAYER_TYPES
 
 Masks = dict[str, torch.Tensor | None]
+
+# The keyword arguments that describe a packed batch (transformers' FlashAttentionKwargs, and Mamba's `seq_idx`).
+PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
 class Unpadding(NamedTuple):
@@ -70,6 +91,11 @@ class LayerPlan(NamedTuple):
     output_attentions: return the attention probabilities.
     position_embeddings: rotary (cos, sin), each (B, T, head_dim), or None.
     unpadding: set when the hidden states hold only the real tokens of a padded batch.
+    documents: (B, T) document of each query token of a packed batch (see the module docstring), or None; kernels
+        keep keys of other documents out (cross-attention: the masks pair decoder document i with encoder document i).
+    attention_kwargs: passed to the attention function, as transformers' models pass them: `position_ids`, and for
+        packed rows under flash attention the varlen arguments (`cu_seq_lens_q/k`, `max_length_q/k`). Self-attention
+        only (cross-attention's keys are not the queries' tokens).
     """
 
     mask: torch.Tensor | None = None
@@ -78,6 +104,8 @@ class LayerPlan(NamedTuple):
     output_attentions: bool = False
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
     unpadding: Unpadding | None = None
+    documents: torch.Tensor | None = None
+    attention_kwargs: dict[str, Any] | None = None
 
 
 class ForwardPlan(NamedTuple):
@@ -89,6 +117,77 @@ class ForwardPlan(NamedTuple):
     # Recorded hidden states must be the tensors the computation uses: when they are asked for, blocks take padded
     # states and unpad inside (the same numbers; two index copies per layer) instead of the stack unpadding once.
     padded_states: bool
+    documents: torch.Tensor | None = None
+
+
+def document_ids_from_positions(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """(B, T) position ids -> (B, T) document ids, a new document wherever the position does not step by +1 (the test
+    of transformers' `find_packed_sequence_indices`); None where no row restarts (checked eagerly only: under
+    torch.compile the ids are always returned, as transformers does)."""
+    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
+    documents = (step != 1).cumsum(-1)
+    if not is_torchdynamo_compiling() and not bool(documents[:, -1].any()):
+        return None
+    return documents
+
+
+def document_ids_from_cu_seq_lens(cu_seq_lens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """(N + 1,) cumulative document lengths over the flattened (B * T) tokens, as flash attention's varlen functions
+    read them -> (B, T) document ids, counted from 0 in each row."""
+    if not is_torchdynamo_compiling() and (cu_seq_lens.dim() != 1 or int(cu_seq_lens[-1]) != batch * length):
+        raise ValueError(
+            f"cu_seq_lens must be the 1D cumulative document lengths over the batch's {batch} x {length} = "
+            f"{batch * length} flattened tokens (ending at {batch * length}), got {cu_seq_lens.tolist()}: build them "
+            f"from the same rows as input_ids (DataCollatorWithFlattening(return_flash_attn_kwargs=True) does)."
+        )
+    tokens = torch.arange(batch * length, device=cu_seq_lens.device)
+    documents = torch.searchsorted(cu_seq_lens[1:].contiguous(), tokens, right=True).view(batch, length)
+    return documents - documents[:, :1]
+
+
+def positions_in_documents(documents: torch.Tensor) -> torch.Tensor:
+    """(B, T) document ids -> (B, T) each token's position within its document (0 at every document start)."""
+    index = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    return index - torch.where(document_starts(documents), index, 0).cummax(-1).values
+
+
+def document_starts(documents: torch.Tensor) -> torch.Tensor:
+    """(B, T) document ids -> (B, T) boolean, True at the first token of each document (every row starts one)."""
+    changes = documents[:, 1:] != documents[:, :-1]  # (B, T - 1)
+    return torch.cat([changes.new_ones(changes.shape[0], 1), changes], dim=1)
+
+
+def varlen_kwargs(documents: torch.Tensor) -> dict[str, Any]:
+    """(B, T) document ids -> flash attention's varlen arguments over the flattened B * T tokens (what
+    `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` gives): cu_seq_lens_q/k (N + 1,) int32 and
+    max_length_q/k."""
+    starts = document_starts(documents).flatten().nonzero().squeeze(1)
+    total = torch.tensor([documents.numel()], device=documents.device)
+    cu_seq_lens = torch.cat([starts, total]).to(torch.int32)
+    longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    return {
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
+
+
+def same_document(query_documents: torch.Tensor, key_documents: torch.Tensor) -> Callable:
+    """transformers' mask function keeping each query to the keys of its own document: (B, T) and (B, S) ids."""
+
+    def allowed(batch_idx, head_idx, q_idx, kv_idx):
+        return query_documents[batch_idx, q_idx] == key_documents[batch_idx, kv_idx]
+
+    return allowed
+
+
+def with_documents(overlay: Callable | None, documents: torch.Tensor | None) -> Callable | None:
+    """The type's overlay ANDed with "same document" (packed rows), either alone, or None."""
+    if documents is None:
+        return overlay
+    keep = same_document(documents, documents)
+    return keep if overlay is None else and_masks(overlay, keep)
 
 
 def eager_view(config: CoreformerConfig) -> CoreformerConfig:
@@ -107,6 +206,30 @@ class ForwardPlanner:
     is_causal: bool
     cross_attention: bool
 
+    def packed_documents(
+        self,
+        inputs: torch.Tensor,
+        attention_mask: torch.Tensor | Masks | None,
+        past_key_values: Cache | None,
+        position_ids: torch.Tensor | None,
+        packing: dict[str, Any],
+    ) -> torch.Tensor | None:
+        """The (B, T) document ids of a packed batch, decided once per forward from whichever description the caller
+        passed: `seq_idx` (B, T); `cu_seq_lens_q` (`cu_seq_lens_k` alone: the keys' documents, which are the
+        queries' in self-attention); or, as transformers reads them, position ids that restart mid-row when there is
+        neither an attention_mask nor a cache. None: one document per row. `inputs`: the (B, T) ids or
+        (B, T, hidden) embeddings; `packing`: the caller's `PACKING_KWARGS`."""
+        batch, length = inputs.shape[:2]
+        if packing.get("seq_idx") is not None:
+            seq_idx = packing["seq_idx"]
+            return seq_idx - seq_idx[:, :1]
+        cu_seq_lens = packing.get("cu_seq_lens_q", packing.get("cu_seq_lens_k"))
+        if cu_seq_lens is not None:
+            return document_ids_from_cu_seq_lens(cu_seq_lens, batch, length)
+        if position_ids is None or attention_mask is not None or past_key_values is not None:
+            return None
+        return document_ids_from_positions(position_ids.expand(batch, -1))
+
     def plan(
         self,
         hidden_states: torch.Tensor,
@@ -116,20 +239,24 @@ class ForwardPlanner:
         encoder_hidden_states: torch.Tensor | None,
         encoder_attention_mask: torch.Tensor | None,
         *,
-        packed: bool,
         output_attentions: bool,
         padded_states: bool,
+        documents: torch.Tensor | None = None,
+        encoder_documents: torch.Tensor | None = None,
+        packing: dict[str, Any] | None = None,
     ) -> ForwardPlan:
         """The plan of this forward. `attention_mask`: the (B, past + T) padding mask, or the masks generate()
-        prepared per layer type; `packed`: the caller passed position ids (documents may restart mid-row);
-        `padded_states`: hidden states are recorded (see `ForwardPlan.padded_states`)."""
+        prepared per layer type; `padded_states`: hidden states are recorded (see `ForwardPlan.padded_states`);
+        `documents`: the (B, T) document ids of a packed batch (`packed_documents`), `encoder_documents` those of
+        the encoder output cross-attention reads (B, S); `packing`: the caller's `PACKING_KWARGS`."""
         prepared = self.prepared_masks(attention_mask)
         padding_mask = None if prepared is not None else attention_mask
         unpadding = self.unpadding(padding_mask, cache)
         masks, kernel_types, probability_masks = self.self_attention_masks(
-            hidden_states, padding_mask, prepared, cache, position_ids, packed, output_attentions=output_attentions
+            hidden_states, padding_mask, prepared, cache, position_ids, documents, output_attentions=output_attentions
         )
         rotary = self.rotary_position_embeddings(hidden_states, position_ids)
+        attention_kwargs = self.attention_kwargs(position_ids, documents, packing or {})
         layers = {
             name: LayerPlan(
                 mask=masks[name],
@@ -138,13 +265,34 @@ class ForwardPlanner:
                 output_attentions=output_attentions,
                 position_embeddings=rotary.get(name),
                 unpadding=unpadding,
+                documents=documents,
+                attention_kwargs=attention_kwargs,
             )
             for name in dict.fromkeys(self.layer_types)
         }
         cross = self.cross_attention_plan(
-            hidden_states, encoder_hidden_states, encoder_attention_mask, unpadding, output_attentions
+            hidden_states,
+            encoder_hidden_states,
+            encoder_attention_mask,
+            unpadding,
+            output_attentions,
+            documents,
+            encoder_documents,
         )
-        return ForwardPlan(layers, cross, unpadding, unpadding is not None and padded_states)
+        return ForwardPlan(layers, cross, unpadding, unpadding is not None and padded_states, documents)
+
+    def attention_kwargs(
+        self, position_ids: torch.Tensor, documents: torch.Tensor | None, packing: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What self-attention hands the attention function beyond q/k/v and the mask, as transformers' Llama does:
+        the position ids; for packed rows the caller's varlen arguments, or under flash attention (which reads no
+        mask) those derived from the documents."""
+        kwargs: dict[str, Any] = {"position_ids": position_ids}
+        varlen = {name: packing[name] for name in PACKING_KWARGS[:4] if packing.get(name) is not None}
+        if documents is not None and len(varlen) < 4:
+            if is_flash_attention_requested(requested_attention_implementation=self.config._attn_implementation):
+                varlen = varlen_kwargs(documents)
+        return kwargs | varlen
 
     def prepared_masks(self, attention_mask) -> Masks | None:
         """Masks already built per layer type (`CoreformerPreTrainedModel.create_masks_for_generate`), or None."""
@@ -165,7 +313,7 @@ class ForwardPlanner:
         prepared: Masks | None,
         cache: Cache | None,
         position_ids: torch.Tensor,
-        packed: bool,
+        documents: torch.Tensor | None,
         *,
         output_attentions: bool,
     ) -> tuple[Masks, frozenset[str], Masks]:
@@ -175,14 +323,17 @@ class ForwardPlanner:
         if prepared is not None:  # generate() built them ahead, outside a compiled forward
             # the backend's own form, boolean or additive: both read as eager's for the probabilities
             return prepared, always, prepared
-        self.check_packed_rows(attention_mask, cache, position_ids, packed)
-        sparse_types = self.sparse_kernel_types(attention_mask, cache, packed)
-        masks = self.build_masks(hidden_states, attention_mask, cache, position_ids, sparse_types)
+        self.check_packed_rows(documents)
+        sparse_types = self.sparse_kernel_types(attention_mask, cache)
+        masks = self.build_masks(hidden_states, attention_mask, cache, position_ids, sparse_types, documents=documents)
         if not output_attentions:
             return masks, always | sparse_types, {}
         if self.config._attn_implementation == "eager" and not sparse_types:
             return masks, always, masks
-        eager = self.build_masks(hidden_states, attention_mask, cache, position_ids, config=eager_view(self.config))
+        eager_config = eager_view(self.config)
+        eager = self.build_masks(
+            hidden_states, attention_mask, cache, position_ids, config=eager_config, documents=documents
+        )
         return masks, always | sparse_types, eager
 
     @staticmethod
@@ -190,41 +341,32 @@ class ForwardPlanner:
         layer_type = LAYER_TYPES[name]
         return layer_type.kernel is not None and not layer_type.dense_fallback
 
-    def check_packed_rows(
-        self, attention_mask: torch.Tensor | None, cache: Cache | None, position_ids: torch.Tensor, packed: bool
-    ) -> None:
-        """transformers separates packed documents (position ids restarting mid-row, no attention_mask, no cache) in
-        causal masks only; a type that cannot keep them apart (`LayerType.packed_rows`, e.g. a linear layer's running
-        sums) would run across them: refuse that."""
-        unmasked_packed = packed and attention_mask is None and cache is None
+    def check_packed_rows(self, documents: torch.Tensor | None) -> None:
+        """A layer type that cannot keep the documents of a packed row apart (`LayerType.packed_rows`: low-rank
+        projections mix the whole sequence) refuses packed input."""
         unable = sorted({name for name in self.layer_types if not LAYER_TYPES[name].packed_rows})
-        if not (self.is_causal and unable and unmasked_packed):
+        if documents is None or not unable:
             return
-        # The test of transformers' find_packed_sequence_indices: a step other than +1 starts a new document.
-        if not is_torchdynamo_compiling() and bool((position_ids.diff(dim=-1) != 1).any()):
-            able = ", ".join(f"'{name}'" for name, layer_type in LAYER_TYPES.items() if layer_type.packed_rows)
-            raise ValueError(
-                f"position_ids restart mid-row (packed documents), which {', '.join(map(repr, unable))} layers cannot "
-                f"keep apart: their state would mix the documents, while the other layer types separate them. Give "
-                f"each document its own row (pad, and pass attention_mask) instead of packing, or use {able} layers."
-            )
+        raise ValueError(
+            f"this batch packs several documents into a row (restarting position_ids, cu_seq_lens or seq_idx), which "
+            f"{', '.join(map(repr, unable))} layers cannot keep apart (their projection mixes the whole sequence): "
+            f"give each document its own row (pad, and pass attention_mask) instead of packing."
+        )
 
-    def sparse_kernel_types(
-        self, attention_mask: torch.Tensor | None, cache: Cache | None, packed: bool
-    ) -> frozenset[str]:
+    def sparse_kernel_types(self, attention_mask: torch.Tensor | None, cache: Cache | None) -> frozenset[str]:
         """The layer types of this stack whose sparse kernel (`LayerType.dense_fallback`) runs in this forward.
 
         Sliding and strided layers run sparse kernels (O(L·w), O(L·(s + L/s))) under sdpa when nothing constrains
-        the keys beyond padding: no cached keys (whose window bookkeeping the dense mask handles) and no packed
-        sequences (documents that restart their position ids, which transformers' mask machinery separates). An
-        empty dynamic cache layer (a prefill; eval-mode forwards build a DynamicCache by default) hands back exactly
-        the new keys, so the kernels apply there too; a static layer hands back its whole fixed-length buffer.
+        the keys beyond padding and documents: no cached keys (whose window bookkeeping the dense mask handles); on
+        packed rows they keep O(L·w) with document ids beside row ids (`LayerPlan.documents`). An empty dynamic
+        cache layer (a prefill; eval-mode forwards build a DynamicCache by default) hands back exactly the new keys,
+        so the kernels apply there too; a static layer hands back its whole fixed-length buffer.
         Under eager the dense reference path runs; under any other backend (flex, a registered custom function) the
         backend gets every call. (The layer check goes first: a static cache's length is a tensor, which
         torch.compile cannot branch on.)
         """
         with_kernel = {name for name in self.layer_types if LAYER_TYPES[name].dense_fallback}
-        if not with_kernel or self.config._attn_implementation != "sdpa" or (attention_mask is None and packed):
+        if not with_kernel or self.config._attn_implementation != "sdpa":
             return frozenset()
         if cache is not None:
             layers = [index for index, name in enumerate(self.layer_types) if name in with_kernel]
@@ -242,6 +384,7 @@ class ForwardPlanner:
         position_ids: torch.Tensor,
         sparse_types: frozenset[str] = frozenset(),
         config: CoreformerConfig | None = None,
+        documents: torch.Tensor | None = None,
     ) -> Masks:
         """One mask per attention type in the stack, in the form the configured backend wants.
 
@@ -249,7 +392,8 @@ class ForwardPlanner:
         sdpa and flex all work; flex turns the pattern into a sparse BlockMask); types that take the padding mask
         itself (`LayerType.padding_mask_only`), and the `sparse_types` that run their kernel, get the (B, S) boolean
         padding mask. `config`: build for another backend than the model's (`eager_view`, for recomputed
-        probabilities).
+        probabilities). `documents`: (B, T) document ids of a packed batch, ANDed into every built mask (the stack
+        decides them, so transformers is not left to find them again from the position ids).
         """
         config = self.config if config is None else config
         self.check_mask_backend(config._attn_implementation)
@@ -262,13 +406,14 @@ class ForwardPlanner:
                 masks[name] = attention_mask.bool() if attention_mask is not None else None
                 continue
             overlay = layer_type.overlay(getattr(self.config, layer_type.parameter)) if layer_type.overlay else None
+            overlay = with_documents(overlay, documents)
             if self.is_causal:
                 masks[name] = create_causal_mask(
                     config=config,
                     inputs_embeds=hidden_states,
                     attention_mask=attention_mask,
                     past_key_values=cache,
-                    position_ids=position_ids,
+                    position_ids=position_ids if documents is None else None,
                     and_mask_function=overlay,
                     # Size the mask by a cache layer of this type: a sliding layer holds only its window.
                     layer_idx=self.layer_types.index(name) if cache is not None else None,
@@ -315,17 +460,28 @@ class ForwardPlanner:
         encoder_attention_mask: torch.Tensor | None,
         unpadding: Unpadding | None,
         output_attentions: bool,
+        documents: torch.Tensor | None = None,
+        encoder_documents: torch.Tensor | None = None,
     ) -> LayerPlan | None:
         """The plan of cross-attention over the encoder output: its mask, and its eager form when attentions are
-        asked for."""
+        asked for. Packed on both sides, decoder document i reads encoder document i alone."""
         if not self.cross_attention:
             return None
+        if (documents is None) != (encoder_documents is None):
+            packed, single = ("decoder", "encoder") if documents is not None else ("encoder", "decoder")
+            raise ValueError(
+                f"the {packed} side of this batch packs several documents into a row but the {single} side does not, "
+                f"so cross-attention cannot pair them: pack both sides the same way (decoder document i answers "
+                f"encoder document i), or neither."
+            )
+        pairing = same_document(documents, encoder_documents) if documents is not None else None
         masks = [
             create_bidirectional_mask(
                 config=config,
                 inputs_embeds=hidden_states,
                 attention_mask=encoder_attention_mask,
                 encoder_hidden_states=encoder_hidden_states,
+                and_mask_function=pairing,
             )
             for config in ((self.config, eager_view(self.config)) if output_attentions else (self.config,))
         ]
@@ -334,6 +490,7 @@ class ForwardPlanner:
             probability_mask=masks[1] if output_attentions else None,
             output_attentions=output_attentions,
             unpadding=unpadding,
+            documents=documents,
         )
 
     def rotary_position_embeddings(

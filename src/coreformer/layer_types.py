@@ -143,8 +143,8 @@ class LayerType:
             only where it applies (sdpa, nothing cached, no packed rows) and the masked backend otherwise; without
             it the kernel runs on every call.
         not_causal: why the type cannot sit in a causal stack, or None where it can.
-        packed_rows: whether the type keeps the documents of a packed row apart (position ids restarting mid-row);
-            a causal stack refuses such rows for a type that cannot.
+        packed_rows: whether the type keeps the documents of a packed row apart (`forward_plan.LayerPlan.documents`);
+            a stack refuses such rows for a type that cannot.
         max_length_field: the config field bounding the input length the type accepts, or None.
         validate: further checks of the config, run where the type is used.
         transformers_window: the `sliding_window` passed to attention functions, in transformers' convention (the
@@ -209,7 +209,6 @@ LAYER_TYPES: dict[str, LayerType] = {
         "linear_attention",
         padding_mask_only=True,
         kernel=linear_kernel,
-        packed_rows=False,
     ),
     # Reformer (Kitaev et al. 2020): queries hashed into buckets, each attending to the nearest keys of its bucket.
     # It keeps every key (a bucket reaches back indefinitely); packed documents would share buckets. Saved under

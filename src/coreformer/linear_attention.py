@@ -1,7 +1,7 @@
 """Linear attention ("linear" layers): softmax replaced by a kernel feature map, O(L) time and an O(1) decode state.
 
 feature maps     elu(x) + 1 (Katharopoulos et al. 2020), FAVOR+ positive random features (Performer)
-linear_attention φ(Q) (φ(K)ᵀ [V, 1]) normalised, chunked when causal, returning the running state
+linear_attention φ(Q) (φ(K)ᵀ [V, 1]) normalised, chunked when causal or packed, returning the running state
 LinearAttentionStateLayer   the cache layer that keeps that state (registered with transformers' caches)
 LinearKernel     the "linear" layer type's kernel: random features, the O(L) forward with its cache, probabilities
 """
@@ -45,6 +45,7 @@ def linear_attention(
     causal: bool,
     state: torch.Tensor | None = None,
     chunk_size: int = 64,
+    documents: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernelised attention φ(Q) (φ(K)ᵀ V) / φ(Q) Σφ(K) in O(L) (Katharopoulos et al. 2020, eq. 4-6).
 
@@ -52,10 +53,19 @@ def linear_attention(
     attention scans chunks: exact quadratic attention inside a chunk, plus the running state Σ φ(k) [v, 1]ᵀ of all
     earlier chunks (eq. 9-10), which is also what the cache keeps for O(1) decoding.
 
+    Packed rows (`documents`): the running state restarts at each document, so that a query sums over the keys of its
+    own document only; bidirectionally, a document's sum is its prefix sums plus its suffix sums (the same scan over
+    the reversed row) less the token itself:
+
+        row     | a a a a | b b b b b b |
+        causal    ---->     ------>         the state is emptied where b starts
+        reverse   <----     <------
+
     Args:
         query_features, key_features: (B, H, T, m) feature-mapped queries/keys (padding keys already zeroed).
         value: (B, H, T, D).
         state: (B, H, m, D + 1) running state from earlier tokens (causal decoding), or None.
+        documents: (B, T) document ids of packed rows, or None.
 
     Returns:
         output (B, T, H, D) and the state after these tokens, (B, H, m, D + 1).
@@ -67,23 +77,59 @@ def linear_attention(
     batch, heads, length, features = key_features.shape
     if state is None:
         state = value.new_zeros(batch, heads, features, value.shape[-1])
-    if not causal:
+    if causal or documents is not None:
+        output, new_state = _scan(query_features, key_features, value, state, chunk_size, documents)
+        if not causal:  # a document's keys before and after each query, the query itself counted once
+            backward, _ = _scan(
+                *(t.flip(2) for t in (query_features, key_features, value)),
+                torch.zeros_like(state),
+                chunk_size,
+                documents.flip(1),
+            )
+            itself = (query_features * key_features).sum(-1, keepdim=True) * value  # (B, H, T, D + 1)
+            output = output + backward.flip(2) - itself
+        state = new_state
+    else:
         state = state + key_features.transpose(-2, -1) @ value  # (B, H, m, D + 1)
         output = query_features @ state
-    else:
-        outputs = []
-        for start in range(0, length, chunk_size):
-            q = query_features[:, :, start : start + chunk_size]
-            k = key_features[:, :, start : start + chunk_size]
-            v = value[:, :, start : start + chunk_size]
-            within = torch.tril(q @ k.transpose(-2, -1))  # (B, H, c, c): causal inside the chunk
-            outputs.append(within @ v + q @ state)
-            state = state + k.transpose(-2, -1) @ v
-        output = torch.cat(outputs, dim=2)
     numerator, normaliser = output[..., :-1], output[..., -1:]
     # A query that sees no key (padding) has normaliser 0: give it a zero output instead of NaN.
     output = numerator / normaliser.clamp_min(1e-6)
     return output.transpose(1, 2).to(dtype), state  # (B, T, H, D)
+
+
+def _scan(
+    query_features: torch.Tensor,
+    key_features: torch.Tensor,
+    value: torch.Tensor,
+    state: torch.Tensor,
+    chunk_size: int,
+    documents: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal chunked scan of `linear_attention` before normalising: (B, H, T, m) features, (B, H, T, D + 1)
+    values with their ones column, (B, H, m, D + 1) state -> (B, H, T, D + 1) sums and the final state. With
+    `documents` (B, T), a query sees the state only while its chunk's first document continues the state's, and a
+    chunk passes on the keys of its last document only (plus the state, where that document began earlier)."""
+    outputs = []
+    current = documents[:, 0] if documents is not None else None  # (B,): the document the state holds
+    for start in range(0, query_features.shape[2], chunk_size):
+        q = query_features[:, :, start : start + chunk_size]
+        k = key_features[:, :, start : start + chunk_size]
+        v = value[:, :, start : start + chunk_size]
+        within = torch.tril(q @ k.transpose(-2, -1))  # (B, H, c, c): causal inside the chunk
+        if documents is None:
+            outputs.append(within @ v + q @ state)
+            state = state + k.transpose(-2, -1) @ v
+            continue
+        chunk = documents[:, start : start + chunk_size]  # (B, c)
+        within = within * (chunk[:, None, :, None] == chunk[:, None, None, :])
+        continues = (chunk == current[:, None])[:, None, :, None]  # (B, 1, c, 1): the state is this query's
+        outputs.append(within @ v + (q * continues) @ state)
+        last = chunk[:, -1]
+        kept = (chunk == last[:, None])[:, None, :, None]  # (B, 1, c, 1): keys of the chunk's last document
+        state = state * (last == current)[:, None, None, None] + (k * kept).transpose(-2, -1) @ v
+        current = last
+    return torch.cat(outputs, dim=2), state
 
 
 class LinearAttentionStateLayer(CacheLayerMixin):
@@ -188,6 +234,7 @@ class LinearKernel(LayerKernel):
             value,
             causal=attention.is_causal,
             state=layer.state if layer is not None else None,
+            documents=plan.documents,
         )
         if layer is not None:
             layer.update_state(state, key.shape[2])
@@ -206,6 +253,8 @@ class LinearKernel(LayerKernel):
         visible = visible[None, None]
         if padding_mask is not None:
             visible = visible & padding_mask[:, None, None, -keys:].bool()
+        if plan.documents is not None:  # packed rows: no cache, so keys and queries are the same tokens
+            visible = visible & (plan.documents[:, None, :, None] == plan.documents[:, None, None, :])
         similarity = similarity * visible
         return (similarity / similarity.sum(-1, keepdim=True).clamp_min(1e-6)).to(query.dtype)
 

@@ -31,7 +31,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .attention import Attention
 from .configuration_coreformer import CoreformerConfig
-from .forward_plan import ForwardPlan, ForwardPlanner
+from .forward_plan import PACKING_KWARGS, ForwardPlan, ForwardPlanner, positions_in_documents
 from .layer_types import LAYER_TYPES
 from .layers import (
     MLP,
@@ -310,6 +310,7 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | int | list[int] | None = None,
+        encoder_documents: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutput | BaseModelOutputWithPastAndCrossAttentions:
         """
@@ -319,24 +320,27 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
                 prepared per layer type for a static cache (`CoreformerPreTrainedModel.create_masks_for_generate`).
             token_type_ids: (B, T) segment ids; ignored when the config has no token types (type_vocab_size=0),
                 because tokenizers return them by default.
-            position_ids: (B, T); default past + arange(T). Generation passes them to skip left padding.
+            position_ids: (B, T); default past + arange(T) (per document in packed rows, below). Generation passes them
+                to skip left padding.
             encoder_hidden_states / encoder_attention_mask: the encoder output and its padding mask (cross-attention).
             past_key_values: a `Cache`, updated in place (causal stacks only).
             use_cache: build and return a cache; default `config.use_cache` at inference, never while training.
             output_attentions / output_hidden_states: recorded by `capture_outputs` from the blocks
                 (`_can_record_outputs`); hidden states may be selected by index (an int or a list), as transformers
                 allows. Attentions come under every backend (recomputed next to fast kernels).
+            encoder_documents, **kwargs: packed rows (`_packing`); kwargs also reach the attention function.
         """
         inputs_embeds = self._checked_inputs(input_ids, inputs_embeds, encoder_hidden_states)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
-        use_cache, past_key_values, cache = self._resolve_cache(use_cache, past_key_values)
-        padding_mask = attention_mask if self.prepared_masks(attention_mask) is None else None
         inputs = input_ids if input_ids is not None else inputs_embeds
-        packed = position_ids is not None  # the caller's positions may restart mid-row
-        position_ids = self._checked_positions(inputs, padding_mask, cache, position_ids)
+        packing, documents, position_ids, use_cache = self._packing(
+            inputs, attention_mask, past_key_values, position_ids, use_cache, kwargs
+        )
+        use_cache, past_key_values, cache = self._resolve_cache(use_cache, past_key_values)
+        position_ids = self._checked_positions(inputs, attention_mask, cache, position_ids)
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
         plan = self.plan(
             hidden_states,
@@ -345,9 +349,11 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             position_ids,
             encoder_hidden_states,
             encoder_attention_mask,
-            packed=packed,
             output_attentions=output_attentions,
             padded_states=bool(output_hidden_states is not False and output_hidden_states),
+            documents=documents,
+            encoder_documents=encoder_documents,
+            packing=packing,
         )
         hidden_states = self.run_blocks(hidden_states, plan, encoder_hidden_states, past_key_values, **kwargs)
         if not self.is_causal:
@@ -365,6 +371,7 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
     ) -> torch.Tensor:
         """The positions of the new tokens, after checking the mask and the length against them: the caller's, or
         past + arange(T) (1, T). `inputs`: the ids (B, T) or the embeddings (B, T, hidden)."""
+        attention_mask = attention_mask if self.prepared_masks(attention_mask) is None else None
         batch, length = inputs.shape[:2]
         past_length = cache.get_seq_length() if cache is not None else 0
         self._check_mask_shape(attention_mask, batch, past_length, length)
@@ -397,6 +404,39 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         if unpadding is not None:
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden), zeros at the padding
         return hidden_states
+
+    def _packing(
+        self,
+        inputs: torch.Tensor,
+        attention_mask: torch.Tensor | dict | None,
+        past_key_values: Cache | None,
+        position_ids: torch.Tensor | None,
+        use_cache: bool | None,
+        kwargs: dict,
+    ) -> tuple[dict, torch.Tensor | None, torch.Tensor | None, bool | None]:
+        """Packed rows: several documents end to end in a row, each then getting exactly what it gets alone. They are
+        described by position ids that restart mid-row (without attention_mask and cache, as transformers reads
+        them), by `cu_seq_lens_q/k` + `max_length_q/k` (FlashAttentionKwargs) or by `seq_idx` in `kwargs`; a seq2seq
+        decoder also gets the encoder's `encoder_documents` (B, S) for cross-attention.
+
+        Returns the caller's packing kwargs (popped from `kwargs`: they describe this stack's rows, not
+        cross-attention's), the (B, T) document ids (`ForwardPlanner.packed_documents`, or None), the positions
+        (each document's own where the caller gave none) and use_cache (packed rows are never cached)."""
+        # Two steps, no walrus: Dynamo cannot trace one inside a comprehension.
+        packing = {name: kwargs.pop(name) for name in PACKING_KWARGS if name in kwargs}
+        packing = {name: value for name, value in packing.items() if value is not None}
+        documents = self.packed_documents(inputs, attention_mask, past_key_values, position_ids, packing)
+        if documents is None:
+            return packing, None, position_ids, use_cache
+        if position_ids is None:
+            position_ids = positions_in_documents(documents)
+        if use_cache or past_key_values is not None:
+            raise ValueError(
+                "this batch packs several documents into a row (restarting position_ids, cu_seq_lens or seq_idx), "
+                "which a cache cannot continue: pass use_cache=False and no past_key_values, or give each document "
+                "its own row (with attention_mask) to generate."
+            )
+        return packing, documents, position_ids, False
 
     def _resolve_cache(
         self, use_cache: bool | None, past_key_values: Cache | None

@@ -57,7 +57,7 @@ class CoreformerDecoderModel(CoreformerDecoderPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, past + T) with 0 on padding."""
         return self.decoder(

@@ -63,7 +63,7 @@ class CoreformerEncoderModel(CoreformerEncoderPreTrainedModel):
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, T) with 0 on padding."""
         return self.encoder(

@@ -24,6 +24,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_coreformer import CoreformerSeq2SeqConfig
+from .forward_plan import PACKING_KWARGS
 from .losses import TOKEN_LOSS
 from .modeling_base import CoreformerCrossAttendingStack, CoreformerPreTrainedModel, CoreformerStack
 from .modeling_heads import (
@@ -41,6 +42,26 @@ def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int | None, decode
     shifted = input_ids.new_full(input_ids.shape, decoder_start_token_id)
     shifted[:, 1:] = input_ids[:, :-1]
     return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def packing_by_side(kwargs: dict) -> tuple[dict, dict]:
+    """A packed seq2seq batch read as cross-attention reads FlashAttentionKwargs: `cu_seq_lens_k` / `max_length_k`
+    describe the encoder's documents (the keys), `cu_seq_lens_q` / `max_length_q` the decoder's (the queries).
+    kwargs -> (the encoder stack's, the decoder stack's), each stack's self-attention reading its own side as both."""
+    if kwargs.get("seq_idx") is not None:
+        raise ValueError(
+            "seq_idx describes the documents of one sequence, but a seq2seq batch has two: describe the encoder's with "
+            "position_ids (or cu_seq_lens_k) and the decoder's with decoder_position_ids (or cu_seq_lens_q)."
+        )
+    shared = {name: value for name, value in kwargs.items() if name not in PACKING_KWARGS}
+    sides = []
+    for side in ("k", "q"):
+        lengths, longest = kwargs.get(f"cu_seq_lens_{side}"), kwargs.get(f"max_length_{side}")
+        packing = {} if lengths is None else {"cu_seq_lens_q": lengths, "cu_seq_lens_k": lengths}
+        if longest is not None:
+            packing |= {"max_length_q": longest, "max_length_k": longest}
+        sides.append(shared | packing)
+    return sides[0], sides[1]
 
 
 class CoreformerSeq2SeqPreTrainedModel(CoreformerPreTrainedModel):
@@ -105,7 +126,9 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        position_ids: torch.LongTensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         """
         Args:
@@ -114,6 +137,9 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
             decoder_input_ids / decoder_inputs_embeds: the target prefix, (B, T); default: input_ids shifted right
                 (BART's denoising setup).
             decoder_attention_mask: (B, past + T) target padding mask.
+            position_ids / decoder_position_ids: (B, S) / (B, T) positions of each side; restarting mid-row without
+                a mask, they pack documents (decoder document i answers encoder document i), as do cu_seq_lens_k
+                (encoder) and cu_seq_lens_q (decoder) in kwargs (`packing_by_side`).
         """
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             if input_ids is None:
@@ -121,24 +147,22 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
             decoder_input_ids = shift_tokens_right(
                 input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
             )
-        if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                **kwargs,
-            )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        encoder_kwargs, decoder_kwargs = packing_by_side(kwargs)
+        encoder_outputs, encoder_documents = self._encode(
+            input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, encoder_kwargs
+        )
+        encoder_hidden_states = encoder_outputs.last_hidden_state
         decoder_outputs = self.decoder(
             decoder_input_ids,
             attention_mask=decoder_attention_mask,
+            position_ids=decoder_position_ids,
             inputs_embeds=decoder_inputs_embeds,
-            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=attention_mask,
             past_key_values=past_key_values,
             use_cache=use_cache,
-            **kwargs,
+            encoder_documents=encoder_documents,
+            **decoder_kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -149,6 +173,32 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
+        )
+
+    def _encode(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.LongTensor | None,
+        inputs_embeds: torch.Tensor | None,
+        encoder_outputs: BaseModelOutput | tuple | None,
+        encoder_kwargs: dict,
+    ) -> tuple[BaseModelOutput, torch.Tensor | None]:
+        """The encoder's outputs (run here unless given) and the (B, S) documents of a packed source, which the
+        decoder's cross-attention pairs with its own (or None)."""
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+                **encoder_kwargs,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        source = encoder_outputs.last_hidden_state
+        return encoder_outputs, self.encoder.packed_documents(
+            source, attention_mask, None, position_ids, encoder_kwargs
         )
 
 

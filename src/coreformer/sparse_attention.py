@@ -14,6 +14,12 @@ Both cut the work into dense pieces and join them exactly:
 
     ResidueClasses   tokens regrouped by position mod s, (B, T) -> (B, s, T/s): A2 is dense attention in a class.
 
+Packed rows (several documents end to end, `documents` (B, T) ids beside the row ids) keep the same cost: a key of
+another document is masked inside the band and inside the class, as a key of another row already is:
+
+    row      | a a a a a | b b b b b b b b b |
+    band       [-w-][q]                          q = b1 sees b0 and itself, never the a's inside its window
+
 On CPU without attention dropout both go through torch's fused flash kernels (`_FusedSparseAttention`), which keep
 for backward only what full attention under sdpa keeps; elsewhere through sdpa (or written out) and autograd.
 `SparseKernel` binds one of them to its layer type (`layer_types.py`, the table of layer types); the forward plan
@@ -136,6 +142,8 @@ class BandChunks(NamedTuple):
     itself; visible: (J, span) boolean, True where the key is a real token of the chunk's row. A query sees the keys
     of its band that are visible, as under the dense mask, and itself only where none is (`allowed`), so that no row
     is empty. Window j spans stream rows [j·c - before, j·c - before + span).
+    same_document: (J, c, span) boolean for packed rows, True where the key belongs to the query's document; None
+    for one document per row.
     """
 
     queries: torch.Tensor
@@ -147,6 +155,7 @@ class BandChunks(NamedTuple):
     before: int
     batch: int
     length: int
+    same_document: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -159,8 +168,10 @@ class BandChunks(NamedTuple):
         causal: bool,
         padding_mask: torch.Tensor | None,
         chunk_size: int | None = None,
+        documents: torch.Tensor | None = None,
     ) -> "BandChunks":
-        """query, key, value: (B, H, T, D); padding_mask: (B, T), True for real tokens, or None."""
+        """query, key, value: (B, H, T, D); padding_mask: (B, T), True for real tokens, or None; documents: (B, T)
+        document ids of packed rows, or None."""
         batch, heads, length, _ = query.shape
         chunk = chunk_size or max(window, 64)
         per_row = -(-length // chunk)
@@ -185,7 +196,16 @@ class BandChunks(NamedTuple):
         chunk_row = torch.arange(count, device=device) // per_row
         same_row = row.as_strided((count, span), (chunk, 1)) == chunk_row[:, None]  # (J, span)
         visible = real.as_strided((count, span), (chunk, 1)) & same_row
-        return cls(queries, key_stream, value_stream, band, distance == 0, visible, before, batch, length)
+        same_document = None
+        if documents is not None:
+            # The stream's document ids (-1 outside it); each query's own id against its window's.
+            stream = nn.functional.pad(documents, (0, per_row * chunk - length), value=-1).flatten()
+            stream = nn.functional.pad(stream, (before, after), value=-1)  # (before + B · T' + after,)
+            query_documents = stream[before : before + count * chunk].view(count, chunk, 1)  # (J, c, 1)
+            same_document = stream.as_strided((count, 1, span), (chunk, span, 1)) == query_documents  # (J, c, span)
+        return cls(
+            queries, key_stream, value_stream, band, distance == 0, visible, before, batch, length, same_document
+        )
 
     @property
     def span(self) -> int:
@@ -219,9 +239,11 @@ class BandChunks(NamedTuple):
         """Which keys the queries of chunks [start, stop) may see: (J', 1, c, span) boolean, where J' is 1 when all
         their keys are visible (one mask then serves every chunk, as for the inner chunks of an unpadded batch)."""
         visible = self.visible[start:stop]
-        if bool(visible.all()):
+        if self.same_document is None and bool(visible.all()):
             return self.band[None, None]
         allowed = self.band & visible[:, None, None, :]  # (J', 1, c, span)
+        if self.same_document is not None:
+            allowed = allowed & self.same_document[start:stop, None]  # keys of other documents in the band
         # A query with no visible key in its band (a left-padding query, the stream's tail padding) sees itself, so
         # that no row is empty; any other query, padding or not, sees exactly what the dense causal/padding mask
         # gives it. (generate() reads the logits of a right-padded row's last position, a padding query: the same
@@ -246,7 +268,7 @@ class BandChunks(NamedTuple):
         mask serving every range whose keys are all visible."""
         all_visible, shared = self.visible.all(-1).tolist(), None
         for start, stop in self.groups():
-            if all(all_visible[start:stop]):
+            if self.same_document is None and all(all_visible[start:stop]):
                 shared = _additive_mask(self.band[None, None], dtype) if shared is None else shared
                 mask = shared
             else:
@@ -346,18 +368,24 @@ class ResidueClasses(NamedTuple):
         stride: int,
         causal: bool,
         padding_mask: torch.Tensor | None,
+        documents: torch.Tensor | None = None,
     ) -> "ResidueClasses":
-        """query, key, value: (B, H, T, D); padding_mask: (B, T), True for real tokens, or None."""
+        """query, key, value: (B, H, T, D); padding_mask: (B, T), True for real tokens, or None; documents: (B, T)
+        document ids of packed rows, or None."""
         batch, _, length, _ = query.shape
         per_class = -(-length // stride)
         index = torch.arange(per_class, device=query.device)
         others = (index[None, :] < index[:, None]) if causal else (index[None, :] != index[:, None])  # (M, M)
-        if per_class * stride == length and (padding_mask is None or bool(padding_mask.all())):
+        one_document = documents is None
+        if one_document and per_class * stride == length and (padding_mask is None or bool(padding_mask.all())):
             allowed = others[None, None, None]  # every member real: one mask for all rows and classes
         else:
             real = padding_mask.bool() if padding_mask is not None else query.new_ones(batch, length, dtype=torch.bool)
             real = _by_residue(real[:, :, None, None], stride)[:, :, 0, :, 0]  # (B, s, M); the tail pad is not real
             allowed = others & real[:, :, None, None, :]  # (B, s, 1, M, M)
+            if not one_document:
+                by_class = _by_residue(documents[:, :, None, None], stride)[:, :, 0, :, 0]  # (B, s, M)
+                allowed = allowed & (by_class[..., None, :, None] == by_class[..., None, None, :])
         states = (_by_residue(states.transpose(1, 2), stride) for states in (query, key, value))
         return cls(*states, allowed, length)
 
@@ -446,9 +474,16 @@ class _SparsePattern(NamedTuple):
     scaling: float
     chunk_size: int | None
 
-    def parts(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, padding_mask: torch.Tensor | None):
+    def parts(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        padding_mask: torch.Tensor | None,
+        documents: torch.Tensor | None = None,
+    ):
         """The disjoint key sets whose softmaxes join into the pattern's: the band, and for strided the classes."""
-        shared = dict(causal=self.causal, padding_mask=padding_mask)
+        shared = dict(causal=self.causal, padding_mask=padding_mask, documents=documents)
         band = BandChunks.build(query, key, value, window=self.window, chunk_size=self.chunk_size, **shared)
         if self.stride is None:
             return [band]
@@ -467,23 +502,23 @@ class _FusedSparseAttention(torch.autograd.Function):
     way, 38 MiB each this way; full attention under sdpa, 34 MiB."""
 
     @staticmethod
-    def forward(ctx, query, key, value, padding_mask, pattern: _SparsePattern):
-        band, *far = pattern.parts(query, key, value, padding_mask)
+    def forward(ctx, query, key, value, padding_mask, documents, pattern: _SparsePattern):
+        band, *far = pattern.parts(query, key, value, padding_mask, documents)
         out, lse = band.attend(pattern.scaling)
         if far:
             out, lse = _join(out, lse, *far[0].attend(pattern.scaling), far[0].has_far, query.dtype)
         ctx.pattern = pattern
-        ctx.save_for_backward(query, key, value, padding_mask, out, lse)
+        ctx.save_for_backward(query, key, value, padding_mask, documents, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        query, key, value, padding_mask, out, lse = ctx.saved_tensors
-        band, *far = ctx.pattern.parts(query, key, value, padding_mask)
+        query, key, value, padding_mask, documents, out, lse = ctx.saved_tensors
+        band, *far = ctx.pattern.parts(query, key, value, padding_mask, documents)
         # The classes first: the band then adds its gradients into theirs (in place where they lie as its stream).
         far_grads = far[0].attend_backward(grad, out, lse, ctx.pattern.scaling) if far else None
         grads = band.attend_backward(grad, out, lse, ctx.pattern.scaling, into=far_grads)
-        return *(grad.transpose(1, 2) for grad in grads), None, None  # (B, T, H, D) -> (B, H, T, D)
+        return *(grad.transpose(1, 2) for grad in grads), None, None, None  # (B, T, H, D) -> (B, H, T, D)
 
 
 def _softmax_part(
@@ -524,6 +559,7 @@ def sliding_window_attention(
     scaling: float,
     dropout: float = 0.0,
     chunk_size: int | None = None,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Band attention in O(L·w) time and memory: each query sees the keys at most `window` positions away (only
     earlier ones when causal), over `BandChunks`, with flash attention inside each chunk.
@@ -536,6 +572,7 @@ def sliding_window_attention(
         query: (B, H, T, D); key, value: (B, H, T, D) (key/value heads already repeated).
         window: keys at most `window` positions away are visible.
         padding_mask: (B, T) boolean, True for real tokens, or None.
+        documents: (B, T) document ids of packed rows (keys of another document are masked), or None.
 
     Returns:
         (B, T, H, D)
@@ -543,9 +580,16 @@ def sliding_window_attention(
     query, key, value = _compute_dtype(query, key, value)
     if _fused_kernels_apply(query, dropout):
         pattern = _SparsePattern(window, None, causal, scaling, chunk_size)
-        return _FusedSparseAttention.apply(query, key, value, padding_mask, pattern)
+        return _FusedSparseAttention.apply(query, key, value, padding_mask, documents, pattern)
     chunks = BandChunks.build(
-        query, key, value, window=window, causal=causal, padding_mask=padding_mask, chunk_size=chunk_size
+        query,
+        key,
+        value,
+        window=window,
+        causal=causal,
+        padding_mask=padding_mask,
+        chunk_size=chunk_size,
+        documents=documents,
     )
     keys, values = chunks.windows(chunks.key_stream), chunks.windows(chunks.value_stream)  # (J, H, span, D)
     output = nn.functional.scaled_dot_product_attention(
@@ -565,6 +609,7 @@ def strided_attention(
     scaling: float,
     dropout: float = 0.0,
     chunk_size: int | None = None,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sparse Transformer strided attention (Child et al. 2019, sec. 4.2) in O(L·(s + L/s)): a query sees the keys
     less than s positions away (A1) and every key a multiple of s away (A2), only earlier ones when causal.
@@ -579,6 +624,7 @@ def strided_attention(
     Args:
         query: (B, H, T, D); key, value: (B, H, T, D) (key/value heads already repeated).
         padding_mask: (B, T) boolean, True for real tokens, or None.
+        documents: (B, T) document ids of packed rows (keys of another document are masked), or None.
 
     Returns:
         (B, T, H, D)
@@ -586,8 +632,8 @@ def strided_attention(
     query, key, value = _compute_dtype(query, key, value)
     pattern = _SparsePattern(stride - 1, stride, causal, scaling, chunk_size or max(stride, 64))
     if _fused_kernels_apply(query, dropout):
-        return _FusedSparseAttention.apply(query, key, value, padding_mask, pattern)
-    band, far = pattern.parts(query, key, value, padding_mask)
+        return _FusedSparseAttention.apply(query, key, value, padding_mask, documents, pattern)
+    band, far = pattern.parts(query, key, value, padding_mask, documents)
     keys, values = band.windows(band.key_stream), band.windows(band.value_stream)  # (J, H, span, D)
     band_out, band_lse = _softmax_part(band.queries, keys, values, band.allowed(), scaling, dropout)
     far_out, far_lse = _softmax_part(far.queries, far.keys, far.values, far.allowed, scaling, dropout)
@@ -616,4 +662,5 @@ class SparseKernel(LayerKernel):
             padding_mask=mask,
             scaling=attention.scaling,
             dropout=dropout,
+            documents=plan.documents,
         )
