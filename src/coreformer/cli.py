@@ -293,13 +293,19 @@ def export(args: argparse.Namespace) -> int:
         raise _CheckFailedError from error
     except ValueError as error:
         raise CommandError(str(error)) from error
-    check = summary.get("check")
-    if isinstance(check, dict) and "max_abs_difference" in check:
-        print(f"max abs difference: {check['max_abs_difference']:.3g}")
-        if check.get("tokens_equal") is not None:
-            print(f"greedy tokens equal: {check['tokens_equal']}")
-    print(f"exported {args.folder} -> {summary.get('native_class') or args.to}: wrote {summary.get('out', args.out)}")
+    if summary.get("check"):
+        print_check(summary["check"])
+    written = summary.get("out") or summary.get("file") or args.out
+    print(f"exported {args.folder} -> {summary.get('native_class') or args.to}: wrote {written}")
     return 0
+
+
+def print_check(check: dict) -> None:
+    """What `export --check` found, alike for every format (coreformer.export.check_summary)."""
+    print(f"max abs difference: {check['max_abs_difference']:.3g} (tolerance {check['tolerance']})")
+    for key, what in (("tokens_equal", "greedy tokens equal"), ("tokenizer_equal", "tokenizer ids equal")):
+        if check.get(key) is not None:
+            print(f"{what}: {check[key]}")
 
 
 @command
