@@ -588,8 +588,7 @@ def test_a_native_folder_exports_like_its_coreformer_twin(saved_decoder, tmp_pat
     export_to(tmp_path / "coreformer", llama)  # an exported Llama: a native folder
     assert cli.main(["export", str(llama), str(tmp_path / "llama.gguf"), "--to", "gguf"]) == 0
     assert "wrote " + str(tmp_path / "llama.gguf") in capsys.readouterr().out
-    assert cli.main(["export", str(llama), str(tmp_path / "again"), "--check"]) == 0
-    assert "greedy tokens equal: True" in capsys.readouterr().out
+    assert cli.main(["export", str(llama), str(tmp_path / "again")]) == 0
     assert json.loads((tmp_path / "again" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     assert f"`{llama}`" in (tmp_path / "again" / "README.md").read_text()  # exported from the folder given
 
@@ -603,8 +602,7 @@ def test_a_native_encoder_folder_exports_through_its_conversion(tmp_path):
     torch.manual_seed(0)
     bert = transformers.BertForMaskedLM(config).eval()
     bert.save_pretrained(tmp_path / "bert")
-    summary = export_to(tmp_path / "bert", tmp_path / "out", check=True)
-    assert summary["native_class"] == "BertForMaskedLM" and summary["check"]["max_abs_difference"] <= CHECK_TOLERANCE
+    assert export_to(tmp_path / "bert", tmp_path / "out")["native_class"] == "BertForMaskedLM"
     reloaded = transformers.BertForMaskedLM.from_pretrained(tmp_path / "out").eval()
     ids = torch.tensor([[5, 9, 13, 21]])
     with torch.no_grad():
