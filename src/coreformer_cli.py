@@ -165,7 +165,11 @@ def _convert_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", help="a saved coreformer model folder (pretraining, fine-tuning or convert output)")
+    parser.add_argument(
+        "folder",
+        help="a saved coreformer model folder (pretraining, fine-tuning or convert output), or a transformers folder "
+        "of an architecture `coreformer convert` reads",
+    )
     parser.add_argument(
         "out", help="the folder to write (for --to gguf: a .gguf file, or a folder receiving model-<dtype>.gguf)"
     )
@@ -173,15 +177,17 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         "--to",
         choices=EXPORT_FORMATS,
         default="native",
-        help="native: the transformers architecture computing the same function (GPT-2, Llama, Mistral, Qwen2, BERT, "
-        "RoBERTa, BART), loadable without coreformer; onnx; gguf (decoders exporting to Llama or GPT-2)",
+        help="native: the transformers architecture computing the same function (GPT-2, Llama, Mistral, Qwen2, "
+        "GPT-NeoX, BERT, RoBERTa, ModernBERT, BART), loadable without coreformer; onnx; gguf (decoders exporting to "
+        "Llama, GPT-2 or GPT-NeoX: the decoder presets)",
     )
     parser.add_argument(
         "--check",
         action="store_true",
-        help="reload OUT with plain transformers in a fresh process without coreformer, compare logits (and greedy "
-        "tokens) with the source, print the maximum difference; exit 1 and write nothing above "
-        f"{CHECK_TOLERANCE}",
+        help="read OUT back (native: plain transformers in a fresh process without coreformer; onnx: onnxruntime; "
+        "gguf: the file's weights and tokenizer), compare logits, greedy tokens and tokenizer ids with the source, "
+        f"print the maximum difference and its tolerance; exit 1 and write nothing above it ({CHECK_TOLERANCE} in "
+        "fp32)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists and is not empty")
     parser.add_argument("--gguf-dtype", choices=GGUF_DTYPES, default="f32", help="tensor type of --to gguf")
@@ -228,7 +234,8 @@ COMMANDS = {
         ),
         Command(
             "export",
-            "export a coreformer folder to a native transformers architecture, ONNX or GGUF (to serve without it)",
+            "export a coreformer (or native) folder to a native transformers architecture, ONNX or GGUF (to serve "
+            "without coreformer)",
             _export_arguments,
             "coreformer.cli:export",
             local_folders=("folder",),

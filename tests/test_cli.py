@@ -520,27 +520,3 @@ def test_a_delegated_command_is_parsed_before_its_module_runs(capsys):
     assert command.main([]) == 0 and RECORDED == [[]]
     # `coreformer evaluate` is offered exactly where its modules are installed
     assert ("evaluate" in RUN_COMMANDS) == (importlib.util.find_spec("coreformer_settings.evaluation") is not None)
-
-
-@pytest.mark.parametrize(
-    "summary, expected",
-    [
-        (
-            {"check": {"max_abs_difference": 2.5e-7, "tokens_equal": True}},
-            ["max abs difference: 2.5e-07", "greedy tokens equal: True"],
-        ),
-        (
-            {"max_abs_diff": 3e-6, "greedy_tokens": {"onnxruntime": [[1, 2]], "pytorch": [[1, 2]]}},
-            ["max abs difference: 3e-06", "greedy tokens equal: True"],
-        ),
-        (
-            {"max_abs_diff": 0.02, "greedy_tokens": {"gguf": [[1, 2]], "native": [[1, 3]]}},
-            ["max abs difference: 0.02", "greedy tokens equal: False"],
-        ),
-        ({"max_abs_diff": 1e-7, "head": "AutoModelForSequenceClassification"}, ["max abs difference: 1e-07"]),
-        ({"out": "x"}, []),  # no --check
-    ],
-    ids=["native", "onnx", "gguf-apart", "no-generation", "unchecked"],
-)
-def test_export_check_reads_alike_for_every_format(summary, expected):
-    assert cli.check_lines(summary) == expected  # before: ONNX and GGUF printed no check result

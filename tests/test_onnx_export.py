@@ -142,6 +142,41 @@ def test_a_native_transformers_folder_is_refused_naming_its_model_type(tmp_path)
         export_onnx(tmp_path / "gpt2", tmp_path / "onnx")
 
 
+def test_the_check_summary_says_what_export_check_prints(decoder_export):
+    _, _, report = decoder_export
+    check = report["check"]
+    assert check["max_abs_difference"] == report["max_abs_diff"] <= check["tolerance"] == CHECK_TOLERANCE
+    assert check["tokens_equal"] is True and check["tokenizer_equal"] is None
+
+
+def test_a_failed_check_exits_1_naming_the_difference_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    import coreformer.onnx_export as onnx_export
+    from coreformer import cli
+
+    folder = save(tmp_path, tiny_model(cf.CoreformerEncoderForMaskedLM, "encoder"))
+    # the graphs are not written (export is tested above): the check alone reports them 0.25 apart
+    monkeypatch.setattr(onnx_export, "export_graph", lambda graph, folder: None)
+    monkeypatch.setattr(onnx_export, "check_graph", lambda graph, folder: 0.25)
+    assert cli.main(["export", str(folder), str(tmp_path / "onnx"), "--to", "onnx", "--check"]) == 1
+    assert "check failed: the ONNX graphs differ from PyTorch by 0.25" in capsys.readouterr().err
+    assert not (tmp_path / "onnx").exists()
+
+
+@pytest.mark.slow
+def test_a_native_folder_exports_through_its_conversion_and_the_manifest_names_it(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from coreformer.export import export_to
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=32, bos_token_id=1, eos_token_id=2)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    report = export_to(tmp_path / "gpt2", tmp_path / "onnx", to="onnx", check=True)
+    assert report["check"]["tokens_equal"] is True and report["check"]["max_abs_difference"] <= CHECK_TOLERANCE
+    manifest = json.loads((tmp_path / "onnx" / MANIFEST_NAME).read_text())
+    assert manifest["source"] == str(tmp_path / "gpt2")
+
+
 def test_a_folder_without_config_is_refused(tmp_path):
     with pytest.raises(ValueError, match="has no config.json"):
         export_onnx(tmp_path, tmp_path / "onnx")

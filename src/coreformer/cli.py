@@ -285,22 +285,6 @@ def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict
     )
 
 
-def check_lines(summary: dict) -> list[str]:
-    """What `export --check` measured, printed alike for every format: the largest output difference and whether
-    greedy decoding gave the same tokens. Native exports report under "check"; ONNX and GGUF report "max_abs_diff"
-    and both sides' "greedy_tokens" at the top of their summary."""
-    check = summary.get("check")
-    if isinstance(check, dict) and "max_abs_difference" in check:
-        worst, tokens_equal = check["max_abs_difference"], check.get("tokens_equal")
-    elif "max_abs_diff" in summary:
-        worst, greedy = summary["max_abs_diff"], summary.get("greedy_tokens")
-        tokens_equal = None if not greedy else all(tokens == next(iter(greedy.values())) for tokens in greedy.values())
-    else:
-        return []
-    lines = [f"max abs difference: {worst:.3g}"]
-    return lines + ([f"greedy tokens equal: {tokens_equal}"] if tokens_equal is not None else [])
-
-
 @command
 def export(args: argparse.Namespace) -> int:
     """`coreformer export`: a coreformer folder -> a native transformers folder, ONNX or GGUF (coreformer.export)."""
@@ -320,10 +304,19 @@ def export(args: argparse.Namespace) -> int:
         raise _CheckFailedError from error
     except ValueError as error:
         raise CommandError(str(error)) from error
-    for line in check_lines(summary):
-        print(line)
-    print(f"exported {args.folder} -> {summary.get('native_class') or args.to}: wrote {summary.get('out', args.out)}")
+    if summary.get("check"):
+        print_check(summary["check"])
+    written = summary.get("out") or summary.get("file") or args.out
+    print(f"exported {args.folder} -> {summary.get('native_class') or args.to}: wrote {written}")
     return 0
+
+
+def print_check(check: dict) -> None:
+    """What `export --check` found, alike for every format (coreformer.export.check_summary)."""
+    print(f"max abs difference: {check['max_abs_difference']:.3g} (tolerance {check['tolerance']})")
+    for key, what in (("tokens_equal", "greedy tokens equal"), ("tokenizer_equal", "tokenizer ids equal")):
+        if check.get(key) is not None:
+            print(f"{what}: {check[key]}")
 
 
 @command

@@ -1,6 +1,7 @@
 """coreformer models -> transformers' own architectures (and, through the serve helpers, ONNX and GGUF).
 
-    export_to(source, out, to="native" | "onnx" | "gguf", check=False)   a saved coreformer folder -> OUT
+    export_to(source, out, to="native" | "onnx" | "gguf", check=False)   a saved coreformer folder -> OUT (or a
+                                                                           native folder coreformer reads)
     to_native(model) -> transformers model                                 the same function under a native class
     choose_target(config, class_name) -> (architecture, native class)      or ONE ValueError naming the differences
     check_exported([CheckJob, ...]) -> [CheckResult, ...]                  plain-transformers reload, in a fresh process
@@ -39,6 +40,12 @@ fails (asserted there), runs it on a padded sample batch and, for generative hea
 the same runs here on the coreformer model. The comparison is `coreformer.native.parity`'s: a difference above its
 fp32 tolerance (`CHECK_TOLERANCE`) or a different token fails the export and leaves nothing at OUT.
 
+A native transformers folder (an exported one, or any checkpoint of an architecture in the registry) is accepted
+too: it is converted in memory (`convert_from_hf`) and exported as its coreformer twin would be, except that
+`--to gguf` writes it as it is. Every exporter's summary holds `check` (`check_summary`: the largest difference, the
+tolerance, whether greedy tokens and tokenizer ids are equal) when checked, and errors name the folder the user
+gave, never a temporary one.
+
 Never imported by the modeling files: those are copied next to checkpoints, this one is not.
 """
 
@@ -47,7 +54,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
@@ -64,7 +72,7 @@ from .families import head_of_class
 from .folders import has_tokenizer, prepare_for_serving, staged_folder
 from .model_card import CARD_NAME, inherited_license, is_hub_id, validate_model_card
 from .modeling_base import CoreformerPreTrainedModel
-from .native import NATIVE_ARCHITECTURES, NativeArchitecture
+from .native import NATIVE_ARCHITECTURES, NativeArchitecture, architecture_of_class
 from .native.base import match_device_and_mode
 from .native.parity import greedy_tokens, output_differences, tolerance, within_tolerance
 from .native.requirements import Requirement
@@ -291,20 +299,57 @@ def check_exported(jobs: list[CheckJob], timeout: float = 900) -> list[CheckResu
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def coreformer_class(source: str | Path) -> type[CoreformerPreTrainedModel]:
-    """The coreformer class the config.json of the folder `source` names (looked up in the family registry)."""
+def _architectures(source: str | Path) -> list[str]:
     config_path = Path(source) / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{source} has no config.json: not a saved model folder.")
-    architectures = json.loads(config_path.read_text()).get("architectures") or []
+    return json.loads(config_path.read_text()).get("architectures") or []
+
+
+def native_class_of(source: str | Path) -> str | None:
+    """The native transformers class the folder `source` holds when coreformer reads it (`convert_from_hf`), else
+    None (a coreformer folder, or a class coreformer does not read)."""
+    architectures = _architectures(source)
+    if architectures and architecture_of_class(architectures[0]) is not None:
+        return architectures[0]
+    return None
+
+
+def coreformer_class(source: str | Path) -> type[CoreformerPreTrainedModel]:
+    """The coreformer class the config.json of the folder `source` names (looked up in the family registry)."""
+    architectures = _architectures(source)
     try:
         family, head = head_of_class(architectures[0] if architectures else "")
     except ValueError:
         raise ValueError(
-            f"{source} holds {architectures or 'no architectures'}, not a coreformer model: export takes a folder "
-            f"saved by coreformer (pretraining, fine-tuning or `coreformer convert`)."
+            f"{source} holds {architectures or 'no architectures'}, not a coreformer model nor a native class "
+            f"coreformer reads: export takes a folder saved by coreformer (pretraining, fine-tuning or `coreformer "
+            f"convert`) or a transformers folder of {', '.join(NATIVE_ARCHITECTURES)}."
         ) from None
     return getattr(import_module(f"{__package__}.{family.module}"), head.class_name)
+
+
+def load_exportable(source: str | Path) -> CoreformerPreTrainedModel:
+    """The coreformer model of the folder `source`: a coreformer folder loaded, or a native transformers folder of an
+    architecture coreformer reads converted in memory (`convert_from_hf`: the same function, same weights)."""
+    native_class = native_class_of(source)
+    if native_class is None:
+        return coreformer_class(source).from_pretrained(source).eval()
+    import transformers
+
+    from .conversion import convert_from_hf
+
+    native = getattr(transformers, native_class).from_pretrained(source, local_files_only=True)
+    return convert_from_hf(native).eval()
+
+
+def load_tokenizer(source: str | Path):
+    """The folder's tokenizer, or None when it has none."""
+    if not has_tokenizer(source):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source)
 
 
 def _check_destination(out: Path, overwrite: bool) -> None:
@@ -372,15 +417,12 @@ def export_native(
     """
     out = Path(out)
     _check_destination(out, overwrite)
-    model_class = coreformer_class(source)
-    choose_target(model_class.config_class.from_pretrained(source), model_class.__name__)  # refuse before loading
-    model = model_class.from_pretrained(source).eval()
+    if native_class_of(source) is None:
+        model_class = coreformer_class(source)
+        choose_target(model_class.config_class.from_pretrained(source), model_class.__name__)  # refuse before loading
+    model = load_exportable(source)
     native = to_native(model)
-    tokenizer = None
-    if has_tokenizer(source):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = load_tokenizer(source)
     result = None
     with staged_folder(out) as staging:
         native.save_pretrained(staging)
@@ -409,20 +451,48 @@ def export_native(
         None
         if result is None
         else {
-            "max_abs_difference": result.worst,
+            **check_summary(result.worst, CHECK_TOLERANCE, result.tokens_equal, result.tokenizer_equal),
             "differences": result.differences,
-            "tokens_equal": result.tokens_equal,
-            "tokenizer_equal": result.tokenizer_equal,
         }
     )
     return summary
+
+
+def check_summary(
+    max_abs_difference: float, tolerance: float, tokens_equal: bool | None, tokenizer_equal: bool | None = None
+) -> dict[str, object]:
+    """The `check` entry every exporter's summary holds (what `coreformer export --check` prints): the largest output
+    difference and the tolerance it met, whether greedy tokens (None: not a generative head) and tokenizer ids (None:
+    not compared) are equal."""
+    return {
+        "max_abs_difference": max_abs_difference,
+        "tolerance": tolerance,
+        "tokens_equal": tokens_equal,
+        "tokenizer_equal": tokenizer_equal,
+    }
+
+
+@contextmanager
+def coreformer_folder(source: Path) -> Iterator[Path]:
+    """`source` when it is a coreformer folder; for a native folder, its in-memory conversion saved (with its
+    tokenizer) to a temporary folder, removed afterwards."""
+    if native_class_of(source) is None:
+        yield source
+        return
+    model, tokenizer = load_exportable(source), load_tokenizer(source)
+    with tempfile.TemporaryDirectory(prefix="coreformer-converted-") as scratch:
+        model.save_pretrained(scratch)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(scratch)
+        yield Path(scratch)
 
 
 def _export_onnx(source: Path, out: Path, *, check: bool, overwrite: bool, gguf_dtype: str) -> dict:
     from .onnx_export import export_onnx  # the serve helper's module; imported only when asked for
 
     _check_destination(out, overwrite)
-    return export_onnx(source, out, check=check)
+    with coreformer_folder(source) as folder:
+        return export_onnx(folder, out, check=check, label=str(source))
 
 
 def gguf_path(out: Path, dtype: str) -> Path:
@@ -437,11 +507,13 @@ def _export_gguf(source: Path, out: Path, *, check: bool, overwrite: bool, gguf_
     path = gguf_path(out, gguf_dtype)
     if path.exists() and not overwrite:
         raise ValueError(f"{path} exists; pass --overwrite (overwrite=True) to replace it.")
+    if native_class_of(source) is not None:  # already native: written as it is (or refused naming its class)
+        return export_gguf(source, path, dtype=gguf_dtype, check=check, label=str(source))
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="coreformer-native-", dir=path.parent) as scratch:
         native_folder = Path(scratch) / "native"
         export_native(source, native_folder)
-        return export_gguf(native_folder, path, dtype=gguf_dtype, check=check)
+        return export_gguf(native_folder, path, dtype=gguf_dtype, check=check, label=str(source))
 
 
 def _export_native(source: Path, out: Path, *, check: bool, overwrite: bool, gguf_dtype: str) -> dict:
@@ -462,16 +534,20 @@ def export_to(
     overwrite: bool = False,
     gguf_dtype: str = "f32",
 ) -> dict:
-    """Export the coreformer folder `source` to `out`: a native transformers folder (default), an ONNX folder, or a
-    GGUF file (`gguf_path`: OUT ending in .gguf, or a folder receiving model-<dtype>.gguf; written from a
-    temporary native export). Returns the exporter's summary; see `export_native` for errors."""
+    """Export the folder `source` to `out`: a native transformers folder (default), an ONNX folder, or a GGUF file
+    (`gguf_path`: OUT ending in .gguf, or a folder receiving model-<dtype>.gguf; written from a temporary native
+    export). `source` is a coreformer folder or a transformers folder of a native architecture coreformer reads
+    (converted in memory; written to GGUF as it is). Returns the exporter's summary, with `check` (`check_summary`)
+    when checked; see `export_native` for errors."""
     if to not in EXPORTERS:
         raise ValueError(f"unknown export target {to!r}; choose one of {', '.join(EXPORTERS)}.")
     if gguf_dtype not in GGUF_DTYPES:
         raise ValueError(f"unknown GGUF dtype {gguf_dtype!r}; choose one of {', '.join(GGUF_DTYPES)}.")
     source = Path(source)
     if not source.is_dir():
-        raise ValueError(f"no such folder: {source} (looked for {source.resolve()}); pass a saved coreformer folder.")
+        raise ValueError(
+            f"no such folder: {source} (looked for {source.resolve()}); pass a saved coreformer or transformers folder."
+        )
     return EXPORTERS[to](source, Path(out), check=check, overwrite=overwrite, gguf_dtype=gguf_dtype)
 
 
@@ -487,6 +563,7 @@ __all__ = [
     "NativeTarget",
     "Requirement",
     "check_exported",
+    "check_summary",
     "choose_target",
     "export_native",
     "export_to",

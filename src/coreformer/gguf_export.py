@@ -1,4 +1,5 @@
-"""GGUF export of a native transformers decoder folder (Llama or GPT-2), for llama.cpp and everything built on it.
+"""GGUF export of a native transformers decoder folder (Llama, GPT-2 or GPT-NeoX), for llama.cpp and everything
+built on it.
 
     export_gguf(native_folder, out, dtype="f32", check=False) -> report     one .gguf file at `out`
 
@@ -14,20 +15,29 @@ GGUF loader (modeling_gguf_pytorch_utils.py, integrations/ggml.py) read back:
     GPT2LMHeadModel     gpt2        token_embd, position_embd, blk.N.attn_{norm,   Conv1D weights transposed to
                                     qkv,output}, blk.N.ffn_{norm,up,down},          (out, in); output = the tied
                                     output_norm, output                            embedding, as llama.cpp writes it
+    GPTNeoXForCausalLM  gptneox     token_embd, blk.N.attn_{norm,qkv,output},       qkv rows per head -> q, k, v
+                                    blk.N.ffn_{norm,up,down}, output_norm, output  blocks; output = the embedding
+                                                                                   when tied; absent attention
+                                                                                   biases written as zeros
 
 Metadata: architecture, context / embedding / feed-forward lengths, block count, head counts, rope dimension and
-base (llama), norm epsilon, file type; the tokenizer as llama.cpp's "gpt2" (byte-level BPE) model: every token by
-id (ids the tokenizer lacks up to the model's vocabulary size become "[PAD<id>]", type UNUSED), token types
-(special tokens CONTROL), merges, bos / eos / unk / pad ids, add_bos_token = False.
+base (llama, gptneox: rope.dimension_count is the partial rotary width), parallel residual (gptneox), norm epsilon,
+file type; the tokenizer as llama.cpp's "gpt2" (byte-level BPE) model: every token by id (ids the tokenizer lacks up
+to the model's vocabulary size become "[PAD<id>]", type UNUSED), token types (special tokens CONTROL), merges, bos /
+eos / unk / pad ids, add_bos_token = False.
 
 dtypes (`DTYPES`): f32, f16, bf16, q8_0 (gguf.quants; 2D weights whose rows are not a whole number of 32-value
 blocks stay f16, as llama.cpp's converter does). Norm weights and biases (1D) are always f32.
 
-`check=True` loads the file back with transformers (`AutoModelForCausalLM.from_pretrained(folder,
-gguf_file=...)`, `AutoTokenizer` likewise) and compares logits (tolerance per dtype, `DTYPES`) and greedy tokens
-with the native model, and the token ids both tokenizers give for a few texts. transformers 5.23's loader does not
-read every field back (gpt2.context_length lands in an `n_ctx` GPT2Config ignores): such fields are passed to it
-explicitly and named in the report (`passed_to_transformers_loader`); llama.cpp reads them from the file.
+`check=True` reads the file back and compares logits (tolerance per dtype, `DTYPES`) and greedy tokens with the
+native model, and the token ids both tokenizers give for a few texts. llama and gpt2 files are read back by
+transformers (`AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)`, `AutoTokenizer` likewise), a reader
+written independently of this one; transformers 5.23's loader does not read every field back (gpt2.context_length
+lands in an `n_ctx` GPT2Config ignores): such fields are passed to it explicitly and named in the report
+(`passed_to_transformers_loader`); llama.cpp reads them from the file. transformers has no gptneox GGUF loader, so
+gptneox files are read back by `gptneox_read_back` here: the model rebuilt from the file's metadata and tensors alone
+as llama.cpp reads them (its key names, q/k/v blocks, the tanh GELU it computes), the tokenizer from its token list
+and merges. The report says which reader ran (`read_back_with`).
 """
 
 import json
@@ -76,6 +86,11 @@ class Architecture:
     write_output: Callable[[dict], bool]  # whether `output.weight` is written
     # config fields transformers' GGUF loader does not read back from the file (passed to it by the check, reported)
     unread_by_transformers: Callable[[dict], dict] = lambda config: {}
+    # (native weights, config) -> the weights with those llama.cpp requires and the folder lacks (zeros: add nothing)
+    completed: Callable[[dict, dict], dict] = lambda weights, config: weights
+    # (file, config) -> (model, tokenizer) rebuilt from the file by this module's reader, for the check of an arch
+    # transformers' GGUF loader does not read; None: the check loads the file with transformers
+    read_back: Callable[[Path, dict], tuple] | None = None
 
 
 # --- Llama ---
@@ -184,6 +199,150 @@ def gpt2_tensor(name: str, tensor: torch.Tensor, config: dict) -> torch.Tensor:
     return tensor.T if name.endswith(GPT2_CONV1D) else tensor
 
 
+# --- GPT-NeoX ---
+
+# llama.cpp's gptneox graph computes GELU as ggml_gelu, the tanh approximation: these names compute the same.
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
+
+
+def gptneox_refusals(config: dict) -> list[str]:
+    reasons = []
+    if config.get("hidden_act", "gelu") not in TANH_GELUS:
+        reasons.append(
+            f"hidden_act={config.get('hidden_act', 'gelu')!r} (llama.cpp's gptneox computes the tanh GELU, gelu_new)"
+        )
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", "default") != "default":
+        reasons.append(f"rope type {rope['rope_type']!r} (only plain rotary is written; no rope scaling metadata)")
+    return reasons
+
+
+def rotary_dimensions(config: dict) -> int:
+    """How many dimensions of each head rotate (GPT-NeoX's partial rotary; llama.cpp's rope.dimension_count)."""
+    rope = config.get("rope_parameters") or {}
+    return int(rope.get("partial_rotary_factor", config.get("rotary_pct", 1.0)) * head_dim(config))
+
+
+def gptneox_metadata(writer, config: dict) -> None:
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_rope_dimension_count(rotary_dimensions(config))
+    writer.add_rope_freq_base(rope_theta(config))
+    writer.add_parallel_residual(bool(config.get("use_parallel_residual", True)))
+    writer.add_layer_norm_eps(config["layer_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+
+
+def qkv_blocks(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """query_key_value rows from transformers' per-head layout to llama.cpp's q, k, v blocks:
+
+        (heads * 3 * head_dim, ...) -> (heads, 3, head_dim, ...) -> (3, heads, head_dim, ...) -> (3 * hidden, ...)
+
+    GPTNeoXAttention views its fused output per head; llama.cpp's gptneox graph reads q, k and v as three views of
+    `hidden` rows each (convert_hf_to_gguf.py reorders them the same way)."""
+    return tensor.reshape(heads, 3, -1, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape)
+
+
+def per_head_qkv(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of `qkv_blocks`: (3, heads, head_dim, ...) -> (heads, 3, head_dim, ...), flattened back."""
+    return tensor.reshape(3, heads, -1, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape)
+
+
+def gptneox_tensor(name: str, tensor: torch.Tensor, config: dict) -> torch.Tensor:
+    if name.endswith(("attention.query_key_value.weight", "attention.query_key_value.bias")):
+        return qkv_blocks(tensor, config["num_attention_heads"])
+    return tensor
+
+
+def gptneox_completed(weights: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """llama.cpp's gptneox requires the attention biases (bqkv, bo); a model without them gets zeros, which add
+    nothing."""
+    hidden = config["hidden_size"]
+    completed = dict(weights)
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"gpt_neox.layers.{layer}.attention"
+        completed.setdefault(f"{prefix}.query_key_value.bias", torch.zeros(3 * hidden))
+        completed.setdefault(f"{prefix}.dense.bias", torch.zeros(hidden))
+    return completed
+
+
+# llama.cpp's gptneox tensor names (per block: blk.N.<name>) -> transformers' GPTNeoXForCausalLM names.
+GPTNEOX_NAMES = {
+    "token_embd": "gpt_neox.embed_in",
+    "output_norm": "gpt_neox.final_layer_norm",
+    "output": "lm_head",
+    "attn_norm": "input_layernorm",
+    "attn_qkv": "attention.query_key_value",
+    "attn_output": "attention.dense",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.dense_h_to_4h",
+    "ffn_down": "mlp.dense_4h_to_h",
+}
+
+
+def gptneox_read_back(path: Path, config: dict) -> tuple:
+    """A GPTNeoXForCausalLM and a tokenizer built from the file alone, reading it as llama.cpp does (its metadata
+    keys, q/k/v blocks, the tanh GELU of ggml_gelu): transformers 5.23's GGUF loader has no gptneox."""
+    import gguf
+    from gguf.quants import dequantize
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+
+    def field(key: str):
+        return reader.fields[f"{arch}.{key}"].contents()
+
+    heads, hidden = field("attention.head_count"), field("embedding_length")
+    native = GPTNeoXConfig(
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].contents()),
+        hidden_size=hidden,
+        num_hidden_layers=field("block_count"),
+        num_attention_heads=heads,
+        intermediate_size=field("feed_forward_length"),
+        max_position_embeddings=field("context_length"),
+        layer_norm_eps=field("attention.layer_norm_epsilon"),
+        use_parallel_residual=bool(field("use_parallel_residual")),
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": field("rope.freq_base"),
+            "partial_rotary_factor": field("rope.dimension_count") / (hidden // heads),
+        },
+        hidden_act="gelu_pytorch_tanh",  # what ggml_gelu computes
+        attention_bias=True,
+        tie_word_embeddings=False,
+    )
+    state = {}
+    for tensor in reader.tensors:
+        stem, suffix = tensor.name.rsplit(".", 1)
+        if stem.startswith("blk."):
+            _, block, part = stem.split(".", 2)  # blk.N.attn_qkv
+            name = f"gpt_neox.layers.{block}.{GPTNEOX_NAMES[part]}"
+        else:
+            part, name = stem, GPTNEOX_NAMES[stem]
+        value = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+        state[f"{name}.{suffix}"] = per_head_qkv(value, heads) if part == "attn_qkv" else value
+    model = GPTNeoXForCausalLM(native)
+    model.load_state_dict(state, strict=True)
+    return model.eval(), tokenizer_from_file(reader)
+
+
+def tokenizer_from_file(reader) -> object:
+    """The byte-level BPE tokenizer the file's tokenizer.ggml.* fields describe (llama.cpp's "gpt2" model)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    merges = [tuple(merge.split(" ", 1)) for merge in reader.fields["tokenizer.ggml.merges"].contents()]
+    tokenizer = Tokenizer(models.BPE({token: index for index, token in enumerate(tokens)}, merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture(
         "llama", llama_refusals, llama_metadata, llama_tensor, lambda config: not config.get("tie_word_embeddings")
@@ -191,41 +350,52 @@ ARCHITECTURES: dict[str, Architecture] = {
     "GPT2LMHeadModel": Architecture(
         "gpt2", gpt2_refusals, gpt2_metadata, gpt2_tensor, lambda config: True, gpt2_unread_by_transformers
     ),
+    # llama.cpp requires `output` (written from the embedding when tied) and the attention biases
+    "GPTNeoXForCausalLM": Architecture(
+        "gptneox",
+        gptneox_refusals,
+        gptneox_metadata,
+        gptneox_tensor,
+        lambda config: True,
+        completed=gptneox_completed,
+        read_back=gptneox_read_back,
+    ),
 }
 
 
 # --- reading the folder ---
 
 
-def read_native_config(folder: Path) -> tuple[dict, Architecture]:
+def read_native_config(folder: Path, label: str) -> tuple[dict, Architecture]:
+    """config.json of `folder` and its architecture; errors name the folder as `label` (what the user gave)."""
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise ValueError(f"{folder} has no config.json: pass the folder `coreformer export --to native` wrote.")
+        raise ValueError(f"{label} has no config.json: pass the folder `coreformer export --to native` wrote.")
     config = json.loads(config_path.read_text())
     architecture = (config.get("architectures") or ["(none)"])[0]
     if architecture not in ARCHITECTURES:
         hint = ""
         if str(config.get("model_type", "")).startswith("coreformer"):
-            hint = " Export it to a native architecture first: `coreformer export FOLDER NATIVE --to native`."
+            hint = " Export it with `coreformer export FOLDER OUT.gguf --to gguf`, which writes the native model first."
         raise ValueError(
-            f"{folder} holds a {architecture} ({config.get('model_type')!r}); GGUF export takes "
-            f"{' or '.join(ARCHITECTURES)} folders, the decoders llama.cpp runs.{hint}"
+            f"{label} holds a {architecture} ({config.get('model_type')!r}); GGUF export takes "
+            f"{', '.join(ARCHITECTURES)} folders, the decoders llama.cpp runs.{hint}"
         )
     reasons = ARCHITECTURES[architecture].refusals(config)
     if reasons:
         raise ValueError(
-            f"{folder} ({architecture}) cannot be written as GGUF {ARCHITECTURES[architecture].gguf_arch}: "
+            f"{label} ({architecture}) cannot be written as GGUF {ARCHITECTURES[architecture].gguf_arch}: "
             f"{'; '.join(reasons)}."
         )
     return config, ARCHITECTURES[architecture]
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+def read_weights(folder: Path, label: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"{folder} has no *.safetensors weights; save the model with save_pretrained.")
+        raise ValueError(f"{label} has no *.safetensors weights; save the model with save_pretrained.")
     weights: dict[str, torch.Tensor] = {}
     for path in files:
         weights.update(load_file(path))
@@ -240,21 +410,21 @@ class Vocabulary:
     special_ids: dict[str, int]  # "bos" / "eos" / "unk" / "pad" -> id
 
 
-def read_vocabulary(folder: Path, vocab_size: int) -> Vocabulary:
+def read_vocabulary(folder: Path, vocab_size: int, label: str) -> Vocabulary:
     """The byte-level BPE tokenizer of `folder` (tokenizer.json) as llama.cpp's "gpt2" tokenizer model lists it."""
     import gguf
 
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise ValueError(
-            f"{folder} has no tokenizer.json: a GGUF file carries its tokenizer, so save the model's (fast) tokenizer "
+            f"{label} has no tokenizer.json: a GGUF file carries its tokenizer, so save the model's (fast) tokenizer "
             f"next to it (tokenizer.save_pretrained)."
         )
     tokenizer = json.loads(path.read_text())
     model, pre = tokenizer.get("model") or {}, tokenizer.get("pre_tokenizer") or {}
     if model.get("type") != "BPE" or pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
         raise ValueError(
-            f"{folder}'s tokenizer is {model.get('type')} with a {pre.get('type')} pre-tokenizer; GGUF export writes "
+            f"{label}'s tokenizer is {model.get('type')} with a {pre.get('type')} pre-tokenizer; GGUF export writes "
             f"byte-level BPE tokenizers (BPE model, ByteLevel pre-tokenizer with GPT-2's split, as coreformer's "
             f"decoder tokenizers are), which llama.cpp and transformers read as the 'gpt2' tokenizer model."
         )
@@ -266,7 +436,7 @@ def read_vocabulary(folder: Path, vocab_size: int) -> Vocabulary:
             special[added["id"]] = added["content"]
     if max(ids.values()) >= vocab_size:
         raise ValueError(
-            f"{folder}'s tokenizer has ids up to {max(ids.values())}, beyond the model's vocab_size {vocab_size}."
+            f"{label}'s tokenizer has ids up to {max(ids.values())}, beyond the model's vocab_size {vocab_size}."
         )
     tokens = [f"[PAD{index}]" for index in range(vocab_size)]
     token_types = [int(gguf.TokenType.UNUSED)] * vocab_size
@@ -316,7 +486,7 @@ def gguf_tensors(weights: dict[str, torch.Tensor], config: dict, architecture: A
     layers = config.get("num_hidden_layers") or config["n_layer"]
     names = gguf.get_tensor_name_map(arch, layers)
     tensors = {}
-    for name, tensor in weights.items():
+    for name, tensor in architecture.completed(weights, config).items():
         if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")):
             continue  # GPT-2's causal-mask buffers and rotary caches are not weights
         stem, suffix = name.rsplit(".", 1)
@@ -331,11 +501,13 @@ def gguf_tensors(weights: dict[str, torch.Tensor], config: dict, architecture: A
     return tensors
 
 
-def write_gguf(path: Path, config: dict, architecture: Architecture, vocabulary: Vocabulary, tensors, dtype: Dtype):
+def write_gguf(
+    path: Path, name: str, config: dict, architecture: Architecture, vocabulary: Vocabulary, tensors, dtype: Dtype
+):
     import gguf
 
     writer = gguf.GGUFWriter(str(path), architecture.gguf_arch)
-    writer.add_name(config.get("_name_or_path") or path.stem)
+    writer.add_name(name)
     writer.add_file_type(int(gguf.LlamaFileType[dtype.file_type]))
     architecture.metadata(writer, config)
     writer.add_tokenizer_model("gpt2")
@@ -364,24 +536,30 @@ def write_gguf(path: Path, config: dict, architecture: Architecture, vocabulary:
     return types
 
 
-def export_gguf(native_folder: Path, out: Path, *, dtype: str = "f32", check: bool = False) -> dict:
-    """Write the native Llama / GPT-2 folder `native_folder` as one GGUF file `out` (replaced atomically).
+def export_gguf(
+    native_folder: Path, out: Path, *, dtype: str = "f32", check: bool = False, label: str | None = None
+) -> dict:
+    """Write the native Llama / GPT-2 / GPT-NeoX folder `native_folder` as one GGUF file `out` (replaced atomically).
+    `label`: how errors and the file's general.name call the model (default: the folder), e.g. the coreformer folder
+    a temporary native export was written from.
 
-    Returns {"file", "architecture", "dtype", "tensor_types": {type: count}, and with `check` "max_abs_diff"
-    (transformers' GGUF load against the native model's logits), "tolerance", "greedy_tokens", "tokenizer"}.
-    ValueError naming the reason for a folder it cannot write (not Llama / GPT-2, a config field GGUF cannot carry,
-    a tokenizer that is not byte-level BPE, an unknown dtype); RuntimeError when the check fails (nothing written).
+    Returns {"file", "architecture", "dtype", "tensor_types": {type: count}, and with `check` "max_abs_diff" (the
+    file read back against the native model's logits), "tolerance", "greedy_tokens", "tokenizer", "read_back_with"}.
+    ValueError naming the reason for a folder it cannot write (not Llama / GPT-2 / GPT-NeoX, a config field GGUF
+    cannot carry, a tokenizer that is not byte-level BPE, an unknown dtype); ExportCheckError (a RuntimeError) when
+    the check fails (nothing written).
     """
     native_folder, out = Path(native_folder), Path(out)
+    label = str(native_folder) if label is None else str(label)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one GGUF export writes: choose {', '.join(DTYPES)}.")
-    config, architecture = read_native_config(native_folder)
-    vocabulary = read_vocabulary(native_folder, config["vocab_size"])
-    tensors = gguf_tensors(read_weights(native_folder), config, architecture)
+    config, architecture = read_native_config(native_folder, label)
+    vocabulary = read_vocabulary(native_folder, config["vocab_size"], label)
+    tensors = gguf_tensors(read_weights(native_folder, label), config, architecture)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     try:
-        types = write_gguf(partial, config, architecture, vocabulary, tensors, DTYPES[dtype])
+        types = write_gguf(partial, Path(label).name, config, architecture, vocabulary, tensors, DTYPES[dtype])
         report = {
             "file": str(out),
             "architecture": architecture.gguf_arch,
@@ -389,8 +567,7 @@ def export_gguf(native_folder: Path, out: Path, *, dtype: str = "f32", check: bo
             "tensor_types": {name: list(types.values()).count(name) for name in sorted(set(types.values()))},
         }
         if check:
-            unread = architecture.unread_by_transformers(config)
-            report.update(check_gguf(native_folder, partial, DTYPES[dtype], unread))
+            report.update(check_gguf(native_folder, partial, DTYPES[dtype], architecture, config))
         os.replace(partial, out)
     finally:
         partial.unlink(missing_ok=True)
@@ -400,16 +577,33 @@ def export_gguf(native_folder: Path, out: Path, *, dtype: str = "f32", check: bo
 # --- checking ---
 
 
-def check_gguf(native_folder: Path, path: Path, dtype: Dtype, unread: dict) -> dict:
-    """Load `path` with transformers' GGUF loader and compare it with the native folder (RuntimeError if apart).
-    `unread`: config fields the loader does not take from the file, passed to it explicitly."""
+def transformers_read_back(path: Path, config: dict, architecture: Architecture) -> tuple:
+    """(model, tokenizer, fields passed to the loader) from transformers' own GGUF loader. `unread_by_transformers`
+    fields are passed to it explicitly (llama.cpp reads them from the file)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    unread = architecture.unread_by_transformers(config)
+    loaded_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, **unread)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, config=loaded_config, dtype=torch.float32
+    )
+    return model.eval(), AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name), unread
+
+
+def check_gguf(native_folder: Path, path: Path, dtype: Dtype, architecture: Architecture, config: dict) -> dict:
+    """Read `path` back (transformers' GGUF loader, or this module's reader for an arch transformers does not read)
+    and compare it with the native folder: logits, greedy tokens, tokenizer ids (ExportCheckError if apart)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .export import ExportCheckError, check_summary
+
     native = AutoModelForCausalLM.from_pretrained(native_folder, dtype=torch.float32).eval()
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, **unread)
-    loaded = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, config=config, dtype=torch.float32
-    ).eval()
+    if architecture.read_back is None:
+        loaded, gguf_tokenizer, unread = transformers_read_back(path, config, architecture)
+        read_back_with = "transformers' GGUF loader"
+    else:
+        (loaded, gguf_tokenizer), unread = architecture.read_back(path, config), {}
+        read_back_with = f"coreformer's reader of GGUF {architecture.gguf_arch} (transformers' loader has none)"
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, native.config.vocab_size, (2, 12), generator=generator)
     with torch.no_grad():
@@ -418,28 +612,33 @@ def check_gguf(native_folder: Path, path: Path, dtype: Dtype, unread: dict) -> d
         expected = native.generate(ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), **options)[:, 4:]
         got = loaded.generate(ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), **options)[:, 4:]
     native_tokenizer = AutoTokenizer.from_pretrained(native_folder)
-    gguf_tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     mismatched = [
         text
         for text in TOKENIZER_SAMPLES
         if native_tokenizer(text, add_special_tokens=False).input_ids
         != gguf_tokenizer(text, add_special_tokens=False).input_ids
     ]
+    tokens_equal = got.tolist() == expected.tolist()
     report = {
         "max_abs_diff": difference,
         "tolerance": dtype.tolerance,
         "greedy_tokens": {"gguf": got.tolist(), "native": expected.tolist()},
         "tokenizer": {"samples": len(TOKENIZER_SAMPLES), "mismatched": mismatched},
+        "read_back_with": read_back_with,
+        "check": check_summary(difference, dtype.tolerance, tokens_equal, not mismatched),
     }
     if unread:
         report["passed_to_transformers_loader"] = unread
     problems = []
     if difference > dtype.tolerance:
         problems.append(f"logits differ by {difference:.3g} (> {dtype.tolerance})")
-    if dtype.exact_greedy and got.tolist() != expected.tolist():
+    if dtype.exact_greedy and not tokens_equal:
         problems.append(f"greedy tokens {got.tolist()} != {expected.tolist()}")
     if mismatched:
         problems.append(f"the GGUF tokenizer encodes {mismatched} differently")
     if problems:
-        raise RuntimeError(f"The GGUF file does not load back as the native model: {'; '.join(problems)}.")
+        raise ExportCheckError(
+            f"check failed: the GGUF file does not read back as the native model: "
+            f"{'; '.join(problems)}; nothing was written."
+        )
     return report

@@ -438,22 +438,23 @@ GRAPH_BUILDERS: dict[str, Callable[[nn.Module, Family, str], list[Graph]]] = {
 # --- loading, refusing, exporting, checking ---
 
 
-def load_source(source: Path) -> tuple[nn.Module, Family, str]:
-    """The model of a coreformer folder, loaded with the Auto class of its head under eager attention."""
+def load_source(source: Path, label: str) -> tuple[nn.Module, Family, str]:
+    """The model of a coreformer folder, loaded with the Auto class of its head under eager attention; errors name
+    the folder as `label`."""
     import transformers  # the Auto classes know coreformer's: importing this module imported the package
 
     config_path = source / "config.json"
     if not config_path.is_file():
-        raise ValueError(f"{source} has no config.json: pass a model folder saved with save_pretrained.")
+        raise ValueError(f"{label} has no config.json: pass a model folder saved with save_pretrained.")
     config = json.loads(config_path.read_text())
     model_type = config.get("model_type")
     try:
         family = family_of_model_type(model_type)
     except ValueError:
         raise ValueError(
-            f"{source} holds a {model_type!r} model, not a coreformer one: export_onnx exports coreformer folders. "
-            f"A native transformers folder (what `coreformer export --to native` writes) exports with "
-            f"torch.onnx.export or optimum directly."
+            f"{label} holds a {model_type!r} model, not a coreformer one: export_onnx exports coreformer folders. "
+            f"`coreformer export FOLDER OUT --to onnx` (coreformer.export.export_to) also takes a native folder of "
+            f"an architecture coreformer reads, converting it first."
         ) from None
     architectures = config.get("architectures") or [family.language_model.class_name]
     _, head = head_of_class(architectures[0])
@@ -581,20 +582,24 @@ def copy_companions(source: Path, folder: Path) -> list[str]:
     return copied
 
 
-def export_onnx(source: Path, out: Path, *, check: bool = False) -> dict:
+def export_onnx(source: Path, out: Path, *, check: bool = False, label: str | None = None) -> dict:
     """Export the coreformer model folder `source` to ONNX graphs in the folder `out` (replaced atomically).
+    `label`: how errors and the manifest name the source (default: the folder), e.g. the native folder a temporary
+    coreformer folder was converted from.
 
-    Returns {"graphs": {name: {"inputs", "outputs"}}, "files": [...], "head": auto class, and with `check`
-    "max_abs_diff" (onnxruntime against PyTorch at two shapes other than the export shape) and, for causal LMs,
-    "greedy_tokens" (onnxruntime through the cache graph, and model.generate)}. ValueError when the folder is not a
-    coreformer model or holds a layer type that does not export; RuntimeError when a check exceeds its tolerance.
+    Returns {"source", "graphs": {name: {"inputs", "outputs"}}, "files": [...], "head": auto class, and with `check`
+    "max_abs_diff" (onnxruntime against PyTorch at two shapes other than the export shape), "tolerance", for causal
+    LMs and seq2seq generation "greedy_tokens" (onnxruntime through the cache graphs, and model.generate), and
+    "check" (coreformer.export.check_summary)}. ValueError when the folder is not a coreformer model or holds a layer
+    type that does not export; ExportCheckError (a RuntimeError) when a check fails (nothing written).
     """
     source, out = Path(source), Path(out)
-    model, family, auto_class = load_source(source)
+    label = str(source) if label is None else str(label)
+    model, family, auto_class = load_source(source, label)
     refuse_unexportable(model.config)
     graphs = GRAPH_BUILDERS[family.name](model, family, auto_class)
     report: dict = {
-        "source": str(source),
+        "source": label,
         "head": auto_class,
         "graphs": {graph.name: {"inputs": graph.input_names, "outputs": graph.output_names} for graph in graphs},
     }
@@ -602,12 +607,7 @@ def export_onnx(source: Path, out: Path, *, check: bool = False) -> dict:
         for graph in graphs:
             export_graph(graph, staging)
         if check:
-            report["max_abs_diff"] = max(check_graph(graph, staging) for graph in graphs)
-            report["tolerance"] = CHECK_TOLERANCE
-            greedy_check = GREEDY_CHECKS.get(tuple(graph.name for graph in graphs))
-            if greedy_check is not None:
-                report["greedy_tokens"] = greedy_check(model, staging, graphs)
-            _raise_on_mismatch(report)
+            report.update(check_graphs(model, staging, graphs))
         copy_companions(source, staging)
         prepare_for_serving(staging, causal_lm=auto_class == "AutoModelForCausalLM")
         report["files"] = sorted(path.name for path in staging.iterdir()) + [MANIFEST_NAME]
@@ -615,15 +615,26 @@ def export_onnx(source: Path, out: Path, *, check: bool = False) -> dict:
     return report
 
 
-def _raise_on_mismatch(report: dict) -> None:
-    if report["max_abs_diff"] > CHECK_TOLERANCE:
-        raise RuntimeError(
-            f"The ONNX graphs differ from PyTorch by {report['max_abs_diff']:.3g} (> {CHECK_TOLERANCE}); nothing was "
-            f"written."
+def check_graphs(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict:
+    """Every graph against PyTorch, and greedy decoding through the cache graphs; ExportCheckError when apart."""
+    from .export import ExportCheckError, check_summary
+
+    report: dict = {"max_abs_diff": max(check_graph(graph, folder) for graph in graphs), "tolerance": CHECK_TOLERANCE}
+    greedy_check = GREEDY_CHECKS.get(tuple(graph.name for graph in graphs))
+    tokens = None
+    if greedy_check is not None:
+        tokens = report["greedy_tokens"] = greedy_check(model, folder, graphs)
+    tokens_equal = None if tokens is None else tokens["onnxruntime"] == tokens["pytorch"]
+    report["check"] = check_summary(report["max_abs_diff"], CHECK_TOLERANCE, tokens_equal)
+    if report["max_abs_diff"] > CHECK_TOLERANCE or tokens_equal is False:
+        raise ExportCheckError(
+            f"check failed: the ONNX graphs differ from PyTorch by {report['max_abs_diff']:.3g} (tolerance "
+            f"{CHECK_TOLERANCE}), greedy tokens equal: {tokens_equal}"
+            + (
+                ""
+                if tokens_equal is not False
+                else f" (onnxruntime {tokens['onnxruntime']}, PyTorch {tokens['pytorch']})"
+            )
+            + "; nothing was written."
         )
-    tokens = report.get("greedy_tokens")
-    if tokens is not None and tokens["onnxruntime"] != tokens["pytorch"]:
-        raise RuntimeError(
-            f"Greedy decoding through the ONNX cache graph gave {tokens['onnxruntime']}, PyTorch "
-            f"{tokens['pytorch']}; nothing was written."
-        )
+    return report

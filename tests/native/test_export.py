@@ -489,13 +489,13 @@ def test_cli_exports_a_modernbert_shaped_encoder_with_check(tmp_path, capsys):
 def test_onnx_and_gguf_dispatch_to_the_serve_functions(saved_decoder, tmp_path, monkeypatch):
     calls = []
 
-    def export_onnx(source: Path, out: Path, *, check: bool = False) -> dict:
-        calls.append(("onnx", source, out, check))
+    def export_onnx(source: Path, out: Path, *, check: bool = False, label: str | None = None) -> dict:
+        calls.append(("onnx", source, out, check, label))
         return {"out": str(out)}
 
-    def export_gguf(native_folder: Path, out: Path, *, dtype: str = "f32", check: bool = False) -> dict:
+    def export_gguf(native_folder: Path, out: Path, *, dtype: str = "f32", check: bool = False, label=None) -> dict:
         config = json.loads((native_folder / "config.json").read_text())
-        calls.append(("gguf", config["architectures"], out, dtype, check))
+        calls.append(("gguf", config["architectures"], out, dtype, check, label))
         return {"out": str(out)}
 
     monkeypatch.setitem(sys.modules, "coreformer.onnx_export", types.SimpleNamespace(export_onnx=export_onnx))
@@ -503,19 +503,22 @@ def test_onnx_and_gguf_dispatch_to_the_serve_functions(saved_decoder, tmp_path, 
     export_to(saved_decoder, tmp_path / "onnx", to="onnx", check=True)
     export_to(saved_decoder, tmp_path / "gguf", to="gguf", gguf_dtype="f16")
     assert calls == [
-        ("onnx", saved_decoder, tmp_path / "onnx", True),
-        ("gguf", ["GPT2LMHeadModel"], tmp_path / "gguf" / "model-f16.gguf", "f16", False),
+        ("onnx", saved_decoder, tmp_path / "onnx", True, str(saved_decoder)),
+        ("gguf", ["GPT2LMHeadModel"], tmp_path / "gguf" / "model-f16.gguf", "f16", False, str(saved_decoder)),
     ]
     assert gguf_path(tmp_path / "model.gguf", "q8_0") == tmp_path / "model.gguf"
     assert not list((tmp_path / "gguf").iterdir())  # the temporary native export is gone
 
 
 @pytest.mark.slow
-def test_cli_exports_onnx_and_gguf_through_the_real_exporters(saved_decoder, tmp_path):
+def test_cli_exports_onnx_and_gguf_through_the_real_exporters(saved_decoder, tmp_path, capsys):
     # The dispatch test above uses stand-ins; this one runs the real exporters and their checks end to end: ONNX of
     # the GPT-2-shaped decoder, GGUF of a Llama-shaped one with the same trained tokenizer.
     assert cli.main(["export", str(saved_decoder), str(tmp_path / "onnx"), "--to", "onnx", "--check"]) == 0
     assert {"model.onnx", "decoder_with_past.onnx", "tokenizer.json"} <= {p.name for p in (tmp_path / "onnx").iterdir()}
+    printed = capsys.readouterr().out
+    assert float(printed.split("max abs difference: ")[1].split()[0]) <= CHECK_TOLERANCE
+    assert f"(tolerance {CHECK_TOLERANCE})" in printed and "greedy tokens equal: True" in printed
     llama = tmp_path / "llama"
     config = cf.CoreformerDecoderConfig.from_pretrained(saved_decoder, **LLAMA, **WIDE)
     torch.manual_seed(0)
@@ -524,18 +527,86 @@ def test_cli_exports_onnx_and_gguf_through_the_real_exporters(saved_decoder, tmp
     gguf_file = tmp_path / "tiny.gguf"
     command = ["export", str(llama), str(gguf_file), "--to", "gguf", "--gguf-dtype", "f16", "--check"]
     assert cli.main(command) == 0
+    assert "max abs difference: " in capsys.readouterr().out
     assert gguf_file.is_file() and gguf_file.stat().st_size > 0
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama", "onnx", "tiny.gguf"]  # no temporary left
 
 
-def test_gguf_refuses_a_gpt_neox_export_naming_it(tmp_path):
-    """transformers' GGUF loader has no gpt_neox, so `--to gguf` writes Llama and GPT-2 only (README: Serving)."""
+def _decoder_tiny_folder(saved_decoder: Path, folder: Path, **overrides) -> Path:
+    """A model of the decoder-tiny preset's block (shrunk: 2 layers x 32), with the saved decoder's tokenizer."""
+    config = cf.CoreformerDecoderConfig.from_pretrained(saved_decoder, position_embedding_type="rotary", **overrides)
+    assert choose_target(config, "CoreformerDecoderForCausalLM")[1] == "GPTNeoXForCausalLM"
+    torch.manual_seed(0)
+    cf.CoreformerDecoderForCausalLM(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(saved_decoder).save_pretrained(folder)
+    return folder
+
+
+def test_the_decoder_presets_reach_gguf_as_gpt_neox_with_the_check_printed(saved_decoder, tmp_path, capsys):
+    """The Quickstart model exports as GPT-NeoX, which llama.cpp runs as its gptneox architecture."""
     pytest.importorskip("gguf", reason="the gguf package writes GGUF files (pip install gguf)")
-    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary")
-    model.save_pretrained(tmp_path / "rotary")
-    with pytest.raises(ValueError, match=r"holds a GPTNeoXForCausalLM \('gpt_neox'\); GGUF export takes"):
-        export_to(tmp_path / "rotary", tmp_path / "out", to="gguf")
-    assert not list((tmp_path / "out").glob("**/*.gguf"))
+    folder = _decoder_tiny_folder(saved_decoder, tmp_path / "rotary", **WIDE)
+    out = tmp_path / "out" / "tiny.gguf"
+    assert cli.main(["export", str(folder), str(out), "--to", "gguf", "--check"]) == 0
+    printed = capsys.readouterr().out
+    difference = float(printed.split("max abs difference: ")[1].split()[0])
+    assert difference <= CHECK_TOLERANCE and f"(tolerance {CHECK_TOLERANCE})" in printed
+    assert "greedy tokens equal: True" in printed and "tokenizer ids equal: True" in printed
+    assert f"wrote {out}" in printed
+    import gguf
+
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["general.architecture"].contents() == "gptneox"
+    assert reader.fields["general.name"].contents() == "rotary"  # the user's folder, not the temporary export
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["tiny.gguf"]
+
+
+def test_errors_name_the_folder_given_never_a_temporary_one(saved_decoder, tmp_path):
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files (pip install gguf)")
+    # refused by the GGUF writer after the temporary native export: the erf GELU llama.cpp does not compute
+    folder = _decoder_tiny_folder(saved_decoder, tmp_path / "erf", hidden_act="gelu")
+    with pytest.raises(ValueError) as refused:
+        export_to(folder, tmp_path / "out.gguf", to="gguf")
+    assert str(refused.value).startswith(f"{folder} (GPTNeoXForCausalLM) cannot be written as GGUF gptneox")
+    assert "coreformer-native-" not in str(refused.value)
+    # no tokenizer: the advice names the folder to save it in
+    config = cf.CoreformerDecoderConfig.from_pretrained(saved_decoder, position_embedding_type="rotary")
+    cf.CoreformerDecoderForCausalLM(config).save_pretrained(tmp_path / "bare")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'bare'))} has no tokenizer.json"):
+        export_to(tmp_path / "bare", tmp_path / "out.gguf", to="gguf")
+    assert not list(tmp_path.glob("**/*.gguf")) and not list(tmp_path.glob("coreformer-*"))
+
+
+def test_a_native_folder_exports_like_its_coreformer_twin(saved_decoder, tmp_path, capsys):
+    """`coreformer export` takes a transformers folder too: GGUF as it is, native and ONNX through its conversion."""
+    pytest.importorskip("gguf", reason="the gguf package writes GGUF files (pip install gguf)")
+    llama = tmp_path / "llama"
+    config = cf.CoreformerDecoderConfig.from_pretrained(saved_decoder, **LLAMA, **WIDE)
+    torch.manual_seed(0)
+    cf.CoreformerDecoderForCausalLM(config).save_pretrained(tmp_path / "coreformer")
+    AutoTokenizer.from_pretrained(saved_decoder).save_pretrained(tmp_path / "coreformer")
+    export_to(tmp_path / "coreformer", llama)  # an exported Llama: a native folder
+    assert cli.main(["export", str(llama), str(tmp_path / "llama.gguf"), "--to", "gguf"]) == 0
+    assert "wrote " + str(tmp_path / "llama.gguf") in capsys.readouterr().out
+    assert cli.main(["export", str(llama), str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert f"`{llama}`" in (tmp_path / "again" / "README.md").read_text()  # exported from the folder given
+
+
+def test_a_native_encoder_folder_exports_through_its_conversion(tmp_path):
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48
+    )
+    torch.manual_seed(0)
+    bert = transformers.BertForMaskedLM(config).eval()
+    bert.save_pretrained(tmp_path / "bert")
+    assert export_to(tmp_path / "bert", tmp_path / "out")["native_class"] == "BertForMaskedLM"
+    reloaded = transformers.BertForMaskedLM.from_pretrained(tmp_path / "out").eval()
+    ids = torch.tensor([[5, 9, 13, 21]])
+    with torch.no_grad():
+        assert (reloaded(ids).logits - bert(ids).logits).abs().max().item() <= CHECK_TOLERANCE
 
 
 def test_export_to_refuses_unknown_targets(saved_decoder, tmp_path):
@@ -543,14 +614,11 @@ def test_export_to_refuses_unknown_targets(saved_decoder, tmp_path):
         export_to(saved_decoder, tmp_path / "out", to="tflite")
 
 
-def test_export_for_a_folder_that_is_not_coreformer_says_so(tmp_path):
-    import transformers
-
-    transformers.BertModel(
-        transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
-    ).save_pretrained(tmp_path / "bert")
-    with pytest.raises(ValueError, match="not a coreformer model"):
-        export_to(tmp_path / "bert", tmp_path / "out")
+def test_export_for_a_folder_neither_coreformer_nor_read_by_it_says_so(tmp_path):
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "opt" / "config.json").write_text(json.dumps({"architectures": ["OPTForCausalLM"]}))
+    with pytest.raises(ValueError, match=r"OPTForCausalLM'\], not a coreformer model nor a native class coreformer"):
+        export_to(tmp_path / "opt", tmp_path / "out")
 
 
 def test_check_compares_the_tokenizer_too(saved_decoder, tmp_path):
