@@ -4,7 +4,7 @@
 #   make demo           pretrain a tiny decoder on the embedded corpus, reload it with AutoModelForCausalLM and print
 #                       a generated sample (uses every core)
 #   make test           the test suite (CPU, offline; one thread per worker, two workers)
-#   make readme-check   run the README's and the docs' code blocks (tests/test_readme.py)
+#   make readme-check   run the README's and the docs' code blocks (tests/docs/test_readme.py)
 #   make docs           build the documentation into site/ (mkdocs build --strict); make docs-serve serves it
 #   make docs-screenshot   render the built home page with headless Chromium into docs/assets/home.png
 PYTHON ?= python3
@@ -30,20 +30,20 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# DEMO_OUTPUT and DEMO_ARGS (extra pretrain.py flags, e.g. --max-steps 3) let tests/test_readme.py run it tiny.
+# DEMO_OUTPUT and DEMO_ARGS (extra pretrain.py flags, e.g. --max-steps 3) let tests/docs/test_readme.py run it tiny.
 DEMO_OUTPUT ?= outputs/quickstart
 DEMO_ARGS ?=
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python training/pretrain.py --family decoder --preset tiny \
 		--output-dir $(DEMO_OUTPUT) --overwrite --sample-prompt "def " $(DEMO_ARGS)
 
-# --dist loadgroup: the tests of one xdist_group (tests/test_distributed.py: one fixture launches every run) share a
+# --dist loadgroup: the tests of one xdist_group (tests/training/test_distributed.py: one fixture launches every run) share a
 # worker, so their module fixture runs once; every other test is spread as before.
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 readme-check: $(STAMP)
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/test_readme.py
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/docs/test_readme.py
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site

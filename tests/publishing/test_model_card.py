@@ -12,7 +12,7 @@ from huggingface_hub import ModelCard
 from coreformer import model_card
 from coreformer.model_card import KINDS, ModelCardInfo, render_model_card, validate_model_card, write_model_card
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_info(kind: str = "fine-tuned", **overrides) -> ModelCardInfo:

@@ -19,7 +19,7 @@ import pytest
 from hub_server import LoopbackHub
 from test_publish import hub_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOT_SHIPPED = (".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "outputs", "out", "site")
 TINY_PRETRAIN = "--max-steps 2 --max-documents 20 --vocab-size 300 --eval-every 0 --eval-batches 1 --batch-size 2"
 TINY_FINETUNE = "--max-steps 2 --max-train-examples 8 --max-eval-examples 4 --batch-size 2 --max-length 32"

@@ -45,7 +45,7 @@ from coreformer.training.pretraining import (
 
 datasets.disable_progress_bars()
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRETRAIN = REPO / "training" / "pretrain.py"
 CONFIGS = REPO / "training" / "configs"
 ACCELERATE = Path(sys.executable).with_name("accelerate")

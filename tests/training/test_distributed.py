@@ -56,7 +56,7 @@ from coreformer_settings.families import FAMILY_NAMES
 # One worker runs the whole module under `pytest -n 2 --dist loadgroup` (make test): the `runs` fixture once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRETRAIN = REPO / "training" / "pretrain.py"
 ACCELERATE_CONFIGS = REPO / "training" / "configs" / "accelerate"
 ACCELERATE = Path(sys.executable).with_name("accelerate")

@@ -24,7 +24,7 @@ from coreformer.model_card import ModelCardInfo, validate_model_card, write_mode
 from coreformer.publishing import PublishError, card_for_repo, check_folder
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PUBLISH = ROOT / "training" / "publish.py"
 CORPUS = [f"The {thing} is in {city}." for thing in ("tower", "bridge", "museum") for city in ("Paris", "Rome")] * 4
 PROMPT = "The tower is"

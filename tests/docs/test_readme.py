@@ -14,7 +14,7 @@ test reads it from the page; the test must exist) or `<!-- test: skip REASON -->
 `test_every_docs_block_is_marked`. Python blocks here build tiny models only, so the pages cost seconds; the
 shell blocks that train are run once, by the README tests below, never a second time for the docs.
 
-`python tests/test_readme.py` prints the README's table.
+`python tests/docs/test_readme.py` prints the README's table.
 """
 
 import ast
@@ -29,7 +29,7 @@ import pytest
 
 from coreformer.folders import has_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 RUN = "run"
@@ -45,7 +45,7 @@ COVERAGE: dict[str, list[str]] = {
     "Fine-tuning": [RUN],
     "Converting, exporting and publishing": [
         "placeholder paths (path/to/...) and a Hub; the Quickstart runs `coreformer convert` on the MiniLM "
-        "checkpoint, tests/native/test_export.py runs `coreformer export --check`, tests/test_publish.py publishes "
+        "checkpoint, tests/native/test_export.py runs `coreformer export --check`, tests/publishing/test_publish.py publishes "
         "to a loopback Hub"
     ],
     "Tests": ["the suite itself; test_readme_test_command_is_what_make_test_runs checks it is `make test`'s recipe"],

@@ -52,7 +52,7 @@ from coreformer.training.tasks.question_answering import question_answering_pred
 from coreformer.training.tasks.token_classification import python_token_tags
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FINETUNE = REPO / "training" / "finetune.py"
 AUTO = {
     "sequence-classification": AutoModelForSequenceClassification,

@@ -45,7 +45,7 @@ from coreformer.training.finetuning import (
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 from coreformer.training.trainer_checkpoints import RUN_RECORD
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FINETUNE = REPO / "training" / "finetune.py"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 RUN = dict(task="sequence-classification", max_steps=6, batch_size=4, eval_batch_size=8, max_train_examples=16)

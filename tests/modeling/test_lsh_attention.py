@@ -435,7 +435,7 @@ def test_lsh_models_are_refused_by_onnx_and_native_export_naming_the_layer_type(
 def test_lsh_benchmark_sections_run_at_a_tiny_size():
     """benchmarks/lsh.py's parts in this process (the script runs each timing in a child process): two training
     steps per model, one timing per type at L=32; the results file it writes is checked for its sections."""
-    bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "lsh.py"))
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "lsh.py"))
     args = argparse.Namespace(
         heads=2, head_dim=8, bucket_size=4, num_hashes=2, num_buckets=4, pairs=3, recall_steps=2, repeats=1,
         seed=0, device="cpu", threads=1, lengths=[32],

@@ -358,12 +358,12 @@ def test_skip_logits_with_a_lora_adapted_head_keeps_the_adapter_in_the_loss():
 
 # In a fresh interpreter: Dynamo's state is per process, and earlier tests' compiled entries share these frames (a
 # frame that once hit the recompile limit is never compiled again); torch._dynamo.reset() would clear that, but after
-# one, flex_attention's CPU kernels fail to build later in the process (tests/test_layer_types.py).
+# one, flex_attention's CPU kernels fail to build later in the process (tests/modeling/test_layer_types.py).
 COMPILED_HEAD_CHILD = """
 import sys
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [sys.argv[1], sys.argv[2]]  # tests/modeling (this file) and tests/ (conftest)
 from test_losses import head_loss_and_grads, lm_head_model
 from conftest import padded_batch
 
@@ -383,7 +383,7 @@ print(counter.frame_count, len(grads) == len(expected_grads), difference)
 def test_compiled_model_runs_the_fused_loss_eagerly_after_one_graph_and_gives_its_loss_and_gradients():
     tests = Path(__file__).resolve().parent
     result = subprocess.run(
-        [sys.executable, "-c", COMPILED_HEAD_CHILD, str(tests)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", COMPILED_HEAD_CHILD, str(tests), str(tests.parent)], capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     frames, same_parameters, difference = result.stdout.split()[-3:]

@@ -19,7 +19,7 @@ import coreformer
 import coreformer_cli
 from coreformer import cli, folders
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "coreformer")
 
 
