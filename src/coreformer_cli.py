@@ -29,23 +29,16 @@ import sys
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import import_module, metadata
+from importlib import import_module
 from pathlib import Path
 
 from coreformer_settings.base import INTERRUPTED
+from coreformer_settings.base import installed_version as version
 from coreformer_settings.exports import CHECK_TOLERANCES, EXPORT_FORMATS, GGUF_DTYPES
 
 PACKAGE = "coreformer"
 USAGE_ERROR = 2  # argparse's exit code for a bad command line; a missing folder is one too
 CHECK_TOLERANCE = CHECK_TOLERANCES["f32"]  # `convert --check` / `export --check`: the largest output difference
-
-
-def version() -> str:
-    """The installed coreformer's version (from its metadata, so nothing heavy is imported)."""
-    try:
-        return metadata.version(PACKAGE)
-    except metadata.PackageNotFoundError:  # a source tree on sys.path without an install
-        return "unknown (not installed; run `pip install -e .`)"
 
 
 def add_version_argument(parser: argparse.ArgumentParser) -> None:

@@ -26,6 +26,7 @@ def block_attention(
     padding_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dense attention within each block of `block_size` tokens; equal to the dense block mask on real tokens.
 
@@ -33,6 +34,8 @@ def block_attention(
         query, key, value: (B, H, L, D) (key/value heads already repeated). Any L (padded inside to whole blocks).
         padding_mask: (B, L), True for real tokens, or None. A query that sees no real key (padding) attends to
             itself, so that no row is empty.
+        documents: (B, L) document ids of a packed row, or None: a key of another document is hidden within a block,
+            as the dense path's document mask hides it (blocks still count from the row's start).
 
     Returns:
         (B, L, H, D)
@@ -52,6 +55,9 @@ def block_attention(
         return states.reshape(batch * blocks, heads, block_size, head_dim)
 
     allowed = valid.view(batch * blocks, 1, 1, block_size).expand(-1, 1, block_size, -1)  # (B·L/b, 1, b, b)
+    if documents is not None:
+        ids = nn.functional.pad(documents, (0, padded - length), value=-1).view(batch * blocks, 1, block_size)
+        allowed = allowed & (ids[..., :, None] == ids[..., None, :])  # (B·L/b, 1, b, b): same document
     if causal:
         allowed = allowed & torch.ones(block_size, block_size, dtype=torch.bool, device=query.device).tril()
     diagonal = torch.eye(block_size, dtype=torch.bool, device=query.device)

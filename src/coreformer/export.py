@@ -64,7 +64,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from coreformer_cli import version
+from coreformer_settings.base import installed_version as version
 from coreformer_settings.exports import EXPORT_FORMATS, GGUF_DTYPES
 
 from .configuration_coreformer import CoreformerConfig

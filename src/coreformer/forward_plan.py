@@ -342,14 +342,15 @@ class ForwardPlanner:
         return layer_type.kernel is not None and not layer_type.dense_fallback
 
     def check_packed_rows(self, documents: torch.Tensor | None) -> None:
-        """A layer type that cannot keep the documents of a packed row apart (`LayerType.packed_rows`: low-rank
-        projections mix the whole sequence) refuses packed input."""
+        """A layer type that cannot give each document of a packed row what it gets alone (`LayerType.packed_rows`:
+        low-rank projections mix the whole sequence, LSH buckets and blocks are laid out over the whole row) refuses
+        packed input."""
         unable = sorted({name for name in self.layer_types if not LAYER_TYPES[name].packed_rows})
         if documents is None or not unable:
             return
         raise ValueError(
             f"this batch packs several documents into a row (restarting position_ids, cu_seq_lens or seq_idx), which "
-            f"{', '.join(map(repr, unable))} layers cannot keep apart (their projection mixes the whole sequence): "
+            f"{', '.join(map(repr, unable))} layers cannot keep apart (they lay out the whole row at once): "
             f"give each document its own row (pad, and pass attention_mask) instead of packing."
         )
 

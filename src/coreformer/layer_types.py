@@ -230,5 +230,6 @@ LAYER_TYPES: dict[str, LayerType] = {
         overlay=block_overlay,
         kernel=block_kernel,
         dense_fallback=True,
+        packed_rows=False,  # blocks count from the row's start, not from each document's
     ),
 }

@@ -11,6 +11,7 @@ help text, config files, value coercion and one argparse flag per field.
     coerce(name, value, annotation, ...)   a config-file or CLI value -> the field's type
     add_flags(parser, arguments, fields)   one argparse flag per dataclass field, defaults suppressed
     export_arg(), EXPORT_FOLDER            the `--export native` setting of both runs and where it writes
+    installed_version()                    the installed coreformer's version, from its metadata (nothing imported)
 
 Each run raises its own subclass of RunError, so a script catches exactly its run's refusals; a message reads the
 same whichever module found it. `coreformer.training.arguments` re-exports all of this beside the parts that need
@@ -24,12 +25,21 @@ import json
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .exports import RUN_EXPORT_FORMATS
 
 _UNION_TYPE = type(int | None)
+
+
+def installed_version() -> str:
+    """The installed coreformer's version (from its metadata, so nothing heavy is imported)."""
+    try:
+        return metadata.version("coreformer")
+    except metadata.PackageNotFoundError:  # a source tree on sys.path without an install
+        return "unknown (not installed; run `pip install -e .`)"
 
 
 class RunError(ValueError):

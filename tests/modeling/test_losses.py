@@ -383,7 +383,10 @@ print(counter.frame_count, len(grads) == len(expected_grads), difference)
 def test_compiled_model_runs_the_fused_loss_eagerly_after_one_graph_and_gives_its_loss_and_gradients():
     tests = Path(__file__).resolve().parent
     result = subprocess.run(
-        [sys.executable, "-c", COMPILED_HEAD_CHILD, str(tests), str(tests.parent)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", COMPILED_HEAD_CHILD, str(tests), str(tests.parent)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     frames, same_parameters, difference = result.stdout.split()[-3:]

@@ -274,12 +274,14 @@ def test_linear_attention_restarts_its_state_at_each_document(causal):
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
 
 
-def test_lowrank_refuses_packed_rows():
-    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["lowrank", "full"], lowrank_k=6)
+@pytest.mark.parametrize("layer_type, fields", [("lowrank", dict(lowrank_k=6)), ("block", dict(block_size=4))])
+def test_types_laid_out_over_the_whole_row_refuse_packed_rows(layer_type, fields):
+    # Linformer projects the whole sequence; blocks count from the row's start, not from each document's.
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=[layer_type, "full"], **fields)
     ids = torch.cat(documents(LENGTHS, seed=5), 1)
-    with pytest.raises(ValueError, match="'lowrank' layers cannot keep apart.*own row"):
+    with pytest.raises(ValueError, match=f"'{layer_type}' layers cannot keep apart.*own row"):
         model(ids, position_ids=restarting_positions(LENGTHS))
-    with pytest.raises(ValueError, match="'lowrank' layers cannot keep apart"):
+    with pytest.raises(ValueError, match=f"'{layer_type}' layers cannot keep apart"):
         model(ids, cu_seq_lens_q=cu_seq_lens(LENGTHS), cu_seq_lens_k=cu_seq_lens(LENGTHS))
     model(ids, position_ids=torch.arange(ids.shape[1])[None])  # one document per row is fine
 

@@ -812,3 +812,14 @@ def test_resume_refusals_name_the_missing_checkpoint_and_the_run_without_one(tmp
     args.resume_from_checkpoint = str(tmp_path / "checkpoints" / "step-9")
     with pytest.raises(PretrainingError, match=r"--resume-from-checkpoint '.*step-9' does not exist\."):
         resolve_resume(args, tmp_path)
+
+
+def test_a_dynamo_backend_in_the_environment_never_reaches_the_saved_keys(tmp_path, monkeypatch):
+    # `accelerate launch` with a dynamo config, or a TrainingArguments(torch_compile=True) made earlier in the process,
+    # sets ACCELERATE_DYNAMO_BACKEND; Accelerate's compile wrapper would then prefix every saved key with `_orig_mod.`.
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "inductor")
+    run_pretraining(tiny_args("decoder", tmp_path / "run", max_steps=1, eval_every=0, warmup_steps=0))
+    keys = set(load_file(tmp_path / "run" / "model.safetensors"))
+    assert "model.decoder.embed_tokens.weight" in keys and not any(key.startswith("_orig_mod.") for key in keys)

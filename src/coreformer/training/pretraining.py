@@ -489,6 +489,11 @@ def _accelerator(args: PretrainingArguments) -> tuple[Any, Engine, str | None, s
         # One scheduler step per optimizer step, whatever the number of processes (Accelerate would otherwise step
         # it once per process, for a schedule written in single-process samples).
         step_scheduler_with_optimizer=False,
+        # --compile compiles the model in place (see `build`); Accelerate's own compile wraps it, and the
+        # wrapper's `_orig_mod.` prefix would reach every checkpoint. Its backend comes from ACCELERATE_DYNAMO_BACKEND,
+        # which `accelerate launch` with a dynamo config, or any TrainingArguments(torch_compile=True) made earlier in
+        # the process, sets for the whole process.
+        dynamo_backend="no",
     )
     check_world_size(accelerator.num_processes)
     engine = resolve_engine(accelerator, requested_engine(), args.mixed_precision)
