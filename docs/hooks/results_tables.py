@@ -82,7 +82,7 @@ def recall_table(accuracy: dict[str, float]) -> str:
     if not accuracy:
         return ""
     rows = "\n".join(f"| {kind} | {value:.3f} |" for kind, value in accuracy.items())
-    heading = "Associative recall (`coreformer.synthetic`), accuracy per type:"
+    heading = "Associative recall (`coreformer.probes`), accuracy per type:"
     return f"\n\n{heading}\n\n| type | accuracy |\n|---|---|\n{rows}"
 
 

@@ -46,8 +46,7 @@ COVERAGE: dict[str, list[str]] = {
     "Converting, exporting and publishing": [
         "placeholder paths (path/to/...) and a Hub; the Quickstart runs `coreformer convert` on the MiniLM "
         "checkpoint, tests/native/test_export.py runs `coreformer export --check`, "
-        "tests/publishing/test_publish.py publishes "
-        "to a loopback Hub"
+        "tests/publishing/test_publish.py publishes to a loopback Hub"
     ],
     "Tests": ["the suite itself; test_readme_test_command_is_what_make_test_runs checks it is `make test`'s recipe"],
 }
