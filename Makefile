@@ -3,7 +3,8 @@
 #                       then `source .venv/bin/activate` so that `python`, `coreformer` and `accelerate` are these
 #   make demo           pretrain a tiny decoder on the embedded corpus, reload it with AutoModelForCausalLM and print
 #                       a generated sample (uses every core)
-#   make test           the test suite (CPU, offline; one thread per worker, two workers)
+#   make test           the test suite (CPU, offline; one thread per worker, two workers): what CI runs
+#   make test-fast      the fast tier: every test not marked slow (no training runs, launches or exports to disk)
 #   make readme-check   run the README's and the docs' code blocks (tests/docs/test_readme.py)
 #   make docs           build the documentation into site/ (mkdocs build --strict); make docs-serve serves it
 #   make docs-screenshot   render the built home page with headless Chromium into docs/assets/home.png
@@ -16,7 +17,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test readme-check docs docs-serve docs-screenshot lint clean
+.PHONY: install demo test test-fast readme-check docs docs-serve docs-screenshot lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,11 @@ demo: $(STAMP)
 # worker, so their module fixture runs once; every other test is spread as before.
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
+
+# The local default while working (slow tests: multi-process launches, whole training runs, subprocess loads and
+# exports); `make test` before a commit that others build on.
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 readme-check: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/docs/test_readme.py

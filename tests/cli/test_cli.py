@@ -369,6 +369,7 @@ def test_staged_folder_gives_saved_files_the_umasks_mode(tmp_path):
     assert modes == {"config.json": 0o644, "model.safetensors": 0o644, "private.txt": 0o644, "run.sh": 0o755}
 
 
+@pytest.mark.slow
 def test_a_refused_token_names_hf_token_and_the_token_flag(tmp_path):
     from hub_server import LoopbackHub
     from test_publish import build_folder, hub_env, run_publish

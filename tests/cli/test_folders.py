@@ -124,6 +124,7 @@ def run_until_marker(command: list[str], marker: Path, cwd: Path) -> None:
     kill_at_marker(child, marker)
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_staged_save_leaves_the_previous_folder(tmp_path):
     destination = make_folder(tmp_path / "model", **{"config.json": "old", "model.safetensors": "old"})
     before = contents(destination)
@@ -155,6 +156,7 @@ KILLED_CONVERT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_during_coreformer_convert_leaves_the_previous_conversion(tmp_path):
     source = tmp_path / "bert"
     config = transformers.BertConfig(

@@ -181,6 +181,7 @@ REMOTE_PEFT_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_default_lora_config_works_with_trust_remote_code_when_peft_is_imported_first(tmp_path):
     arguments, expected = [], []
     for family, (head, auto_class, _) in CASES.items():

@@ -37,6 +37,7 @@ def decoder_export(tmp_path_factory):
     return model, tmp_path / "onnx", report
 
 
+@pytest.mark.slow
 def test_causal_lm_exports_prefill_and_cache_graphs_that_match_pytorch(decoder_export):
     model, folder, report = decoder_export
     assert set(report["graphs"]) == {"model", "decoder_with_past"}

@@ -43,6 +43,7 @@ def test_compiled_pretraining_matches_eager_keeps_checkpoint_keys_and_resumes(tm
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compile_flag", [True, False])
 def test_finetuning_compile_flag_gives_a_trainer_that_compiles(bases, tmp_path, compile_flag):  # noqa: F811
     # The run as `coreformer finetune --compile` builds it: checked, prepared, and handed to the Trainer that trains.

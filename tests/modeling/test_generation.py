@@ -195,6 +195,7 @@ def test_prefill_into_an_empty_cache_runs_the_sparse_kernels_and_matches_eager(m
         ("seq2seq", ["full", "full"], 2),
     ],
 )
+@pytest.mark.slow
 def test_static_cache_generation_compiles_fullgraph_once_and_matches_eager(family, layer_types, graphs):
     # generate() prepares per-layer-type masks for a static cache (create_masks_for_generate), so every decode step
     # hands the compiled forward tensors of one shape; fullgraph=True fails on any graph break.

@@ -220,6 +220,7 @@ DETERMINISM = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_identical_weights_and_losses_across_runs():
     # Two fresh processes (dropout on, so the RNG matters) must agree bit for bit.
     tests_dir = str(Path(__file__).resolve().parents[1])  # where conftest.py lives

@@ -223,6 +223,7 @@ def _flex_compiles_here() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _flex_compiles_here(), reason="flex_attention does not compile with this torch build here")
 @pytest.mark.parametrize("layer_type", ["sliding", "strided"])
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
@@ -522,6 +523,7 @@ def test_a_folder_with_mixed_layer_types_gives_its_tokenizer_without_coreformer(
     assert str(layer_types) in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _flex_compiles_here(), reason="flex_attention does not compile with this torch build here")
 def test_flex_block_mask_skips_blocks_for_sliding_layers():
     # The point of flex for a band: whole 128 x 128 blocks outside the window are never computed.
@@ -594,6 +596,7 @@ def test_a_new_layer_type_is_a_kernel_and_one_table_entry(monkeypatch):
     torch.testing.assert_close(ours[mask.bool()], reference[mask.bool()], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_the_config_reaches_the_table_without_torch_or_kernels():
     # The configuration reads the table; the kernels load only when a layer is built (the table's loaders import
     # them inside functions). Every module-level import from the config down, followed within the package:

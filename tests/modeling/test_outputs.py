@@ -51,6 +51,7 @@ def _model(family: str, types: list[str] | None = None):
     return tiny_model(model_class, family, num_hidden_layers=len(types), layer_types=types, **PARAMETERS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
 def test_attentions_under_every_backend_and_layer_type_match_eager_and_change_no_output(family, backends):
     ids, mask = padded_batch(length=12, left=family == "decoder")

@@ -132,6 +132,7 @@ def exported(tmp_path_factory) -> dict[str, tuple[CoreformerPreTrainedModel, Pat
     return {case: (models[case], folders[case], result) for case, result in zip(CASE_IDS, results)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("target", "head"), CASES, ids=CASE_IDS)
 def test_export_loads_in_plain_transformers_with_the_same_logits_and_greedy_tokens(exported, target, head):
     model, folder, result = exported[f"{target}-{head.__name__.removeprefix('Coreformer')}"]
@@ -387,6 +388,7 @@ def saved_decoder(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_cli_export_with_check_writes_a_native_folder(saved_decoder, tmp_path, capsys):
     out = tmp_path / "native"
     assert cli.main(["export", str(saved_decoder), str(out), "--check"]) == 0
@@ -413,6 +415,7 @@ def test_the_command_line_offers_exactly_the_registered_exporters():
     assert set(RUN_EXPORT_FORMATS) <= set(EXPORT_FORMATS)
 
 
+@pytest.mark.slow
 def test_check_of_a_bf16_folder_compares_in_fp32(tmp_path):
     model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **LLAMA, **WIDE).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "bf16")
@@ -457,6 +460,7 @@ def test_cli_failed_check_exits_1_and_writes_nothing(saved_decoder, tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_exports_a_modernbert_shaped_encoder_with_check(tmp_path, capsys):
     """`coreformer export FOLDER OUT --to native --check` for a saved ModernBERT-shaped MLM with its tokenizer."""
     from test_publish import CORPUS
@@ -621,6 +625,7 @@ def test_export_for_a_folder_neither_coreformer_nor_read_by_it_says_so(tmp_path)
         export_to(tmp_path / "opt", tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_check_compares_the_tokenizer_too(saved_decoder, tmp_path):
     from transformers import AutoTokenizer
 
@@ -651,6 +656,7 @@ def _native_logits_match(run_folder: Path, auto_class: str) -> None:
         assert (native(ids).logits - ours(ids).logits).abs().max().item() <= CHECK_TOLERANCE
 
 
+@pytest.mark.slow
 def test_a_pretraining_run_with_export_native_writes_the_native_folder(tmp_path):
     from test_pretraining import tiny_args
 
@@ -663,6 +669,7 @@ def test_a_pretraining_run_with_export_native_writes_the_native_folder(tmp_path)
     _native_logits_match(tmp_path / "run", "AutoModelForCausalLM")
 
 
+@pytest.mark.slow
 def test_a_finetuning_run_with_export_native_writes_the_native_folder(saved_decoder, tmp_path):
     from test_finetuning import tiny_args
 
@@ -716,6 +723,7 @@ def test_a_resumed_pretraining_run_never_keeps_the_previous_native_folder(tmp_pa
     assert refusals == ([] if export is None else ["refused"])
 
 
+@pytest.mark.slow
 def test_a_finetuning_run_never_keeps_a_previous_runs_native_folder(saved_decoder, tmp_path):
     from test_finetuning import tiny_args
 
@@ -728,6 +736,7 @@ def test_a_finetuning_run_never_keeps_a_previous_runs_native_folder(saved_decode
     assert (out / "model.safetensors").is_file() and not (out / "native").exists()
 
 
+@pytest.mark.slow
 def test_publish_pushes_an_exported_folder_that_loads_by_id_without_coreformer(saved_decoder, tmp_path):
     import subprocess
 

@@ -497,6 +497,7 @@ def test_a_pretrained_encoder_loads_with_one_line_saying_what_is_new_instead_of_
     ]
 
 
+@pytest.mark.slow
 def test_converted_minilm_finetunes_for_sequence_classification(converted_minilm, tmp_path):
     folder = tmp_path / "minilm-cls"
     args = tiny_args("sequence-classification", converted_minilm, folder, max_steps=3, max_length=32, lr=5e-5)
@@ -661,6 +662,7 @@ def finetune_env() -> dict:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+@pytest.mark.slow
 def test_ctrl_c_before_the_first_checkpoint_is_one_line_saying_the_step_and_that_the_run_starts_over(bases, tmp_path):
     folder, marker = tmp_path / "out", tmp_path / "marker"
     command = [
@@ -716,6 +718,7 @@ def test_a_model_folder_without_a_tokenizer_is_one_clear_error(bases, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_the_fine_tuned_card_carries_the_base_models_license(bases, runs, tmp_path):
     # The bases here have no card: nothing recorded, so "other" and a line saying the base's terms apply.
     card = validate_model_card(runs["sequence-classification"][2] / "README.md")

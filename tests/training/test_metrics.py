@@ -45,6 +45,7 @@ def metric():
     return get
 
 
+@pytest.mark.slow
 def test_every_metric_loads_in_a_fresh_process_with_the_hub_unreachable(tmp_path):
     child = textwrap.dedent(
         """
@@ -213,6 +214,7 @@ def test_sacrebleu_by_hand_and_against_sacrebleu(metric):
     assert single["score"] == close(sacrebleu_library.corpus_bleu(predictions, [streams[0]]).score)
 
 
+@pytest.mark.slow
 def test_classification_metrics_builder_reads_logits():
     compute = classification_metrics(average="macro")
     logits = np.eye(3)[PREDICTED] * 5.0  # (6, 3), argmax = PREDICTED
@@ -224,6 +226,7 @@ def test_classification_metrics_builder_reads_logits():
     assert as_tuple == result
 
 
+@pytest.mark.slow
 def test_token_classification_builder_drops_ignored_positions():
     id2label = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC"}
     labels = np.array([[-100, 1, 2, 0, 3, -100], [-100, 3, 0, -100, -100, -100]])
@@ -241,6 +244,7 @@ def test_token_classification_builder_drops_ignored_positions():
         ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False),
     ],
 )
+@pytest.mark.slow
 def test_language_modeling_perplexity_equals_exp_of_the_model_loss(family, head, causal):
     model = tiny_model(head, family)
     generator = torch.Generator().manual_seed(0)
@@ -283,6 +287,7 @@ def test_generation_metrics_decode_ids_and_match_the_libraries():
         ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False),
     ],
 )
+@pytest.mark.slow
 def test_trainer_evaluate_reports_the_perplexity_of_its_loss(family, head, causal, tmp_path):
     """Wired into Trainer (preprocess_logits_for_metrics before gathering): one evaluation batch of equal-length
     rows, so Trainer's eval_loss is the token mean and the perplexity must be exp(eval_loss)."""
@@ -306,6 +311,7 @@ def test_trainer_evaluate_reports_the_perplexity_of_its_loss(family, head, causa
     assert result["eval_perplexity"] == close(math.exp(result["eval_loss"]), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_trainer_evaluate_reads_seq2seq_classifier_logits(tmp_path):
     from transformers import Trainer, TrainingArguments
 

@@ -140,6 +140,7 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_each_family_lowers_held_out_loss_on_the_embedded_corpus(trained, family):
     _, metrics = trained[family]
@@ -230,6 +231,7 @@ REMOTE_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_outputs_load_through_remote_code_in_a_process_without_coreformer(trained, tmp_path):
     cases = []
     for family, (output_dir, _) in trained.items():
@@ -300,6 +302,7 @@ def assert_same_steps(two_metrics: dict, one: dict, steps: int) -> None:
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_with_grad_accum_2(tmp_path):
     # MLM with dropout: the masks and dropout both follow the global batch number, not the process.
     settings = tiny_settings("encoder", model=dict(hidden_dropout=0.1), max_steps=12, eval_every=6, warmup_steps=2)
@@ -345,6 +348,7 @@ KILLED_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_save_then_resume_latest_is_bit_identical(tmp_path):
     # Denoising with dropout: data order, masks, dropout, optimizer and schedule must all come back exactly.
     settings = tiny_settings("seq2seq", model=dict(hidden_dropout=0.1), save_every=10, keep_last=3)
@@ -403,6 +407,7 @@ INTERRUPTED_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_pretraining_is_one_line_naming_the_step_and_the_resume_flag(tmp_path):
     settings = tiny_settings("decoder", save_every=10, max_steps=30)
     config = tmp_path / "decoder-tiny-test.json"
@@ -462,6 +467,7 @@ def test_checkpoints_of_a_tied_model_save_without_the_shared_tensor_warning(tmp_
     assert "Removed shared tensor {'alias.bias'}" in caplog.text
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_or_with_another_max_steps_says_so_in_one_line(tmp_path, capsys):
     settings = tiny_settings("decoder", max_steps=4, save_every=2, eval_every=0, warmup_steps=1)
     run_pretraining(args_from(settings, tmp_path / "run"))
@@ -714,6 +720,7 @@ KILLED_FINAL_SAVE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_during_the_final_save_leaves_the_previous_final_model(tmp_path):
     # A finished run is continued to more steps and killed while writing its new final folder: the previous final
     # model stays loadable byte for byte, its checkpoints too, and the next resume finishes and cleans up.

@@ -284,6 +284,7 @@ def test_electra_run_lowers_its_held_out_loss_and_saves_an_encoder_and_its_gener
     assert metrics["sample"].startswith("import [MASK] -> ")
 
 
+@pytest.mark.slow
 def test_saved_discriminator_fine_tunes_for_sequence_classification(electra_run, tmp_path):
     output_dir, _, _ = electra_run
     args = FinetuningArguments(
@@ -316,6 +317,7 @@ def test_electra_in_bf16_trains_with_finite_losses(tmp_path, fresh_accelerator_s
     assert all(math.isfinite(loss) for loss in train_losses(metrics)) and len(train_losses(metrics)) == 6
 
 
+@pytest.mark.slow
 def test_electra_two_processes_match_one_process_with_grad_accum_2(tmp_path):
     # Dropout and the generator's samples both follow the global batch number, not the process.
     settings = electra_settings(model=dict(hidden_dropout=0.1), max_steps=8, eval_every=4, warmup_steps=2)
@@ -323,6 +325,7 @@ def test_electra_two_processes_match_one_process_with_grad_accum_2(tmp_path):
     assert_same_steps(two_metrics, one, steps=8)
 
 
+@pytest.mark.slow
 def test_electra_killed_during_a_save_resumes_bit_identically(electra_run, tmp_path):
     # One tokenizer for both runs: WordPiece training is not reproducible, so two trainings could differ.
     tokenizer = str(electra_run[0])
