@@ -36,6 +36,8 @@ reaching across a chunk boundary into whatever sorted there (later tokens and pa
 Time O(n·L·log L) (the sort) plus O(n·L·c·D); memory O(n·L·c).
 """
 
+from functools import partial
+
 import torch
 from torch import nn
 from transformers import initialization as init
@@ -156,21 +158,11 @@ def lsh_attention(
     Returns:
         (B, L, H, D) in the query's dtype.
     """
-    batch, heads, length, head_dim = query.shape
-    rounds = buckets.shape[2]
-    padded = -(-length // bucket_size) * bucket_size
-    valid = torch.ones(batch, length, dtype=torch.bool, device=query.device)
-    if padding_mask is not None:
-        valid = padding_mask.bool()
-    if padded != length:  # pad to whole chunks; the extra tokens sort last, as padding, and are never keys
-        extra = padded - length
-        query, key, value = (nn.functional.pad(states, (0, 0, 0, extra)) for states in (query, key, value))
-        valid = nn.functional.pad(valid, (0, extra), value=False)
-        buckets = nn.functional.pad(buckets, (0, extra), value=num_buckets)
-    # Padding in its own bucket whatever the caller hashed (it must not take places in a real bucket's order), and
-    # the rounds apart: a bucket id per (round, bucket), padding last in each round.
-    buckets = buckets.masked_fill(~valid[:, None, None, :], num_buckets)
-    buckets = buckets + torch.arange(rounds, device=buckets.device).view(1, 1, rounds, 1) * (num_buckets + 1)
+    batch, heads, length = query.shape[:3]
+    query, key, value, buckets, valid = _padded_to_chunks(
+        query, key, value, buckets, padding_mask, num_buckets=num_buckets, bucket_size=bucket_size
+    )
+    rounds, padded = buckets.shape[2:]
 
     with torch.no_grad():
         order, place = _round_tables(buckets)
@@ -179,10 +171,7 @@ def lsh_attention(
         key_pos = _look_around(chunk_pos, after=not causal and not reformer_compatible)  # (B, H, C, w·c)
         allowed = _allowed(chunk_pos, key_pos, buckets, order, valid, bucket_size, causal, reformer_compatible)
 
-    def gather_sorted(states: torch.Tensor) -> torch.Tensor:
-        index = sorted_pos[..., None].expand(-1, -1, -1, head_dim)
-        return states.gather(2, index).view(batch, heads, -1, bucket_size, head_dim)  # (B, H, C, c, D)
-
+    gather_sorted = partial(_gathered_sorted, sorted_pos=sorted_pos, bucket_size=bucket_size)
     dtype = torch.promote_types(query.dtype, torch.float32)  # scores, softmax and the join in fp32 at least
     keys = _look_around(gather_sorted(key), after=key_pos.shape[-1] > 2 * bucket_size)  # (B, H, C, w·c, D)
     values = _look_around(gather_sorted(value), after=key_pos.shape[-1] > 2 * bucket_size)
@@ -198,15 +187,59 @@ def lsh_attention(
     # 0.008, and exp(scores - lse) would then sum to 1 ± 0.008 (transformers' Reformer has that error).
     probs = nn.functional.dropout(torch.softmax(scores, dim=-1), p=dropout)
     out = torch.matmul(probs, values.to(dtype))  # (B, H, C, c, D)
+    out = _joined_rounds(out, lse, place)[:, :, :length]  # (B, H, L, D)
+    return out.transpose(1, 2).to(query.dtype)  # (B, L, H, D)
 
+
+def _gathered_sorted(states: torch.Tensor, *, sorted_pos: torch.Tensor, bucket_size: int) -> torch.Tensor:
+    """`states` (B, H, L', D) in sorted order, in chunks of `bucket_size`: (B, H, C, c, D); sorted_pos (B, H, n·L')."""
+    batch, heads, _, head_dim = states.shape
+    index = sorted_pos[..., None].expand(-1, -1, -1, head_dim)
+    return states.gather(2, index).view(batch, heads, -1, bucket_size, head_dim)  # (B, H, C, c, D)
+
+
+def _padded_to_chunks(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    buckets: torch.Tensor,
+    padding_mask: torch.Tensor | None,
+    *,
+    num_buckets: int,
+    bucket_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(query, key, value, buckets, valid) padded to whole chunks of `bucket_size`, L -> L'; buckets (B, H, n, L')
+    with padding in a bucket of its own and a bucket id per (round, bucket); valid (B, L'), True for real tokens."""
+    batch, _, length, _ = query.shape
+    rounds = buckets.shape[2]
+    padded = -(-length // bucket_size) * bucket_size
+    valid = torch.ones(batch, length, dtype=torch.bool, device=query.device)
+    if padding_mask is not None:
+        valid = padding_mask.bool()
+    if padded != length:  # pad to whole chunks; the extra tokens sort last, as padding, and are never keys
+        extra = padded - length
+        query, key, value = (nn.functional.pad(states, (0, 0, 0, extra)) for states in (query, key, value))
+        valid = nn.functional.pad(valid, (0, extra), value=False)
+        buckets = nn.functional.pad(buckets, (0, extra), value=num_buckets)
+    # Padding in its own bucket whatever the caller hashed (it must not take places in a real bucket's order), and
+    # the rounds apart: a bucket id per (round, bucket), padding last in each round.
+    buckets = buckets.masked_fill(~valid[:, None, None, :], num_buckets)
+    buckets = buckets + torch.arange(rounds, device=buckets.device).view(1, 1, rounds, 1) * (num_buckets + 1)
+    return query, key, value, buckets, valid
+
+
+def _joined_rounds(out: torch.Tensor, lse: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
+    """The rounds' outputs unsorted and joined, each weighted by its share of the total softmax mass.
+    out (B, H, C, c, D), lse (B, H, C, c, 1), place (B, H, n, L') -> (B, H, L', D)."""
+    batch, heads, rounds, padded = place.shape
+    head_dim = out.shape[-1]
     # Unsort: each round's copy of each position, (B, H, n·L, ...) -> (B, H, n, L, ...).
     unsort = place.reshape(batch, heads, rounds * padded)
     out = out.view(batch, heads, -1, head_dim).gather(2, unsort[..., None].expand(-1, -1, -1, head_dim))
     out = out.view(batch, heads, rounds, padded, head_dim)
     lse = lse.view(batch, heads, -1).gather(2, unsort).view(batch, heads, rounds, padded)
     weights = torch.softmax(lse, dim=2)[..., None]  # (B, H, n, L, 1): exp(lse_r - lse) joins the rounds
-    out = (out * weights).sum(dim=2)[:, :, :length]  # (B, H, L, D)
-    return out.transpose(1, 2).to(query.dtype)  # (B, L, H, D)
+    return (out * weights).sum(dim=2)  # (B, H, L', D)
 
 
 def _allowed(

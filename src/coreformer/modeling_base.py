@@ -331,10 +331,7 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             encoder_documents, **kwargs: packed rows (`_packing`); kwargs also reach the attention function.
         """
         inputs_embeds = self._checked_inputs(input_ids, inputs_embeds, encoder_hidden_states)
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = (
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
+        output_attentions, output_hidden_states = self._recorded_outputs(output_attentions, output_hidden_states)
         inputs = input_ids if input_ids is not None else inputs_embeds
         packing, documents, position_ids, use_cache = self._packing(
             inputs, attention_mask, past_key_values, position_ids, use_cache, kwargs
@@ -356,10 +353,26 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             packing=packing,
         )
         hidden_states = self.run_blocks(hidden_states, plan, encoder_hidden_states, past_key_values, **kwargs)
+        return self._stack_output(hidden_states, past_key_values if use_cache else None)
+
+    def _recorded_outputs(
+        self, output_attentions: bool | None, output_hidden_states: bool | int | list[int] | None
+    ) -> tuple[bool, bool | int | list[int]]:
+        """(output_attentions, output_hidden_states): the caller's, or the config's where not given."""
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        return output_attentions, output_hidden_states
+
+    def _stack_output(
+        self, hidden_states: torch.Tensor, past_key_values: Cache | None
+    ) -> BaseModelOutput | BaseModelOutputWithPastAndCrossAttentions:
+        """The stack's output: the last hidden states, with the cache (None when not used) for a causal stack."""
         if not self.is_causal:
             return BaseModelOutput(last_hidden_state=hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+            last_hidden_state=hidden_states, past_key_values=past_key_values
         )
 
     def _checked_positions(

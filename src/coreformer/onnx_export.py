@@ -221,14 +221,28 @@ def decoder_graphs(model: nn.Module, family: Family, auto_class: str) -> list[Gr
 
     axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
     if auto_class != family.language_model_auto_class:
-        outputs = output_names_of(model, dict(zip(input_names, example(*EXPORT_SHAPE), strict=True)), use_cache=False)
+        return [_decoder_head_graph(model, input_names, axes, example)]
+    return _decoder_cache_graphs(model, input_names, axes, example)
 
-        def run(model, **inputs):
-            return head_outputs(model(**inputs, use_cache=False), outputs)
 
-        per_token = {name: "attention_mask" for name in outputs}
-        return [Graph("model", NamedInputs(model, input_names, run), input_names, outputs, axes, example, per_token)]
+def _decoder_head_graph(
+    model: nn.Module, input_names: list[str], axes: dict, example: Callable[[int, int], list[torch.Tensor]]
+) -> Graph:
+    """A decoder head other than the causal LM (sequence classification, ...): one graph, no cache."""
+    outputs = output_names_of(model, dict(zip(input_names, example(*EXPORT_SHAPE), strict=True)), use_cache=False)
 
+    def run(model, **inputs):
+        return head_outputs(model(**inputs, use_cache=False), outputs)
+
+    per_token = {name: "attention_mask" for name in outputs}
+    return Graph("model", NamedInputs(model, input_names, run), input_names, outputs, axes, example, per_token)
+
+
+def _decoder_cache_graphs(
+    model: nn.Module, input_names: list[str], axes: dict, example: Callable[[int, int], list[torch.Tensor]]
+) -> list[Graph]:
+    """The causal LM: a prefill graph returning the cache (`model`) and a graph taking it (`decoder_with_past`)."""
+    config = model.config
     refuse_uncachable(model.model.decoder.layer_types)
     num_layers = config.num_hidden_layers
     presents = cache_names("present", num_layers)

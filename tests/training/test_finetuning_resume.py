@@ -33,7 +33,7 @@ from test_finetuning import _texts
 from transformers import AutoModelForSequenceClassification, set_seed
 
 import coreformer as cf
-from coreformer.training import finetuning
+from coreformer.training import finetuning_trainer
 from coreformer.training.checkpoints import CHECKPOINTS_DIR, list_checkpoints
 from coreformer.training.finetuning import (
     FinetuningArguments,
@@ -308,9 +308,9 @@ def test_metrics_before_training_are_those_of_the_untrained_model(base, uninterr
 
 def test_the_evaluation_before_training_leaves_training_unchanged(base, uninterrupted, tmp_path, monkeypatch):
     # Reference: the same run with Trainer's evaluation at the start turned off (and so no `before_` metrics).
-    original = finetuning._training_arguments
+    original = finetuning_trainer._training_arguments
     monkeypatch.setattr(
-        finetuning, "_training_arguments", lambda args, output_dir, _: original(args, output_dir, False)
+        finetuning_trainer, "_training_arguments", lambda args, output_dir, _: original(args, output_dir, False)
     )
     reference = tmp_path / "without"
     run_finetuning(settings(base, reference))

@@ -389,10 +389,10 @@ def test_sigkill_during_a_save_then_resume_latest_is_bit_identical(tmp_path):
 INTERRUPTED_CHILD = textwrap.dedent(
     """
     import pathlib, runpy, sys, time
-    import coreformer.training.pretraining as pretraining
+    import coreformer.training.pretraining_loop as pretraining_loop
 
     marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
-    original = pretraining.train_step
+    original = pretraining_loop.train_step
 
     def train_step(run, training):
         if training.step == 12:  # steps 1-12 done, the checkpoint of step 10 saved
@@ -400,7 +400,7 @@ INTERRUPTED_CHILD = textwrap.dedent(
             time.sleep(300)  # the test presses Ctrl-C here
         return original(run, training)
 
-    pretraining.train_step = train_step
+    pretraining_loop.train_step = train_step  # where `train` looks it up
     sys.argv = [script] + sys.argv[3:]
     runpy.run_path(script, run_name="__main__")
     """
@@ -705,7 +705,7 @@ def test_a_finished_run_is_not_resumed_over_and_copies_are_independent(trained, 
 KILLED_FINAL_SAVE = textwrap.dedent(
     """
     import pathlib, runpy, sys, time
-    import coreformer.training.pretraining
+    import coreformer.training.pretraining_loop
 
     marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
 
@@ -713,7 +713,7 @@ KILLED_FINAL_SAVE = textwrap.dedent(
         marker.write_text("saving the final folder")
         time.sleep(300)  # the test kills us here
 
-    coreformer.training.pretraining.plot_losses = plot_losses
+    coreformer.training.pretraining_loop.plot_losses = plot_losses  # where `finish` looks it up
     sys.argv = [script] + sys.argv[3:]
     runpy.run_path(script, run_name="__main__")
     """

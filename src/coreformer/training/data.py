@@ -105,6 +105,21 @@ def load_text_dataset(
     """
     if source is None:
         return load_embedded_corpus(seed, validation_fraction, max_documents)
+    loaded = _loaded_splits(source, config_name, load_kwargs)
+    splits = {
+        name: _text_split(loaded[name], name, source, text_column, max_documents)
+        for name in ("train", "validation")
+        if name in loaded
+    }
+    if len(splits["train"]) == 0:
+        raise ValueError(f"{source!r} holds no non-blank text in column {text_column!r}.")
+    if "validation" in splits and len(splits["validation"]) > 0:
+        return datasets.DatasetDict(splits)
+    return split_documents(splits["train"], validation_fraction, seed=seed)
+
+
+def _loaded_splits(source: str, config_name: str | None, load_kwargs: dict[str, Any]) -> datasets.DatasetDict:
+    """The splits of a local file (its builder picked by extension) or a Hub dataset, checked to have "train"."""
     builder, data_files = local_builder(source)
     if builder is not None:
         loaded = datasets.load_dataset(builder, data_files=data_files, **load_kwargs)
@@ -114,31 +129,27 @@ def load_text_dataset(
         loaded = datasets.DatasetDict({"train": loaded})
     if "train" not in loaded:
         raise ValueError(f"{source!r} has no 'train' split; it has {sorted(loaded)}.")
+    return loaded
 
-    splits = {}
-    for name in ("train", "validation"):
-        if name not in loaded:
-            continue
-        split = loaded[name]
-        if text_column not in split.column_names:
-            raise ValueError(
-                f"{source!r} has no column {text_column!r}; its columns are {split.column_names}. "
-                "Pass `text_column=` with one of them."
-            )
-        split = split.select_columns([text_column])
-        if text_column != "text":
-            split = split.rename_column(text_column, "text")
-        if name == "train" and max_documents is not None:
-            split = split.select(range(min(max_documents, len(split))))
-        # Blank lines of a .txt file (and empty cells) are not documents: they would pack as bare separators.
-        splits[name] = split.filter(
-            lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True, desc=f"{name}: skip blank text"
+
+def _text_split(
+    split: datasets.Dataset, name: str, source: str, text_column: str, max_documents: int | None
+) -> datasets.Dataset:
+    """One split reduced to a "text" column of non-blank documents (the training split cut to `max_documents`)."""
+    if text_column not in split.column_names:
+        raise ValueError(
+            f"{source!r} has no column {text_column!r}; its columns are {split.column_names}. "
+            "Pass `text_column=` with one of them."
         )
-    if len(splits["train"]) == 0:
-        raise ValueError(f"{source!r} holds no non-blank text in column {text_column!r}.")
-    if "validation" in splits and len(splits["validation"]) > 0:
-        return datasets.DatasetDict(splits)
-    return split_documents(splits["train"], validation_fraction, seed=seed)
+    split = split.select_columns([text_column])
+    if text_column != "text":
+        split = split.rename_column(text_column, "text")
+    if name == "train" and max_documents is not None:
+        split = split.select(range(min(max_documents, len(split))))
+    # Blank lines of a .txt file (and empty cells) are not documents: they would pack as bare separators.
+    return split.filter(
+        lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True, desc=f"{name}: skip blank text"
+    )
 
 
 def iter_texts(dataset: datasets.Dataset, column: str = "text", batch_size: int = 1000) -> Iterator[str]:
