@@ -774,7 +774,7 @@ def resolve_device(args: argparse.Namespace) -> None:
 
 
 def reference_shapes(device: torch.device) -> dict:
-    """The issue's reference setting: 6 layers, 384 wide, vocab 8192, training batch 8 x 256."""
+    """The reference setting: 6 layers, 384 wide, vocab 8192, training batch 8 x 256."""
     return dict(
         layers=6,
         width=384,

@@ -1,4 +1,4 @@
-"""Where a compiled static-cache decoding step spends its time, GPT-2 against coreformer (issue 17).
+"""Where a compiled static-cache decoding step spends its time, GPT-2 against coreformer.
 
 compare.py's "decoder generation, compiled static cache" rows put coreformer at 0.94x GPT-2 (batch 1) and 0.93x
 (batch 8) with the same compile config. This script takes the same pair (compare.py's reference shapes and

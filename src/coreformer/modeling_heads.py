@@ -86,7 +86,7 @@ def language_model_outputs(
 # Under torch.compile this runs eagerly, one graph break after the final hidden states: the row selection has a
 # data-dependent shape (3 graph breaks, one per `nonzero`), and the chunk loop, traced, left the fused loss neither
 # fast nor small. The compiled bf16 training step at vocabulary 50,257 (benchmarks/compare.py) went from 0.70x compiled
-# GPT-2 at 1.19x its peak memory (compare_issue17_compiled.json) to 0.90x at 0.58x (..._compiled_training.json).
+# GPT-2 at 1.19x its peak memory (compare_compiled.json) to 0.90x at 0.58x (..._compiled_training.json).
 @torch.compiler.disable
 def fused_language_model_loss(
     hidden_states: torch.Tensor,

@@ -219,7 +219,7 @@ REMOTE_CHILD = textwrap.dedent(
     for case in torch.load(sys.argv[1]):
         model = getattr(transformers, case["auto_class"]).from_pretrained(case["folder"], trust_remote_code=True)
         # AutoTokenizer reads config.json first; without trust_remote_code transformers falls back to a generic
-        # config, which rejects coreformer's layer_types names (reported; see the notes).
+        # config, which rejects coreformer's layer_types names.
         tokenizer = transformers.AutoTokenizer.from_pretrained(case["folder"], trust_remote_code=True)
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
         inputs = tokenizer(case["text"], return_tensors="pt", return_token_type_ids=False)
