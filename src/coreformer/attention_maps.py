@@ -28,6 +28,7 @@ import torch
 from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
 import coreformer_cli
+from coreformer_settings import command_line
 
 from .folders import folder_tokenizer
 
@@ -252,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        coreformer_cli.check_model_location(args.folder)
-    except coreformer_cli.NoSuchFolderError as error:
+        command_line.check_model_location(args.folder)
+    except command_line.NoSuchFolderError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return coreformer_cli.USAGE_ERROR
     return run(args)

@@ -74,7 +74,14 @@ from .model_card import CARD_NAME, inherited_license, is_hub_id, validate_model_
 from .modeling_base import CoreformerPreTrainedModel
 from .native import NATIVE_ARCHITECTURES, NativeArchitecture, architecture_of_class
 from .native.base import match_device_and_mode
-from .native.parity import greedy_tokens, output_differences, tolerance, within_tolerance
+from .native.parity import (
+    ExportCheckError,
+    check_summary,
+    greedy_tokens,
+    output_differences,
+    tolerance,
+    within_tolerance,
+)
 from .native.requirements import Requirement
 
 CHECK_TOLERANCE = tolerance("f32")  # the largest output difference `check` accepts (both sides run in fp32)
@@ -82,10 +89,6 @@ GREEDY_TOKENS = 5  # new tokens generated greedily by each side for generative h
 # The registry under the names export has always used: model_type -> architecture, in the order tried.
 NATIVE_TARGETS = NATIVE_ARCHITECTURES
 NativeTarget = NativeArchitecture
-
-
-class ExportCheckError(RuntimeError):
-    """`check=True` found a difference above tolerance (or other tokens); nothing was written to OUT."""
 
 
 def choose_target(config: CoreformerConfig, class_name: str) -> tuple[NativeArchitecture, str]:
@@ -456,20 +459,6 @@ def export_native(
         }
     )
     return summary
-
-
-def check_summary(
-    max_abs_difference: float, tolerance: float, tokens_equal: bool | None, tokenizer_equal: bool | None = None
-) -> dict[str, object]:
-    """The `check` entry every exporter's summary holds (what `coreformer export --check` prints): the largest output
-    difference and the tolerance it met, whether greedy tokens (None: not a generative head) and tokenizer ids (None:
-    not compared) are equal."""
-    return {
-        "max_abs_difference": max_abs_difference,
-        "tolerance": tolerance,
-        "tokens_equal": tokens_equal,
-        "tokenizer_equal": tokenizer_equal,
-    }
 
 
 @contextmanager

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .native.parity import max_abs_difference, tolerance
+from .native.parity import ExportCheckError, check_summary, max_abs_difference, tolerance
 
 GREEDY_STEPS = 8
 TOKENIZER_SAMPLES = ("Hello world, this is a test.", "  two spaces\tand a tab\nnew line", "ünïcödé ✓ 123 4567")
@@ -594,8 +594,6 @@ def check_gguf(native_folder: Path, path: Path, dtype: Dtype, architecture: Arch
     """Read `path` back (transformers' GGUF loader, or this module's reader for an arch transformers does not read)
     and compare it with the native folder: logits, greedy tokens, tokenizer ids (ExportCheckError if apart)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .export import ExportCheckError, check_summary
 
     native = AutoModelForCausalLM.from_pretrained(native_folder, dtype=torch.float32).eval()
     if architecture.read_back is None:

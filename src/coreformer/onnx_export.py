@@ -63,7 +63,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from .families import Family, family_of_model_type, head_of_class
 from .folders import prepare_for_serving, staged_folder
 from .layer_types import LAYER_TYPES
-from .native.parity import max_abs_difference, tolerance
+from .native.parity import ExportCheckError, check_summary, max_abs_difference, tolerance
 from .publishing import CONFIG_FILES, PUSHED_TOKENIZER_FILES
 
 CHECK_TOLERANCE = tolerance("f32")  # onnxruntime against PyTorch, both fp32: the one parity tolerance
@@ -604,8 +604,8 @@ def export_onnx(source: Path, out: Path, *, check: bool = False, label: str | No
     Returns {"source", "graphs": {name: {"inputs", "outputs"}}, "files": [...], "head": auto class, and with `check`
     "max_abs_diff" (onnxruntime against PyTorch at two shapes other than the export shape), "tolerance", for causal
     LMs and seq2seq generation "greedy_tokens" (onnxruntime through the cache graphs, and model.generate), and
-    "check" (coreformer.export.check_summary)}. ValueError when the folder is not a coreformer model or holds a layer
-    type that does not export; ExportCheckError (a RuntimeError) when a check fails (nothing written).
+    "check" (coreformer.native.parity.check_summary)}. ValueError when the folder is not a coreformer model or holds
+    a layer type that does not export; ExportCheckError (a RuntimeError) when a check fails (nothing written).
     """
     source, out = Path(source), Path(out)
     label = str(source) if label is None else str(label)
@@ -631,7 +631,6 @@ def export_onnx(source: Path, out: Path, *, check: bool = False, label: str | No
 
 def check_graphs(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict:
     """Every graph against PyTorch, and greedy decoding through the cache graphs; ExportCheckError when apart."""
-    from .export import ExportCheckError, check_summary
 
     report: dict = {"max_abs_diff": max(check_graph(graph, folder) for graph in graphs), "tolerance": CHECK_TOLERANCE}
     greedy_check = GREEDY_CHECKS.get(tuple(graph.name for graph in graphs))

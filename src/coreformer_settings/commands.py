@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import finetuning, pretraining
+from . import command_line, finetuning, pretraining
 from .base import INTERRUPTED, FinetuningError, PretrainingError, RunStoppedError, load_config_file
 from .pretraining import PRESETS, default_configs_dir, gather_settings, preset_defaults
 
@@ -40,15 +40,13 @@ class RunCommand:
     run: Callable[[dict, str], int]
 
     def build_parser(self, prog: str | None = None) -> argparse.ArgumentParser:
-        import coreformer_cli  # the light front (it imports this module lazily, so not at the top)
-
-        parser = coreformer_cli.SuggestingParser(
+        parser = command_line.SuggestingParser(
             prog=prog or f"coreformer {self.name}",
             description=self.description,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         self.add_arguments(parser)
-        coreformer_cli.add_version_argument(parser)
+        command_line.add_version_argument(parser)
         return parser
 
     def main(self, argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -90,8 +88,6 @@ def _pretrain_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _pretrain(given: dict, prog: str) -> int:
-    import coreformer_cli
-
     preset, config, family = given.pop("preset", None), given.pop("config", None), given.pop("family", None)
     try:
         settings = dict(family=family, preset=preset, config_file=config, overrides=given)
@@ -99,13 +95,13 @@ def _pretrain(given: dict, prog: str) -> int:
         # a mistyped --tokenizer or --resume-from-checkpoint folder (given here, in the preset or in --config): one
         # line, before torch is imported or the Hub is asked
         if values.get("tokenizer") is not None:
-            coreformer_cli.check_model_location(values["tokenizer"])
+            command_line.check_model_location(values["tokenizer"])
         if values.get("resume_from_checkpoint") not in (None, "latest"):
-            coreformer_cli.check_local_folder(values["resume_from_checkpoint"])
+            command_line.check_local_folder(values["resume_from_checkpoint"])
         from coreformer.training.pretraining import resolve_arguments, run_pretraining  # torch: after the checks
 
         run_pretraining(resolve_arguments(**settings))
-    except (PretrainingError, coreformer_cli.NoSuchFolderError) as error:
+    except (PretrainingError, command_line.NoSuchFolderError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     except RunStoppedError as stopped:
@@ -154,20 +150,18 @@ def _finetune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _finetune(given: dict, prog: str) -> int:
-    import coreformer_cli
-
     config = given.pop("config", None)
     try:
         # a mistyped --model or --tokenizer folder (given here or in --config): one line, before torch or the Hub
         values = {**(load_config_file(config, error=FinetuningError) if config is not None else {}), **given}
         for key in ("model", "tokenizer"):
             if values.get(key) is not None:
-                coreformer_cli.check_model_location(values[key])
+                command_line.check_model_location(values[key])
         from coreformer.training.finetuning import BEFORE, resolve_arguments, run_finetuning  # torch: after the checks
 
         args = resolve_arguments(config_file=config, overrides=given)
         metrics = run_finetuning(args)
-    except (FinetuningError, coreformer_cli.NoSuchFolderError) as error:
+    except (FinetuningError, command_line.NoSuchFolderError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     except RunStoppedError as stopped:

@@ -18,6 +18,7 @@ import transformers
 import coreformer
 import coreformer_cli
 from coreformer import cli, folders
+from coreformer_settings import command_line
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "coreformer")
@@ -180,17 +181,17 @@ def test_every_flag_and_argument_has_help_text():
 def test_looks_local(tmp_path, monkeypatch, name, local):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "existing").mkdir()
-    assert coreformer_cli.looks_local(name) is local
+    assert command_line.looks_local(name) is local
 
 
 def test_missing_local_folders_are_refused_and_hub_ids_pass(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").mkdir()
-    with pytest.raises(coreformer_cli.NoSuchFolderError, match=r"^no such folder: outputs/nope \(looked for "):
-        coreformer_cli.check_model_location("outputs/nope")
-    assert coreformer_cli.check_model_location("outputs") == "outputs"
-    monkeypatch.setattr(coreformer_cli, "hub_unreachable", lambda: None)  # a Hub that answers
-    assert coreformer_cli.check_model_location("owner/model") == "owner/model"  # goes on to the Hub
+    with pytest.raises(command_line.NoSuchFolderError, match=r"^no such folder: outputs/nope \(looked for "):
+        command_line.check_model_location("outputs/nope")
+    assert command_line.check_model_location("outputs") == "outputs"
+    monkeypatch.setattr(command_line, "hub_unreachable", lambda: None)  # a Hub that answers
+    assert command_line.check_model_location("owner/model") == "owner/model"  # goes on to the Hub
 
 
 @pytest.mark.parametrize(
@@ -225,7 +226,7 @@ def test_a_mistyped_hub_name_fails_at_once_in_one_line(tmp_path, monkeypatch, ca
     ), err
     assert "check the name, or pass a local folder" in err and not (tmp_path / "out").exists()
     (tmp_path / "hub" / "models--gtp2").mkdir(parents=True)  # in the local cache: it loads offline, so it passes
-    assert coreformer_cli.check_model_location("gtp2") == "gtp2"
+    assert command_line.check_model_location("gtp2") == "gtp2"
 
 
 @pytest.mark.parametrize(

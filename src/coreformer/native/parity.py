@@ -6,6 +6,7 @@
     model_differences(reference, model, inputs) -> dict   run both models in fp32 on `inputs`, then the above
     greedy_tokens(model, inputs, new_tokens) -> tensor    the tokens greedy decoding adds (generative heads)
     within_tolerance(differences, dtype="f32") -> bool
+    check_summary(...) -> dict, ExportCheckError            what every exporter reports, and raises when apart
 
 Every check compares with these: `coreformer convert --check` (transformers source vs converted folder),
 `export --check` (coreformer vs the native folder reloaded in plain transformers), the ONNX check (onnxruntime vs
@@ -70,3 +71,21 @@ def within_tolerance(differences: Mapping[str, float] | float, dtype: str = "f32
     if isinstance(differences, Mapping):
         return bool(differences) and max(differences.values()) <= tolerance(dtype)
     return differences <= tolerance(dtype)
+
+
+class ExportCheckError(RuntimeError):
+    """`check=True` found a difference above tolerance (or other tokens); nothing was written to OUT."""
+
+
+def check_summary(
+    max_abs_difference: float, tolerance: float, tokens_equal: bool | None, tokenizer_equal: bool | None = None
+) -> dict[str, object]:
+    """The `check` entry every exporter's summary holds (what `coreformer export --check` prints): the largest output
+    difference and the tolerance it met, whether greedy tokens (None: not a generative head) and tokenizer ids (None:
+    not compared) are equal."""
+    return {
+        "max_abs_difference": max_abs_difference,
+        "tolerance": tolerance,
+        "tokens_equal": tokens_equal,
+        "tokenizer_equal": tokenizer_equal,
+    }

@@ -5,12 +5,9 @@ the evaluation numbers, as a `ModelCardInfo` for coreformer.model_card (finetuni
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..model_card import ModelCardInfo, inherited_license, is_hub_id
-
-if TYPE_CHECKING:  # finetuning.py imports this module; the arguments class is only named in annotations here
-    from .finetuning import FinetuningArguments
+from .finetuning_arguments import FinetuningArguments
 
 
 def finetuned_card_info(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import datasets
 from transformers import AutoConfig, PreTrainedTokenizerBase
@@ -25,11 +24,8 @@ from ..folders import MissingTokenizerError, folder_tokenizer
 from .arguments import FinetuningError
 from .data import local_builder
 from .families import family_of
+from .finetuning_arguments import FinetuningArguments
 from .tasks import TASKS
-
-if TYPE_CHECKING:  # finetuning.py imports this module; the arguments class is only named in annotations here
-    from .finetuning import FinetuningArguments
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Data

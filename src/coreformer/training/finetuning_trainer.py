@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import transformers
@@ -27,11 +27,9 @@ from .arguments import FinetuningError
 from .checkpoints import CHECKPOINTS_DIR, check_unchanged
 from .engine import CpuFsdp2Engine, Engine, requested_engine, resolve_engine
 from .families import longest_input
+from .finetuning_arguments import FinetuningArguments
 from .tasks import Evaluation, Task
 from .trainer_checkpoints import CHECKPOINTING_TRAINERS
-
-if TYPE_CHECKING:  # finetuning.py imports this module; the arguments class is only named in annotations here
-    from .finetuning import FinetuningArguments
 
 
 @dataclass

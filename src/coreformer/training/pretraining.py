@@ -41,29 +41,21 @@ held-out evaluation, checkpoints, the final folder).
 import dataclasses
 import shutil
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
-import torch
-from transformers import PreTrainedTokenizerBase
-
 # the settings' torch-free declarations (beside the package, so that training/pretrain.py --help imports no torch)
 from coreformer_settings.families import FAMILY_NAMES
-from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
-from coreformer_settings.pretraining import MIXED_PRECISION, PRESETS, REPORT_TO, PretrainingSettings, gather_settings
+from coreformer_settings.pretraining import PRESETS
 
 from .arguments import PretrainingError, RunStoppedError, write_json
 from .batches import GlobalBatches, strided_loader
 from .checkpoints import find_latest_checkpoint, read_trainer_state, remove_stale_temporaries, stopped_message
 from .data import iter_texts
 from .engine import Engine, requested_engine, resolve_engine
-from .families import TRAINING_FACTS
-from .objectives import OBJECTIVES, Objective
-from .optimizers import build_optimizer, build_schedule, check_optimization_settings, check_run_optimizer
+from .optimizers import build_optimizer, build_schedule, check_run_optimizer
 from .pretraining_loop import evaluate, finish, train, train_step  # noqa: F401  (evaluate, train_step: re-exported)
+from .pretraining_run import PretrainingArguments, _Run, _Training, resolve_arguments  # noqa: F401  (re-exported)
 from .pretraining_setup import (  # noqa: F401  (the names not used here are re-exported: importers name them here)
     METRICS,
     RUN_CONFIG,
@@ -94,133 +86,6 @@ __all__ = [
     "resolve_arguments",
     "run_pretraining",
 ]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Arguments
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PretrainingArguments(PretrainingSettings):
-    """Every setting of a pretraining run (declared in coreformer_settings.pretraining, so that --help needs no
-    torch), checked here against the registries: the objective's families, the family config's fields; the
-    objective's own settings are typed and checked by its settings class (coreformer_settings.objectives)."""
-
-    def __post_init__(self) -> None:
-        self.check_choices(family=FAMILY_NAMES, mixed_precision=MIXED_PRECISION, report_to=REPORT_TO)
-        if self.objective is None:
-            self.objective = TRAINING_FACTS[self.family].default_objective
-        self.check_choices(objective=tuple(OBJECTIVE_REGISTRY))
-        if self.family not in self.spec.families:
-            raise PretrainingError(
-                f"The {self.objective} objective trains {' or '.join(self.spec.families)} models; --family is "
-                f"{self.family}. Pass --family {self.spec.families[0]} or another --objective."
-            )
-        positive = ("vocab_size", "pad_vocab_to_multiple_of", "block_size", "max_steps", "batch_size", "grad_accum")
-        self.check_at_least(1, positive + ("keep_last", "eval_batches"))
-        self.check_at_least(
-            0, ("save_every", "eval_every", "warmup_steps", "num_workers", "zero_shot_pairs"), note=" (0 turns it off)"
-        )
-        if self.max_documents is not None and self.max_documents < 2:
-            raise PretrainingError(f"`max_documents` must be >= 2 (train + held out), got {self.max_documents}.")
-        if self.lr <= 0:
-            raise PretrainingError(f"`lr` must be > 0, got {self.lr}.")
-        self.check_between("validation_fraction", 0.0, 1.0, low_open=False, high_open=True)
-        check_optimization_settings(self)
-        self.objective_settings = objective_settings(self.objective, self.objective_settings)  # checked there
-        if not isinstance(self.model, dict):
-            raise PretrainingError(f"`model` must be a mapping of config fields, got {type(self.model).__name__}.")
-        if "vocab_size" in self.model:
-            raise PretrainingError(
-                "`model.vocab_size` is set from the tokenizer (padded to `pad_vocab_to_multiple_of`); set the "
-                "top-level `vocab_size` (the tokenizer's target) instead."
-            )
-        known = _config_fields(self.family)
-        unknown = sorted(set(self.model) - known)
-        if unknown:
-            raise PretrainingError(
-                f"Unknown {self.family} config field(s) under `model`: {', '.join(unknown)}. "
-                f"See {TRAINING_FACTS[self.family].config_class.__name__} for the fields."
-            )
-
-    @property
-    def spec(self) -> Objective:
-        return OBJECTIVES[self.objective]
-
-    @property
-    def global_batch_size(self) -> int:
-        """Examples per optimizer step on one process (times the number of processes for the whole run)."""
-        return self.batch_size * self.grad_accum
-
-
-def _config_fields(family: str) -> set[str]:
-    return {f.name for f in dataclasses.fields(TRAINING_FACTS[family].config_class)}
-
-
-def resolve_arguments(
-    *,
-    family: str | None = None,
-    preset: str | None = None,
-    config_file: str | Path | None = None,
-    overrides: dict[str, Any] | None = None,
-    configs_dir: str | Path | None = None,
-) -> PretrainingArguments:
-    """Dataclass defaults, then the preset (`--preset`, default "tiny") or `--config` file, then `overrides`
-    (the flags given on the command line). A `model:` mapping in `overrides` updates the file's field by field.
-    """
-    values, source = gather_settings(
-        family=family, preset=preset, config_file=config_file, overrides=overrides, configs_dir=configs_dir
-    )
-    return PretrainingArguments.resolve(values, source=source)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The run: prepare, build, train, finish (the train and finish stages: pretraining_loop.py)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Run:
-    """What `prepare` found: every input checked, nothing written yet."""
-
-    args: PretrainingArguments
-    accelerator: Any
-    tracker: str | None
-    resume: Path | None
-    state: dict[str, Any] | None  # the resumed checkpoint's trainer_state.json
-    tokenizer: PreTrainedTokenizerBase
-    tokenizer_name: str
-    config: Any
-    train_examples: datasets.Dataset
-    eval_examples: datasets.Dataset
-    engine: Engine  # what runs (engine.py): recorded in metrics.json and every checkpoint
-
-    @property
-    def output_dir(self) -> Path:
-        return Path(self.args.output_dir)
-
-    @property
-    def objective(self) -> Objective:
-        return self.args.spec
-
-
-@dataclass
-class _Training:
-    """The model and optimizer in training, where the run is in its data, and what it has measured."""
-
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    num_parameters: int
-    data: Iterator[tuple[int, dict[str, torch.Tensor]]]
-    eval_batches: list[dict[str, torch.Tensor]]
-    step: int = 0
-    consumed: int = 0  # global batches
-    tokens_seen: int = 0
-    history: dict[str, list[dict]] = field(default_factory=lambda: {"train": [], "eval": []})
-    train_time: float = 0.0
-    session_tokens: int = 0
 
 
 def _accelerator(args: PretrainingArguments) -> tuple[Any, Engine, str | None, str]:

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,6 +23,7 @@ from .arguments import export_run, write_json
 from .batches import derive_seed
 from .checkpoints import save_checkpoint
 from .objectives import Objective
+from .pretraining_run import _Run, _Training
 from .pretraining_setup import METRICS, input_token_count
 from .reports import (
     PEAK_FLOPS,
@@ -34,9 +35,6 @@ from .reports import (
     time_line,
 )
 from .zero_shot import run_zero_shot, zero_shot_line
-
-if TYPE_CHECKING:  # pretraining.py builds the run state and imports this module
-    from .pretraining import _Run, _Training
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ import os
 import tempfile
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import torch
@@ -36,10 +36,8 @@ from .data import load_text_dataset
 from .engine import Engine
 from .families import TRAINING_FACTS, longest_input
 from .objectives import Objective
+from .pretraining_run import PretrainingArguments
 from .tokenizer_training import token_config_kwargs
-
-if TYPE_CHECKING:  # pretraining.py imports this module; the arguments class is only named in annotations here
-    from .pretraining import PretrainingArguments
 
 RUN_CONFIG = "run_config.json"
 METRICS = "metrics.json"
