@@ -1,7 +1,7 @@
 """The `coreformer` command's front door, importable without torch: argument parsing, `--version`, path checks.
 
     coreformer --version | --help
-    coreformer pretrain | finetune | publish ...   the runs (coreformer_settings.commands; the same as training/*.py)
+    coreformer pretrain | finetune | publish ...   the runs (coreformer_commands; the same as training/*.py)
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
     coreformer export FOLDER OUT [--to native|onnx|gguf] [--check] [--overwrite] [--gguf-dtype f32|f16|bf16|q8_0]
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] [--target T] -o map.png
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 
+from coreformer_commands import RUN_COMMANDS
 from coreformer_settings.base import INTERRUPTED
 from coreformer_settings.base import installed_version as version  # noqa: F401  (public: coreformer_cli.version())
 from coreformer_settings.command_line import (
@@ -143,7 +144,6 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from coreformer_settings.commands import RUN_COMMANDS  # it imports this module: not at the top
 
     parser = SuggestingParser(prog="coreformer", description="coreformer command-line tools")
     add_version_argument(parser)
@@ -167,8 +167,6 @@ def check_paths(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Parse, check the folders, then import the handler and run it (exit codes: see coreformer.cli; 130 after
     Ctrl-C)."""
-    from coreformer_settings.commands import RUN_COMMANDS
-
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in RUN_COMMANDS:  # pretrain, finetune, publish: their own parser, help and exit codes
         return RUN_COMMANDS[argv[0]].main(argv[1:])

@@ -1,4 +1,4 @@
-"""`coreformer finetune` as a script in the clone (the same parser, help and run: coreformer_settings.commands).
+"""`coreformer finetune` as a script in the clone (the same parser, help and run: coreformer_commands).
 
     python training/finetune.py --task sequence-classification --model outputs/encoder-tiny --output-dir out/cls
     accelerate launch --config_file training/configs/accelerate/fsdp.yaml training/finetune.py --task ...
@@ -8,7 +8,7 @@ The run lives in coreformer.training.finetuning; this file only hands over the c
 
 import sys
 
-from coreformer_settings.commands import RUN_COMMANDS
+from coreformer_commands import RUN_COMMANDS
 
 COMMAND = RUN_COMMANDS["finetune"]
 

@@ -1,4 +1,4 @@
-"""`coreformer publish` as a script in the clone (the same parser, help and run: coreformer_settings.commands).
+"""`coreformer publish` as a script in the clone (the same parser, help and run: coreformer_commands).
 
     python training/publish.py outputs/decoder-tiny --repo-id me/coreformer-decoder-tiny [--private] [--revision dev]
 
@@ -7,7 +7,7 @@ The upload lives in coreformer.publishing; this file only hands over the command
 
 import sys
 
-from coreformer_settings.commands import RUN_COMMANDS
+from coreformer_commands import RUN_COMMANDS
 
 COMMAND = RUN_COMMANDS["publish"]
 

@@ -8,9 +8,9 @@ anything inside `coreformer` registers its classes with transformers and so impo
     tasks.py         TASK_REGISTRY and each task's own settings
     pretraining.py   PretrainingSettings, the presets and how a run's settings are gathered
     finetuning.py    FinetuningSettings
-    commands.py      the run command lines: `coreformer pretrain | finetune | publish` and training/*.py
+    command_line.py  what every command line shares: the suggesting parser, --version, the folder and Hub checks
 
-The command lines build their parsers from these, so `--help`, `--version` and a bad flag answer
-before torch is imported; the runs (`coreformer.training.pretraining` / `finetuning`) subclass the settings with the
-checks that need the registries.
+The command lines (coreformer_cli, coreformer_commands, beside this package) build their parsers from these, so
+`--help`, `--version` and a bad flag answer before torch is imported; the runs (`coreformer.training.pretraining` /
+`finetuning`) subclass the settings with the checks that need the registries.
 """

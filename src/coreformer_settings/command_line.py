@@ -8,7 +8,7 @@
     check_local_folder(name) -> name     an existing local folder; NoSuchFolderError otherwise
     hub_unreachable(), in_hub_cache(repo_id), looks_local(name)   what those checks ask
 
-`coreformer_cli` (the `coreformer` command) and `coreformer_settings.commands` (the run commands) both build on these,
+`coreformer_cli` (the `coreformer` command) and `coreformer_commands` (the run commands) both build on these,
 so neither imports the other.
 """
 

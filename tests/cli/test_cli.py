@@ -242,7 +242,7 @@ def test_a_mistyped_hub_name_fails_at_once_in_one_line(tmp_path, monkeypatch, ca
 def test_an_unknown_flag_names_the_closest_one(tmp_path, monkeypatch, capsys, argv, suggestion):
     monkeypatch.chdir(tmp_path)
     if suggestion is None:
-        from coreformer_settings.commands import RUN_COMMANDS  # parse only: running would train
+        from coreformer_commands import RUN_COMMANDS  # parse only: running would train
 
         assert vars(RUN_COMMANDS["pretrain"].build_parser().parse_args(argv[1:]))["max_steps"] == 3
         return
@@ -256,7 +256,7 @@ def test_an_unknown_flag_names_the_closest_one(tmp_path, monkeypatch, capsys, ar
 
 
 def test_the_scripts_and_the_installed_command_share_one_parser():
-    from coreformer_settings.commands import RUN_COMMANDS
+    from coreformer_commands import RUN_COMMANDS
 
     for name in SCRIPTS:
         script, installed = load_script(name).build_parser(), RUN_COMMANDS[name].build_parser()
@@ -513,7 +513,7 @@ def _record(argv: list[str]) -> int:
 
 
 def test_a_delegated_command_is_parsed_before_its_module_runs(capsys):
-    from coreformer_settings.commands import RUN_COMMANDS, DelegatedCommand
+    from coreformer_commands import RUN_COMMANDS, DelegatedCommand
 
     command = DelegatedCommand("demo", "a demo", "argparse:ArgumentParser", "test_cli:_record")
     with pytest.raises(SystemExit):

@@ -23,7 +23,7 @@ from test_readme import DOCS, code_blocks
 import coreformer as cf
 from coreformer.forward_plan import LayerPlan
 from coreformer.layer_types import LAYER_TYPES, LayerType
-from coreformer_settings.commands import RUN_COMMANDS
+from coreformer_commands import RUN_COMMANDS
 from coreformer_settings.components import Registered
 
 

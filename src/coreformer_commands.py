@@ -1,5 +1,6 @@
-"""The run command lines, importable without torch: `coreformer pretrain | finetune | publish`, and the clone's
-training/pretrain.py, finetune.py, publish.py, which call the same functions (one parser and one help text each).
+"""The run command lines, importable without torch (beside the package, as coreformer_cli is): `coreformer pretrain |
+finetune | publish | evaluate`, and the clone's training/pretrain.py, finetune.py, publish.py, which call the same
+functions (one parser and one help text each).
 
     RunCommand(name, help, description, add_arguments, run)   one command line
     RUN_COMMANDS                        name -> RunCommand (or DelegatedCommand: `evaluate`, parsed and run by
@@ -21,9 +22,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import command_line, finetuning, pretraining
-from .base import INTERRUPTED, FinetuningError, PretrainingError, RunStoppedError, load_config_file
-from .pretraining import PRESETS, default_configs_dir, gather_settings, preset_defaults
+from coreformer_settings import command_line, finetuning, pretraining
+from coreformer_settings.base import INTERRUPTED, FinetuningError, PretrainingError, RunStoppedError, load_config_file
+from coreformer_settings.pretraining import PRESETS, default_configs_dir, gather_settings, preset_defaults
 
 USAGE_ERROR = 2  # as coreformer_cli.USAGE_ERROR: argparse's exit code for a bad command line
 HUB_FAILED = 1
