@@ -830,3 +830,15 @@ def test_a_dynamo_backend_in_the_environment_never_reaches_the_saved_keys(tmp_pa
     run_pretraining(tiny_args("decoder", tmp_path / "run", max_steps=1, eval_every=0, warmup_steps=0))
     keys = set(load_file(tmp_path / "run" / "model.safetensors"))
     assert "model.decoder.embed_tokens.weight" in keys and not any(key.startswith("_orig_mod.") for key in keys)
+
+
+def test_an_earlier_accelerators_compile_plugin_never_reaches_the_saved_keys(tmp_path):
+    # Accelerate keeps one state per process: a Trainer built earlier with torch_compile=True left its dynamo plugin
+    # there, and the run's own Accelerator reused it.
+    from accelerate import Accelerator
+    from safetensors.torch import load_file
+
+    Accelerator(dynamo_backend="inductor")
+    run_pretraining(tiny_args("decoder", tmp_path / "run", max_steps=1, eval_every=0, warmup_steps=0))
+    keys = set(load_file(tmp_path / "run" / "model.safetensors"))
+    assert "model.decoder.embed_tokens.weight" in keys and not any(key.startswith("_orig_mod.") for key in keys)

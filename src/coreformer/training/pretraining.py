@@ -92,10 +92,15 @@ def _accelerator(args: PretrainingArguments) -> tuple[Any, Engine, str | None, s
     """The Accelerator of the run (checked to hold every launched process), the engine that runs (the one the
     launcher asked for, or a refusal), its tracker and a line saying which."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import ProjectConfiguration
 
     output_dir = Path(args.output_dir)
     log_with, tracker_line = tracker_choice(args.report_to)
+    # The run's Accelerator is the one its settings describe. Accelerate keeps one state per process, and an earlier
+    # Accelerator's (a Trainer's with torch_compile=True) would be reused, its compile plugin wrapping this model; the
+    # process group (PartialState) stays. transformers' TrainingArguments resets the state the same way.
+    AcceleratorState._reset_state()
     accelerator = Accelerator(
         gradient_accumulation_steps=args.grad_accum,
         mixed_precision=args.mixed_precision,
