@@ -58,6 +58,7 @@ docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve --strict
 
 docs-screenshot: docs
+	mkdir -p docs/assets
 	$(BIN)/python tests/docs/site_browser.py site --screenshot docs/assets/home.png
 
 lint: $(STAMP)

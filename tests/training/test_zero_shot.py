@@ -193,12 +193,13 @@ def test_a_run_reports_why_its_folder_was_not_scored_instead_of_failing(tmp_path
     tokenizer = train_tokenizer("encoder", [stdlib_text], 320)
     electra = save(cf.CoreformerEncoderModel(tiny_model("encoder", tokenizer).config), tokenizer, tmp_path / "electra")
     args = PretrainingArguments(family="encoder", objective="electra")
-    assert "not the encoder language model" in run_zero_shot(electra, args)["skipped"]
+    assert "not the encoder language model" in run_zero_shot(electra, args, [stdlib_text])["skipped"]
     decoder = save(
         tiny_model("decoder", tokenizer := train_tokenizer("decoder", [stdlib_text], 320)), tokenizer, tmp_path / "d"
     )
-    gone = PretrainingArguments(family="decoder", dataset=str(tmp_path / "moved.txt"))
-    assert run_zero_shot(decoder, gone)["skipped"].startswith(
-        f"Cannot load the run's training text '{tmp_path}/moved.txt'"
-    )
-    assert run_zero_shot(decoder, PretrainingArguments(family="decoder", zero_shot_pairs=0)) is None
+    # `coreformer evaluate` on a folder whose recorded training text has moved names it and the way out
+    (decoder / "run_config.json").write_text(json.dumps({"dataset": str(tmp_path / "moved.txt")}))
+    with pytest.raises(EvaluationError) as error:
+        evaluate_folder(decoder)
+    assert str(error.value).startswith(f"Cannot load the run's training text '{tmp_path}/moved.txt'")
+    assert run_zero_shot(decoder, PretrainingArguments(family="decoder", zero_shot_pairs=0), [stdlib_text]) is None

@@ -153,7 +153,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.adamw.load_state_dict(state_dict["adamw"])
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        raise NotImplementedError("MuonWithAdamW decides its groups once, when it is built.")
+        raise ValueError(
+            "MuonWithAdamW splits the model's parameters once, when it is built (Muon: the blocks' matrices; AdamW: "
+            "the rest): build a new one with build_optimizer for other parameters."
+        )
 
     def __repr__(self) -> str:
         return f"MuonWithAdamW(\n{self.muon!r},\n{self.adamw!r})"

@@ -178,6 +178,7 @@ def prepare(args: PretrainingArguments) -> _Run:
         train_examples,
         eval_examples,
         engine,
+        splits["validation"],
     )
 
 

@@ -126,6 +126,7 @@ class _Run:
     train_examples: datasets.Dataset
     eval_examples: datasets.Dataset
     engine: Engine  # what runs (engine.py): recorded in metrics.json and every checkpoint
+    held_out: datasets.Dataset  # the held-out split's text, which the final zero-shot report scores again
 
     @property
     def output_dir(self) -> Path:

@@ -6,9 +6,9 @@
     line_scores(model, tokenizer, family, lines) -> (N,)   log-likelihood (decoder, seq2seq) or pseudo-log-likelihood
                                                            (encoder) of each line
     pair_accuracy(pairs, original, corrupted) -> dict      ties count as wrong
-    load_language_model(folder) / held_out_texts(folder, data, settings)   what is scored, on which text
+    load_language_model(folder) / held_out_texts(folder, data)   what is scored, on which text
     render_report(report) / zero_shot_line(report)         the command's table; one sentence for a run and its card
-    run_zero_shot(folder, args, device)                    what a pretraining run's final report adds
+    run_zero_shot(folder, args, held_out, device)          what a pretraining run's final report adds
     main(argv) -> int                                      the command (settings: coreformer_settings.evaluation)
 
 Held-out loss is the family's pretraining objective with its settings fixed, so runs trained with other settings
@@ -333,11 +333,9 @@ def load_language_model(folder: str | Path) -> tuple[torch.nn.Module, PreTrained
     return head.from_pretrained(folder).eval(), tokenizer, family
 
 
-def held_out_texts(
-    folder: str | Path, data: tuple[str, ...] = (), settings: dict[str, Any] | None = None
-) -> tuple[list[str], str]:
+def held_out_texts(folder: str | Path, data: tuple[str, ...] = ()) -> tuple[list[str], str]:
     """(the texts to score, what they are): `data` files whole; else the held-out split of the run's training text
-    (`settings`, or the folder's run_config.json); else the embedded corpus' held-out split."""
+    (the folder's run_config.json); else the embedded corpus' held-out split."""
     if data:
         texts = []
         for source in data:
@@ -348,8 +346,7 @@ def held_out_texts(
                 raise EvaluationError(f"Cannot read --data {source!r}: {error}") from None
         return texts[:MAX_DOCUMENTS], f"{', '.join(data)} ({len(texts)} documents)"
     run_config = Path(folder) / "run_config.json"
-    if settings is None and run_config.is_file():
-        settings = json.loads(run_config.read_text())
+    settings = json.loads(run_config.read_text()) if run_config.is_file() else None
     if settings is None:
         texts = load_embedded_corpus()["validation"]["text"]
         return texts[:MAX_DOCUMENTS], "the embedded corpus' held-out split (the folder records no training text)"
@@ -375,18 +372,20 @@ def evaluate_folder(
     folder: str | Path,
     *,
     data: tuple[str, ...] = (),
-    settings: dict[str, Any] | None = None,
+    held_out: tuple[list[str], str] | None = None,
+    block_size: int | None = None,
     pairs: int = DEFAULT_PAIRS,
     batches: int = DEFAULT_BATCHES,
     batch_size: int = DEFAULT_BATCH_SIZE,
     seed: int = 0,
     device: str | torch.device = "cpu",
 ) -> dict[str, Any]:
-    """The zero-shot report of `folder` (module docstring); `settings` are the run's, when the run is still going."""
+    """The zero-shot report of `folder` (module docstring); `held_out` (texts, what they are) and `block_size` are
+    the run's own, when the run is still going and has them in memory."""
     model, tokenizer, family = load_language_model(folder)
     model.to(device)
-    texts, described = held_out_texts(folder, data, settings)
-    run_block = (settings or {}).get("block_size") or _recorded_block_size(folder)
+    texts, described = held_out if held_out is not None else held_out_texts(folder, data)
+    run_block = block_size or _recorded_block_size(folder)
     block_size = min(run_block or 128, longest_input(model.config) or sys.maxsize)
     loss = held_out_loss(
         model, tokenizer, family, texts, block_size=block_size, batches=batches, batch_size=batch_size, seed=seed
@@ -436,17 +435,20 @@ def render_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_zero_shot(folder: str | Path, args: Any, device: str | torch.device = "cpu") -> dict[str, Any] | None:
+def run_zero_shot(
+    folder: str | Path, args: Any, held_out: list[str], device: str | torch.device = "cpu"
+) -> dict[str, Any] | None:
     """What a pretraining run's final report and card add (`args.zero_shot_pairs` pairs, 0: nothing): the report of
-    its saved folder on its held-out text, or {"skipped": why} where the folder has no language model to score
-    (ELECTRA keeps the discriminator's encoder)."""
+    its saved folder on its held-out text (`held_out`, the split the run already loaded), or {"skipped": why} where
+    the folder has no language model to score (ELECTRA keeps the discriminator's encoder)."""
     if not args.zero_shot_pairs:
         return None
-    settings = {name: getattr(args, name) for name in _RUN_DATA}
+    name = args.dataset or "the embedded corpus"
     try:
         report = evaluate_folder(
             folder,
-            settings=settings,
+            held_out=(held_out[:MAX_DOCUMENTS], f"the held-out split of the run's training text ({name})"),
+            block_size=args.block_size,
             pairs=args.zero_shot_pairs,
             batches=args.eval_batches,
             batch_size=args.batch_size,
@@ -457,9 +459,6 @@ def run_zero_shot(folder: str | Path, args: Any, device: str | torch.device = "c
         return {"skipped": str(error) if isinstance(error, EvaluationError) else f"{type(error).__name__}: {error}"}
     report.pop("folder")  # the run's staging folder, renamed by now
     return report
-
-
-_RUN_DATA = ("dataset", "dataset_config", "text_column", "seed", "validation_fraction", "max_documents", "block_size")
 
 
 def zero_shot_line(report: dict[str, Any]) -> str:
