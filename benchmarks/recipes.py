@@ -1,7 +1,8 @@
 """Faithful architectures against the modern recipes, per family, at equal training FLOPs.
 
 For each family (encoder, decoder, seq2seq) and each recipe (the `tiny-faithful` preset: BERT, GPT-2, BART; the
-`tiny-modern` preset), one pretraining run per FLOPs budget on the embedded corpus, its step count set so that it
+`tiny-modern` preset; for the decoder also `gpt2-rotary`, GPT-2's block with rotary positions at lr 2e-3, a tuned
+baseline), one pretraining run per FLOPs budget on the embedded corpus, its step count set so that it
 spends the budget (steps = budget / (FLOPs per token x tokens per step + FLOPs per step); FLOPs from the model's
 shapes, `Objective.training_flops`: machine-independent, so the runs are the same under any load; wall time is
 recorded but compares only on a quiet machine). Both recipes of a family share one tokenizer. Each final folder is
@@ -11,9 +12,9 @@ masking rates compare:
     held-out loss      masked LM at 15% masking, causal LM, denoising at 30% infilling (fixed seed)
     minimal pairs      a held-out line against its corruption (swap, keyword, identifier), by (pseudo-)likelihood
 
-and the report gives, per family: held-out loss against FLOPs (one plot per family), the FLOPs the modern recipe
-needs to reach the faithful recipe's final held-out loss (interpolated in log-FLOPs between budgets), and minimal-pair
-accuracy. For encoders it also fine-tunes each recipe's largest-budget encoder and a randomly initialised one
+and the report gives, per family: held-out loss against FLOPs (one plot per family) beside the held-out text's unigram
+entropy (a loss well below it means context was learned), the FLOPs the modern recipe needs to reach each baseline's
+final held-out loss (interpolated in log-FLOPs between budgets), and minimal-pair accuracy. For encoders it also fine-tunes each recipe's largest-budget encoder and a randomly initialised one
 (the modern recipe's architecture) on tasks built from the embedded text, each with its fine-tuning learning rate
 chosen per encoder on a dev split cut from the training split (seed 0), then --seeds seeds on the whole training
 split, scored on the held-out split and paired seed by seed against random init:
@@ -26,7 +27,8 @@ split, scored on the held-out split and paired seed by seed against random init:
 
 each full-size and few-shot (--few-shot examples per class). The tasks and settings are fixed before any result.
 
-Writes results/recipes.json, recipes.md (machine, date and command at the top) and recipes_{family}.png.
+Writes results/recipes.json and recipes.md (machine, date and command at the top; recipes_{family}.json/.md when one
+family is run) and recipes_{family}.png.
 
     python benchmarks/recipes.py                                    # every family at the default budgets
     python benchmarks/recipes.py --families encoder --seeds 5       # encoders only
@@ -61,7 +63,19 @@ from coreformer.training.zero_shot import CORRUPTIONS, candidate_lines, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("encoder", "decoder", "seq2seq")
-RECIPES = ("tiny-faithful", "tiny-modern")  # training/configs/{family}-{recipe}.yaml
+# recipe -> (preset in training/configs/{family}-{preset}.yaml, overrides of it)
+RECIPES = {
+    "tiny-faithful": ("tiny-faithful", {}),
+    "tiny-modern": ("tiny-modern", {}),
+    # the GPT-2 block with rotary positions at lr 2e-3: a tuned baseline between the two, for the decoder
+    "gpt2-rotary": ("tiny-faithful", {"model": {"position_embedding_type": "rotary"}, "lr": 2e-3}),
+}
+FAMILY_RECIPES = {
+    "encoder": ("tiny-faithful", "tiny-modern"),
+    "decoder": ("tiny-faithful", "gpt2-rotary", "tiny-modern"),
+    "seq2seq": ("tiny-faithful", "tiny-modern"),
+}
+BASELINES = ("tiny-faithful", "gpt2-rotary")  # the modern recipe's FLOPs to reach each one's final loss
 BUDGETS = (3e12, 6e12, 1.2e13)  # training FLOPs: the largest about the tiny presets' 600 steps
 TINY_BUDGETS = (1e8, 3e8)
 TINY_MODELS = {  # --tiny: each recipe's architecture at a tiny size
@@ -88,6 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     parser.add_argument("--flops-budgets", type=float, nargs="+", help=f"training FLOPs (default {BUDGETS})")
+    parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), help="recipes run (default: per family)")
     parser.add_argument("--pairs", type=int, default=200, help="minimal pairs per folder")
     parser.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per encoder and task")
     parser.add_argument("--finetune-steps", type=int, default=200)
@@ -114,15 +129,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_settings(family: str, recipe: str, args, folder: Path, steps: int, tokenizer: Path | None):
-    overrides = dict(output_dir=str(folder), overwrite=True, max_steps=steps, save_every=0, eval_every=0)
+    preset, recipe_overrides = RECIPES[recipe]
+    overrides = {**recipe_overrides, "model": dict(recipe_overrides.get("model", {}))}
+    overrides.update(output_dir=str(folder), overwrite=True, max_steps=steps, save_every=0, eval_every=0)
     overrides.update(report_to="none", zero_shot_pairs=0, warmup_steps=max(1, steps // 10))
     if tokenizer is not None:
         overrides["tokenizer"] = str(tokenizer)
     if args.tiny:
-        overrides.update(model=TINY_MODELS[family], max_documents=12, vocab_size=384, block_size=32, batch_size=8)
+        overrides["model"].update(TINY_MODELS[family])
+        overrides.update(max_documents=12, vocab_size=384, block_size=32, batch_size=8)
         overrides.update(eval_batches=2)
     return resolve_arguments(
-        family=family, preset=recipe, overrides=overrides, configs_dir=ROOT / "training" / "configs"
+        family=family, preset=preset, overrides=overrides, configs_dir=ROOT / "training" / "configs"
     )
 
 
@@ -148,6 +166,7 @@ def pretrain_at(family: str, recipe: str, budget: float, args, work: Path, token
         "train_time_s": metrics["train_time_s"],
         "pretraining_flops": per_token * metrics["tokens_seen"] + per_step * metrics["steps"],
         "held_out_loss": report["held_out"]["loss"],
+        "unigram_entropy": report["held_out"]["unigram_entropy"],
         "held_out_objective": report["held_out"]["objective"],
         "minimal_pair_accuracy": report["minimal_pairs"]["accuracy"],
         "minimal_pairs": report["minimal_pairs"]["pairs"],
@@ -172,24 +191,36 @@ def flops_to_reach(rows: list[dict], target: float) -> float | None:
     return None
 
 
+def family_recipes(family: str, args) -> tuple[str, ...]:
+    return tuple(recipe for recipe in args.recipes if recipe in RECIPES) if args.recipes else FAMILY_RECIPES[family]
+
+
 def family_section(family: str, args, work: Path) -> dict:
-    """Both recipes of `family` at every budget, and what the modern one needs to reach the faithful one."""
-    first = run_pretraining(run_settings(family, RECIPES[0], args, work / f"{family}-tokenizer", 1, None))
+    """Every recipe of `family` at every budget, and what the modern one needs to reach each baseline's final loss."""
+    recipes = family_recipes(family, args)
+    first = run_pretraining(run_settings(family, recipes[0], args, work / f"{family}-tokenizer", 1, None))
     tokenizer = work / f"{family}-tokenizer"
     tokens_per_step = first["tokens_seen"] / first["steps"]
-    rows = {recipe: [] for recipe in RECIPES}
-    for recipe in RECIPES:
+    rows = {recipe: [] for recipe in recipes}
+    for recipe in recipes:
         for budget in args.flops_budgets:
             rows[recipe].append(pretrain_at(family, recipe, budget, args, work, tokenizer, tokens_per_step))
             tokens_per_step = rows[recipe][-1]["tokens_seen"] / rows[recipe][-1]["steps"]
             print(f"{family} {recipe} {budget:g}: loss {rows[recipe][-1]['held_out_loss']:.4f}", file=sys.stderr)
-    faithful, modern = rows["tiny-faithful"], rows["tiny-modern"]
-    reach = flops_to_reach(modern, faithful[-1]["held_out_loss"])
+    modern = rows["tiny-modern"]
+    reached = {}
+    for baseline in (recipe for recipe in BASELINES if recipe in rows):
+        final = rows[baseline][-1]
+        reach = flops_to_reach(modern, final["held_out_loss"])
+        reached[baseline] = {
+            "final_loss": final["held_out_loss"],
+            "modern_flops_to_reach": reach,
+            "share_of_its_flops": reach / final["pretraining_flops"] if reach else None,
+        }
     return {
-        "results": faithful + modern,
-        "faithful_final_loss": faithful[-1]["held_out_loss"],
-        "modern_flops_to_faithful_final_loss": reach,
-        "share_of_faithful_flops": reach / faithful[-1]["pretraining_flops"] if reach else None,
+        "results": [row for recipe in recipes for row in rows[recipe]],
+        "recipes": {recipe: {"preset": RECIPES[recipe][0], "overrides": RECIPES[recipe][1]} for recipe in recipes},
+        "modern_reaches": reached,
         "tokenizer": str(tokenizer),
     }
 
@@ -353,32 +384,42 @@ def _flops(value: float | None) -> str:
 
 
 def family_markdown(family: str, section: dict) -> list[str]:
-    share = section["share_of_faithful_flops"]
     objective = section["results"][0]["held_out_objective"]
     modern = [row for row in section["results"] if row["recipe"] == "tiny-modern"]
-    bound = "at most " if modern[0]["held_out_loss"] <= section["faithful_final_loss"] else ""  # the first budget
     lines = [
         f"### {family}",
         "",
-        f"| recipe | budget (FLOPs) | steps | tokens | training FLOPs | held-out loss ({objective}) | minimal-pair "
-        "accuracy | pseudo-perplexity | training time (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| recipe | budget (FLOPs) | steps | tokens | training FLOPs | held-out loss ({objective}) | below unigram "
+        "entropy | minimal-pair accuracy | pseudo-perplexity | training time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in section["results"]:
         pseudo = f"{row['pseudo_perplexity']:.2f}" if row["pseudo_perplexity"] is not None else "—"
         lines.append(
             f"| {row['recipe']} | {row['budget']:g} | {row['steps']} | {row['tokens_seen']:,} | "
-            f"{row['pretraining_flops']:.3g} | {row['held_out_loss']:.4f} | {row['minimal_pair_accuracy']:.3f} "
+            f"{row['pretraining_flops']:.3g} | {row['held_out_loss']:.4f} | "
+            f"{row['unigram_entropy'] - row['held_out_loss']:.3f} | {row['minimal_pair_accuracy']:.3f} "
             f"({row['minimal_pairs']}) | {pseudo} | {row['train_time_s']:.1f} |"
         )
     lines += [
         "",
-        f"FLOPs the modern recipe needs to reach the faithful recipe's final held-out loss "
-        f"({section['faithful_final_loss']:.4f}): {bound}{_flops(section['modern_flops_to_faithful_final_loss'])}"
-        + (f" ({share:.2f} of the faithful recipe's)." if share else "."),
-        "",
+        f"Unigram entropy of the held-out text: {section['results'][0]['unigram_entropy']:.4f} nats per token.",
     ]
+    for baseline, reached in section["modern_reaches"].items():
+        bound = "at most " if modern[0]["held_out_loss"] <= reached["final_loss"] else ""  # the first budget
+        share = reached["share_of_its_flops"]
+        lines.append(
+            f"FLOPs the modern recipe needs to reach the {baseline} recipe's final held-out loss "
+            f"({reached['final_loss']:.4f}): {bound}{_flops(reached['modern_flops_to_reach'])}"
+            + (f" ({share:.2f} of the {baseline} recipe's)." if share else ".")
+        )
+    lines += ["", "Recipes: " + "; ".join(_described(name, entry) for name, entry in section["recipes"].items()), ""]
     return lines
+
+
+def _described(name: str, entry: dict) -> str:
+    overrides = ", ".join(f"{key}={value}" for key, value in entry["overrides"].items())
+    return f"`{name}` = preset `{entry['preset']}`" + (f" with {overrides}" if overrides else "")
 
 
 def tasks_markdown(tasks: dict) -> list[str]:
@@ -431,14 +472,14 @@ def plot(family: str, section: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4))
-    for recipe in RECIPES:
+    for recipe in section["recipes"]:
         rows = [row for row in section["results"] if row["recipe"] == recipe]
         axis.plot([r["pretraining_flops"] for r in rows], [r["held_out_loss"] for r in rows], "o-", label=recipe)
-    axis.axhline(section["faithful_final_loss"], color="grey", lw=0.6, ls="--")
+    axis.axhline(section["results"][0]["unigram_entropy"], color="grey", lw=0.6, ls="--", label="unigram entropy")
     axis.set(
         xscale="log", xlabel="training FLOPs", ylabel=f"held-out loss ({section['results'][0]['held_out_objective']})"
     )
-    axis.set_title(f"{family}: faithful vs modern recipe at equal FLOPs")
+    axis.set_title(f"{family}: recipes at equal FLOPs")
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
@@ -450,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     datasets.disable_progress_bars()
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    name = "recipes_tiny" if args.tiny else "recipes"
+    prefix = "recipes_tiny" if args.tiny else "recipes"
+    name = f"{prefix}_{args.families[0]}" if len(args.families) == 1 else prefix
     started = time.perf_counter()
     report = {
         "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
@@ -469,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in section["results"]:
                 row.pop("folder")
             report["families"][family] = section
-            plot(family, section, args.output_dir / f"{name}_{family}.png")
+            plot(family, section, args.output_dir / f"{prefix}_{family}.png")
+            (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")  # each family kept
     report["wall_time_s"] = time.perf_counter() - started
     (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)

@@ -187,17 +187,20 @@ def test_recipes_benchmark_tiny_runs_every_family_and_pairs_the_encoders(tmp_pat
     assert list(report["families"]) == ["encoder", "decoder", "seq2seq"]
     for family, section in report["families"].items():
         rows = section["results"]
-        assert [(r["recipe"], r["budget"]) for r in rows] == [
-            (recipe, budget) for recipe in ("tiny-faithful", "tiny-modern") for budget in (1e8, 3e8)
-        ]
+        recipes = (
+            ("tiny-faithful", "gpt2-rotary", "tiny-modern") if family == "decoder" else ("tiny-faithful", "tiny-modern")
+        )
+        assert [(r["recipe"], r["budget"]) for r in rows] == [(recipe, b) for recipe in recipes for b in (1e8, 3e8)]
         for row in rows:  # each run spends its budget to within a step
             assert 0.5 * row["budget"] < row["pretraining_flops"] < 1.5 * row["budget"] and row["steps"] >= 2
             assert row["held_out_loss"] > 0 and 0 <= row["minimal_pair_accuracy"] <= 1 and row["minimal_pairs"] > 0
-        assert section["faithful_final_loss"] == rows[1]["held_out_loss"]
-        reach = section["modern_flops_to_faithful_final_loss"]
-        assert reach is None or section["share_of_faithful_flops"] == pytest.approx(
-            reach / rows[1]["pretraining_flops"]
-        )
+            assert row["unigram_entropy"] == rows[0]["unigram_entropy"] > 0  # one held-out text per family
+        assert set(section["modern_reaches"]) == set(recipes) - {"tiny-modern"}
+        for baseline, reached in section["modern_reaches"].items():
+            final = [row for row in rows if row["recipe"] == baseline][-1]
+            assert reached["final_loss"] == final["held_out_loss"]
+            reach = reached["modern_flops_to_reach"]
+            assert reach is None or reached["share_of_its_flops"] == pytest.approx(reach / final["pretraining_flops"])
         assert (tmp_path / f"recipes_tiny_{family}.png").stat().st_size > 10_000
     assert rows[0]["held_out_objective"] == "denoising at 30% infilling"
     assert report["families"]["encoder"]["results"][0]["held_out_objective"] == "masked LM at 15% masking"
@@ -214,7 +217,8 @@ def test_recipes_benchmark_tiny_runs_every_family_and_pairs_the_encoders(tmp_pat
     assert (
         "- machine: " in text and "(under load)" in text and "- command: `python benchmarks/recipes.py --tiny" in text
     )
-    assert text.count("FLOPs the modern recipe needs to reach") == 3 and "| corrupted | context:" in text
+    assert text.count("FLOPs the modern recipe needs to reach") == 4 and "| corrupted | context:" in text
+    assert "`gpt2-rotary` = preset `tiny-faithful` with model={'position_embedding_type': 'rotary'}, lr=0.002" in text
 
 
 def test_recipes_benchmark_interpolates_the_flops_to_reach_a_loss_in_log_flops():

@@ -3,6 +3,7 @@ tie and counts wrong, a model that memorised a tiny text prefers its lines to th
 sits near chance, and the --json report keeps its schema."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from coreformer.training.zero_shot import (
     line_scores,
     main,
     pair_accuracy,
+    unigram_entropy,
 )
 
 LINES = [
@@ -155,6 +157,16 @@ def test_an_untrained_model_is_near_chance(tmp_path, family, stdlib_text):
     assert report["held_out"]["perplexity"] > 0.5 * len(tokenizer)  # about uniform over the vocabulary
 
 
+def test_unigram_entropy_is_the_entropy_of_the_token_frequencies(stdlib_text):
+    tokenizer = train_tokenizer("decoder", [stdlib_text], 320)
+    decoded = (tokenizer.decode([index]) for index in range(len(tokenizer)))
+    words = [word for word in decoded if len(tokenizer(word, add_special_tokens=False)["input_ids"]) == 1]
+    first, second = words[-2:]  # two texts of one token each, from the merges
+    assert unigram_entropy(tokenizer, [first] * 4) == pytest.approx(0.0)
+    # two tokens of probability 1/2 each -> log 2 nats
+    assert unigram_entropy(tokenizer, [first, second, first, second]) == pytest.approx(math.log(2))
+
+
 def test_json_report_schema_and_one_line_errors(tmp_path, stdlib_text, capsys):
     tokenizer = train_tokenizer("decoder", [stdlib_text], 320)
     folder = save(tiny_model("decoder", tokenizer), tokenizer, tmp_path / "model")
@@ -164,13 +176,14 @@ def test_json_report_schema_and_one_line_errors(tmp_path, stdlib_text, capsys):
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"folder", "family", "parameters", "data", "held_out", "minimal_pairs", "seed"}
     assert report["family"] == "decoder" and report["seed"] == 0 and report["folder"] == str(folder)
-    assert set(report["held_out"]) == {"objective", "loss", "perplexity", "tokens"}
+    assert set(report["held_out"]) == {"objective", "loss", "perplexity", "tokens", "unigram_entropy"}
     assert report["held_out"]["objective"] == "causal LM" and report["held_out"]["tokens"] > 0
     pairs = report["minimal_pairs"]
     assert set(pairs) == {"score", "accuracy", "pairs", "ties", "by_kind"} and pairs["pairs"] == 12
     assert sum(kind["pairs"] for kind in pairs["by_kind"].values()) == 12 and 0 <= pairs["accuracy"] <= 1
     assert main([str(folder), "--data", str(data), "--pairs", "12", "--batches", "2"]) == 0
-    assert "minimal pairs      " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "minimal pairs      " in printed and "unigram entropy    " in printed
     assert main([str(tmp_path / "missing")]) == 1
     assert (
         capsys.readouterr()

@@ -27,6 +27,7 @@ one) sits at chance rather than preferring the shorter line. The model is right 
 a tie is wrong.
 """
 
+import collections
 import dataclasses
 import json
 import keyword
@@ -303,6 +304,19 @@ def held_out_loss(
     return {"objective": described, "loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": labels}
 
 
+def unigram_entropy(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> float:
+    """Entropy (nats per token) of the texts' own token frequencies: the best held-out loss a model that knows only
+    which tokens are common can reach (a masked LM's positions are drawn uniformly, so its loss compares directly).
+    A loss well below it means the model uses context."""
+    counts = collections.Counter()
+    for start in range(0, len(texts), 64):
+        for ids in tokenizer(texts[start : start + 64], add_special_tokens=False)["input_ids"]:
+            counts.update(ids)
+    frequencies = torch.tensor(list(counts.values()), dtype=torch.float64)
+    probabilities = frequencies / frequencies.sum()
+    return float(-(probabilities * probabilities.log()).sum())
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The folder, its held-out text, the report
 # ---------------------------------------------------------------------------------------------------------------------
@@ -390,6 +404,7 @@ def evaluate_folder(
     loss = held_out_loss(
         model, tokenizer, family, texts, block_size=block_size, batches=batches, batch_size=batch_size, seed=seed
     )
+    loss["unigram_entropy"] = unigram_entropy(tokenizer, texts)
     chosen = build_pairs(texts, tokenizer, pairs, seed)
     if not chosen:
         raise EvaluationError("The held-out text holds no line that makes a minimal pair; pass more text (--data).")
@@ -424,6 +439,7 @@ def render_report(report: dict[str, Any]) -> str:
         f"  held-out text      {report['data']}",
         f"  held-out loss      {loss['loss']:.4f} (perplexity {loss['perplexity']:.2f}), {loss['objective']}, "
         f"{loss['tokens']:,} tokens",
+        f"  unigram entropy    {loss['unigram_entropy']:.4f} (token frequencies alone; lower loss means context used)",
     ]
     if "pseudo_perplexity" in report:
         lines.append(f"  pseudo-perplexity  {report['pseudo_perplexity']:.2f} (the pairs' original lines)")
