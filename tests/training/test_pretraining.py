@@ -218,8 +218,8 @@ REMOTE_CHILD = textwrap.dedent(
     torch.set_num_threads(1)
     for case in torch.load(sys.argv[1]):
         model = getattr(transformers, case["auto_class"]).from_pretrained(case["folder"], trust_remote_code=True)
-        # AutoTokenizer reads config.json first; without trust_remote_code transformers falls back to a generic
-        # config, which rejects coreformer's layer_types names.
+        # AutoTokenizer reads config.json first; trust_remote_code=True answers the custom-code question that
+        # config's auto_map raises (docs/troubleshooting.md).
         tokenizer = transformers.AutoTokenizer.from_pretrained(case["folder"], trust_remote_code=True)
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
         inputs = tokenizer(case["text"], return_tensors="pt", return_token_type_ids=False)
