@@ -6,6 +6,7 @@ run's settings are gathered from a preset or config file and the flags.
                                      gathered into `objective_settings`
     add_settings_flags(parser)       a flag per run setting, then a group of flags per registered objective
     PRESETS, preset_path(...)        coreformer/training/configs/{family}-{preset}.yaml (training/configs in a clone)
+    load_preset(family, preset)      a preset's values over those of the preset it `extends`
     preset_defaults(configs_dir)     for --help: the value each preset gives a setting it sets
     gather_settings(...) -> (values, source)   preset or config file < flags given; untyped, unchecked
 
@@ -197,7 +198,7 @@ def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
         for family in FAMILY_NAMES:
             path = Path(configs_dir or default_configs_dir()) / f"{family}-{preset}.yaml"
             if path.is_file():
-                for name, value in load_config_file(path).items():
+                for name, value in load_preset(family, preset, configs_dir).items():
                     values.setdefault(name, {})[f"{family}-{preset}"] = value
     texts = {}
     objectives = [spec for _, spec in objective_fields().values()]
@@ -219,6 +220,27 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """A YAML (.yaml/.yml) or JSON (.json) run config: PretrainingArguments keys plus `model:`. Top-level keys that
     start with "_" are comments (JSON has no other kind) and are dropped."""
     return base.load_config_file(path, error=PretrainingError)
+
+
+def load_preset(
+    family: str, preset: str, configs_dir: str | Path | None = None, chain: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The values of {family}-{preset}.yaml over those of the preset it `extends` (if any), `model:` merged field by
+    field: a preset that is another at a larger size, or under a second name, says only what differs."""
+    if preset in chain:
+        raise PretrainingError(f"Presets of {family} extend each other in a circle: {' -> '.join((*chain, preset))}.")
+    return extended(load_config_file(preset_path(family, preset, configs_dir)), family, configs_dir, (*chain, preset))
+
+
+def extended(
+    values: dict[str, Any], family: str, configs_dir: str | Path | None = None, chain: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """`values` (a preset's or a --config file's) over the preset their `extends` key names, if any."""
+    name = values.pop("extends", None)
+    if name is None:
+        return values
+    beneath = load_preset(family, name, configs_dir, chain)
+    return {**beneath, **values, "model": {**(beneath.get("model") or {}), **(values.get("model") or {})}}
 
 
 def gather_settings(
@@ -243,11 +265,14 @@ def gather_settings(
             raise PretrainingError(
                 f"Config file {source} is for the {values['family']} family, but --family is {family}."
             )
+        if "extends" in values and (family or values.get("family")) is None:
+            raise PretrainingError(f"Config file {source} extends a preset but names no family; add `family:`.")
+        values = extended(values, family or values.get("family"), configs_dir)
     else:
         if family is None:
             raise PretrainingError("Pass --family (encoder, decoder or seq2seq), or a --config file that names it.")
         preset = preset or "tiny"
-        values = load_config_file(preset_path(family, preset, configs_dir))
+        values = load_preset(family, preset, configs_dir)
         source = preset
         if values.get("family", family) != family:
             raise PretrainingError(f"Preset {preset} of {family} names family {values['family']!r}.")

@@ -137,3 +137,30 @@ def test_an_objective_setting_named_like_a_run_setting_is_refused(monkeypatch):
     monkeypatch.setitem(OBJECTIVE_REGISTRY, "clashing", Registered("nowhere:CLASHING", Clashing))
     with pytest.raises(PretrainingError, match=r"`seed` of clashing is a setting of every run already"):
         PretrainingArguments.resolve({"family": "encoder"})
+
+
+def test_a_preset_that_extends_another_says_only_what_differs(tmp_path):
+    (tmp_path / "encoder-tiny-modern.yaml").write_text(
+        "family: encoder\nmodel:\n  hidden_size: 128\n  gated_mlp: true\nlr: 2.0e-3\nmax_steps: 600\n"
+    )
+    (tmp_path / "encoder-tiny.yaml").write_text("extends: tiny-modern\nmax_steps: 1800\n")
+    (tmp_path / "encoder-small.yaml").write_text("extends: tiny\nmodel:\n  hidden_size: 256\n")
+    values, source = pretraining.gather_settings(family="encoder", preset="small", configs_dir=tmp_path)
+    assert source == "small" and "extends" not in values
+    assert values["model"] == {"hidden_size": 256, "gated_mlp": True}  # model fields merged one by one
+    assert values["lr"] == 2.0e-3 and values["max_steps"] == 1800  # the nearest preset wins
+    config = tmp_path / "mine.yaml"
+    config.write_text("family: encoder\nextends: tiny\nlr: 1.0e-3\n")
+    values, _ = pretraining.gather_settings(config_file=config, configs_dir=tmp_path)
+    assert values["lr"] == 1.0e-3 and values["max_steps"] == 1800 and values["model"]["gated_mlp"] is True
+
+
+def test_presets_that_extend_each_other_in_a_circle_are_refused(tmp_path):
+    (tmp_path / "decoder-tiny.yaml").write_text("extends: tiny-modern\n")
+    (tmp_path / "decoder-tiny-modern.yaml").write_text("extends: tiny\n")
+    with pytest.raises(PretrainingError, match="in a circle: tiny -> tiny-modern -> tiny"):
+        pretraining.gather_settings(family="decoder", preset="tiny", configs_dir=tmp_path)
+    config = tmp_path / "mine.yaml"
+    config.write_text("extends: tiny\n")
+    with pytest.raises(PretrainingError, match="extends a preset but names no family; add `family:`"):
+        pretraining.gather_settings(config_file=config, configs_dir=tmp_path)
