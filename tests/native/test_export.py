@@ -352,19 +352,27 @@ def test_the_first_matching_target_is_chosen():
     assert choose_target(rotary.config, "CoreformerDecoderForCausalLM")[1] == "GPTNeoXForCausalLM"
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_the_decoder_presets_export_to_gpt_neox(saved_decoder, preset):
-    """The Quickstart model (decoder-tiny) and decoder-small, built as pretraining builds them, have a native twin."""
-    from transformers import AutoTokenizer
-
+@pytest.mark.parametrize(
+    "family, preset, target",
+    [
+        ("decoder", "tiny", "LlamaForCausalLM"),
+        ("decoder", "small", "LlamaForCausalLM"),
+        ("decoder", "base", "LlamaForCausalLM"),
+        ("encoder", "small", "ModernBertForMaskedLM"),
+        ("encoder", "base", "ModernBertForMaskedLM"),
+    ],
+)
+def test_the_default_presets_have_a_native_twin(saved_decoder, family, preset, target):
+    """The Quickstart model (decoder-tiny) and the default presets, built as pretraining builds them, export to a
+    native architecture (the tiny encoder's logits are checked in test_recipe_presets)."""
     from coreformer.training.pretraining import build_model_config, resolve_arguments
 
-    args = resolve_arguments(family="decoder", preset=preset)
+    args = resolve_arguments(family=family, preset=preset)
     config = build_model_config(args, AutoTokenizer.from_pretrained(saved_decoder))
-    assert config.position_embedding_type == "rotary"
-    assert choose_target(config, "CoreformerDecoderForCausalLM")[1] == "GPTNeoXForCausalLM"
+    head = "CoreformerDecoderForCausalLM" if family == "decoder" else "CoreformerEncoderForMaskedLM"
+    assert choose_target(config, head)[1] == target
     if preset != "tiny":
-        return  # decoder-small's weights are too many to build here for one more equal comparison
+        return  # the larger presets' weights are too many to build here for one more equal comparison
     torch.manual_seed(0)
     model = cf.CoreformerDecoderForCausalLM(config).eval()
     native = to_native(model)
