@@ -162,6 +162,27 @@ def test_padding_free_token_classification_trains_as_the_padded_run(family, tmp_
     assert config["padding_free"] is True
 
 
+@pytest.mark.slow
+def test_a_padding_free_causal_lm_run_trains_on_blocks_whose_documents_restart(tmp_path, monkeypatch):
+    base = _token_classification_base(tmp_path, "decoder")  # a decoder with a byte-level tokenizer
+    batches, collate = [], SeparateDocumentsCollator.__call__
+
+    def recording(self, examples):
+        batch = collate(self, examples)
+        batches.append(batch)
+        return batch
+
+    monkeypatch.setattr(SeparateDocumentsCollator, "__call__", recording)
+    values = {**TINY_RUN, "max_steps": 2, "task": "causal-lm", "model": str(base), "padding_free": True}
+    metrics = run_finetuning(FinetuningArguments.resolve({**values, "output_dir": str(tmp_path / "clm")}))
+    assert len(batches) >= 2 and all("attention_mask" not in batch for batch in batches)
+    restarts = [int((batch["position_ids"][:, 1:] == 0).sum()) for batch in batches]
+    assert all(count > 0 for count in restarts)  # documents end inside the blocks, and their positions restart
+    for batch in batches:
+        assert (batch["labels"][batch["position_ids"] == 0] == -100).all()
+    assert metrics["eval_perplexity"] > 1
+
+
 REFUSING = [name for name, task in TASKS.items() if task.padding_free_refusal is not None]
 
 
