@@ -89,7 +89,10 @@ class Task(ABC):
     pads_right: bool = False  # features line up with offsets / words only when padding comes after the tokens
     pads_batches: bool = True  # batches are padded, so the tokenizer needs a pad token (eos serves when it has none)
     # --padding-free: None when a training batch may be one flattened row; otherwise why not and what to do instead
-    padding_free_refusal: str | None = "has not said how its batches flatten into one row; drop --padding-free"
+    padding_free_refusal: str | None = (
+        "does not say that its batches may be flattened into one row (its Task allows it with "
+        "padding_free_refusal=None); drop --padding-free"
+    )
     labels_shift: bool = False  # the model shifts labels (causal LM): a flattened example's first label is -100
     # (row key, the settings field naming a column): what eval_predictions.jsonl copies from each validation example
     # beside the prediction, the input and the gold answer ("gold")
