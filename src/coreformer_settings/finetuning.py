@@ -88,6 +88,11 @@ class FinetuningSettings(RunSettings):
     warmup_steps: int = arg(0, "linear warmup steps")
     lr_scheduler_type: str = arg("linear", "transformers scheduler name (linear, cosine, constant, ...)")
     bf16: bool = arg(False, "bfloat16 mixed precision")
+    padding_free: bool = arg(
+        False,
+        "lay each training batch's examples end to end in one row, without padding (token-classification: the same "
+        "loss as padded batches; causal-lm: each document in a block attends only to itself); evaluation is unchanged",
+    )
     compile: bool = arg(False, "torch.compile the model (the Trainer's torch_compile; saved weights keep their names)")
     seed: int = arg(42, "seed of the head's initialisation, the data order and dropout")
     logging_steps: int = arg(10, "log the training loss every N steps")

@@ -51,6 +51,8 @@ class FinetuningArguments(FinetuningSettings):
             raise FinetuningError("Pass either --dataset (Hub name or file) or --train-file, not both.")
         if self.validation_file is not None and self.train_file is None:
             raise FinetuningError("--validation-file needs --train-file.")
+        if self.padding_free and self.spec.padding_free_refusal is not None:
+            raise FinetuningError(f"--padding-free: {self.task} {self.spec.padding_free_refusal}.")
         if self.label_column is None:
             self.label_column = self.spec.default_label_column or "label"
 

@@ -2,7 +2,8 @@
 
     prepare_task(args, splits, ...)    features of both splits, the collator and compute_metrics of the task
     build_trainer(args, model, ...)    Trainer (Seq2SeqTrainer for tasks that generate) over the prepared data,
-                                       writing only its atomic checkpoints (trainer_checkpoints.py)
+                                       writing only its atomic checkpoints (trainer_checkpoints.py); under
+                                       --padding-free its training batches are flattened rows (PaddingFreeTraining)
     MetricsBeforeTraining, BEFORE      the evaluation before the first step, kept as `before_eval_*`
     run_engine(trainer, args, ...)     the engine that runs (engine.py), checked against a resumed checkpoint
     predict_validation(trainer, ...)   the metrics and prediction rows of the validation split
@@ -29,7 +30,7 @@ from .engine import CpuFsdp2Engine, Engine, requested_engine, resolve_engine
 from .families import longest_input
 from .finetuning_arguments import FinetuningArguments
 from .tasks import Evaluation, Task
-from .trainer_checkpoints import CHECKPOINTING_TRAINERS
+from .trainer_checkpoints import CHECKPOINTING_TRAINERS, CheckpointingTrainer
 
 
 @dataclass
@@ -42,6 +43,7 @@ class PreparedTask:
     compute_metrics: Callable
     preprocess_logits_for_metrics: Callable | None
     label_names: list[str] | None
+    training_collator: Any = None  # --padding-free: the task's flattening collator (None: `collator` trains too)
 
     @property
     def eval(self) -> datasets.Dataset:
@@ -88,8 +90,15 @@ def prepare_task(
             )
     evaluation = Evaluation(examples=splits["validation"], features=features["validation"])
     compute_metrics, preprocess = task.metrics(args, evaluation, tokenizer, label_names)
+    training_collator = task.padding_free_collator(tokenizer) if args.padding_free else None
     return PreparedTask(
-        features.get("train"), evaluation, task.collator(tokenizer), compute_metrics, preprocess, label_names
+        features.get("train"),
+        evaluation,
+        task.collator(tokenizer),
+        compute_metrics,
+        preprocess,
+        label_names,
+        training_collator,
     )
 
 
@@ -138,6 +147,21 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
+class PaddingFreeTraining(CheckpointingTrainer):
+    """--padding-free: the training batches come from `training_collator` (one flattened row); evaluation keeps
+    Trainer's `data_collator`, padded with a row per example, which the metrics and prediction rows read as examples."""
+
+    training_collator: Any = None
+
+    def get_train_dataloader(self):
+        padded = self.data_collator
+        self.data_collator = self.training_collator
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.data_collator = padded
+
+
 def build_trainer(
     args: FinetuningArguments,
     model,
@@ -151,7 +175,9 @@ def build_trainer(
 ):
     """Trainer (Seq2SeqTrainer for seq2seq) over the prepared data; it writes only its checkpoints (into
     args.output_dir/checkpoints, atomically: trainer_checkpoints), the caller saves the rest."""
-    trainer = CHECKPOINTING_TRAINERS[args.spec.generates](
+    padding_free = prepared.training_collator is not None  # no task that generates allows it (FinetuningArguments)
+    trainer_class = PaddingFreeTraining if padding_free else CHECKPOINTING_TRAINERS[args.spec.generates]
+    trainer = trainer_class(
         model=model,
         args=_training_arguments(args, output_dir, evaluate_first),
         train_dataset=prepared.train,
@@ -162,6 +188,7 @@ def build_trainer(
         preprocess_logits_for_metrics=prepared.preprocess_logits_for_metrics,
     )
     trainer.checkpoint_root = Path(args.output_dir).expanduser().resolve() / CHECKPOINTS_DIR
+    trainer.training_collator = prepared.training_collator
     trainer.fresh_start, trainer.run_record = resume is None, run_record or {}
     return trainer
 

@@ -113,6 +113,15 @@ def test_a_bad_value_of_the_tasks_setting_gets_one_clear_error(headline_task, tm
     assert not (tmp_path / "run").exists()
 
 
+def test_a_new_task_built_on_classification_refuses_padding_free_as_classification_does(
+    headline_task, tmp_path, capsys
+):
+    assert finetune_script().main([*tiny_flags(tmp_path, tmp_path / "run"), "--padding-free"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("finetune.py: error: --padding-free: headline-classification pools one vector per row")
+    assert error.count("\n") == 1 and "drop --padding-free" in error
+
+
 @pytest.mark.slow
 def test_a_registered_task_fine_tunes_end_to_end_with_its_setting(headline_task, encoder, tmp_path, capsys):
     output_dir = tmp_path / "run"

@@ -136,4 +136,6 @@ MULTIPLE_CHOICE = MultipleChoice(
     "scores = model(**{key: value[None] for key, value in inputs.items()}).logits\n"
     "print(choices[scores.argmax(-1).item()])",
     default_label_column="label",
+    padding_free_refusal="scores each example's choices as the rows of a (B, choices, T) batch, which one flattened "
+    "row cannot hold; drop --padding-free",
 )

@@ -228,4 +228,6 @@ QUESTION_ANSWERING = QuestionAnswering(
     usage="from transformers import pipeline\n\n"
     'qa = pipeline("coreformer-question-answering", model=model, tokenizer=tokenizer)\n'
     'print(qa(question="What is the name of the function?", context="def quote(text): Quote a string."))',
+    padding_free_refusal="takes its answer span over each window's own row (start and end positions, a softmax over "
+    "the row); drop --padding-free",
 )

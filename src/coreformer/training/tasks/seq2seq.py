@@ -77,5 +77,7 @@ SEQ2SEQ = Seq2Seq(
     usage='inputs = tokenizer("def close(self):\\n    self.stream.close()", return_tensors="pt")\n'
     "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0], skip_special_tokens=True))",
     generates=True,
+    padding_free_refusal="starts each target's decoder input from its own row (and generates from padded batches); "
+    "drop --padding-free",
     shown=(("input", "text_column"), ("gold", "summary_column")),
 )

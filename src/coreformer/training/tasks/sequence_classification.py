@@ -79,4 +79,6 @@ SEQUENCE_CLASSIFICATION = SequenceClassification(
     default_label_column="label",
     head_suffix="ForSequenceClassification",
     pads_right=True,
+    padding_free_refusal="pools one vector per row, and a flattened row holds a whole batch of texts; drop "
+    "--padding-free (classification trains on padded batches)",
 )

@@ -142,4 +142,5 @@ TOKEN_CLASSIFICATION = TokenClassification(
     default_label_column="ner_tags",
     head_suffix="ForTokenClassification",
     pads_right=True,
+    padding_free_refusal=None,  # a label per token: the flattened row's loss is the padded batch's
 )
