@@ -155,29 +155,22 @@ def lsh_attention(
         padding_mask: (B, L), True for real tokens, or None. Any L works (padded inside to a multiple of c).
         reformer_compatible: compute transformers' `LSHSelfAttention` pattern instead (every key of the chunk and
             the one before, circularly across rounds; duplicates not discounted); for comparisons only.
-        documents: (B, L) document ids of a packed row, or None: each document is then hashed, sorted and chunked
-            as if alone (sorted by (document, bucket, position); "same bucket" means the same bucket of the same
-            document), so a query never sees another document's keys.
+        documents: (B, L) document ids of a packed row, or None: sorted by (document, bucket, position), each
+            document is hashed, sorted and chunked as if alone (a bucket is one document's).
 
     Returns:
         (B, L, H, D) in the query's dtype.
     """
     batch, heads, length = query.shape[:3]
     if reformer_compatible and documents is not None:
-        raise ValueError(
-            "reformer_compatible=True computes transformers' pattern over one sequence: pass documents=None."
-        )
+        raise ValueError("reformer_compatible=True is transformers' pattern over one sequence: pass documents=None.")
     query, key, value, buckets, valid = _padded_to_chunks(
         query, key, value, buckets, padding_mask, documents, num_buckets=num_buckets, bucket_size=bucket_size
     )
-    rounds, padded = buckets.shape[2:]
-
-    with torch.no_grad():
-        order, place = _round_tables(buckets)
-        sorted_pos = order.reshape(batch, heads, rounds * padded)  # (B, H, n·L): position at each sorted place
-        chunk_pos = sorted_pos.view(batch, heads, -1, bucket_size)  # (B, H, C, c), C = n·L / c
-        key_pos = _look_around(chunk_pos, after=not causal and not reformer_compatible)  # (B, H, C, w·c)
-        allowed = _allowed(chunk_pos, key_pos, buckets, order, valid, bucket_size, causal, reformer_compatible)
+    rounds = buckets.shape[2]
+    place, sorted_pos, chunk_pos, key_pos, allowed = _sorted_layout(
+        buckets, valid, bucket_size=bucket_size, causal=causal, reformer_compatible=reformer_compatible
+    )
 
     gather_sorted = partial(_gathered_sorted, sorted_pos=sorted_pos, bucket_size=bucket_size)
     dtype = torch.promote_types(query.dtype, torch.float32)  # scores, softmax and the join in fp32 at least
@@ -197,6 +190,22 @@ def lsh_attention(
     out = torch.matmul(probs, values.to(dtype))  # (B, H, C, c, D)
     out = _joined_rounds(out, lse, place)[:, :, :length]  # (B, H, L, D)
     return out.transpose(1, 2).to(query.dtype)  # (B, L, H, D)
+
+
+@torch.no_grad()
+def _sorted_layout(
+    buckets: torch.Tensor, valid: torch.Tensor, *, bucket_size: int, causal: bool, reformer_compatible: bool
+) -> tuple[torch.Tensor, ...]:
+    """Where each token sorts and what each chunk's queries may see, from the (B, H, n, L') bucket ids: `place`
+    (B, H, n, L'), `sorted_pos` (B, H, n·L'), the position at each sorted place; its chunks `chunk_pos` (B, H, C, c);
+    the positions of each chunk's key slots `key_pos` (B, H, C, w·c); `allowed` (B, H, C, c, w·c)."""
+    batch, heads, rounds, padded = buckets.shape
+    order, place = _round_tables(buckets)
+    sorted_pos = order.reshape(batch, heads, rounds * padded)  # (B, H, n·L): position at each sorted place
+    chunk_pos = sorted_pos.view(batch, heads, -1, bucket_size)  # (B, H, C, c), C = n·L / c
+    key_pos = _look_around(chunk_pos, after=not causal and not reformer_compatible)  # (B, H, C, w·c)
+    allowed = _allowed(chunk_pos, key_pos, buckets, order, valid, bucket_size, causal, reformer_compatible)
+    return place, sorted_pos, chunk_pos, key_pos, allowed
 
 
 def _gathered_sorted(states: torch.Tensor, *, sorted_pos: torch.Tensor, bucket_size: int) -> torch.Tensor:
