@@ -33,6 +33,14 @@ transformers' `LSHSelfAttention` instead attends to everything in the chunk and 
 reaching across a chunk boundary into whatever sorted there (later tokens and padding move those boundaries);
 `reformer_compatible=True` computes that pattern, for comparison with it.
 
+Packed rows (several documents end to end, `documents` (B, L) ids): a token's bucket id also names its round and its
+document (by the document's first position), so the sort is by (round, document, bucket, position) and "the same
+bucket" is the same bucket of the same document. Each document then sorts into a run of its own, in which it is hashed,
+sorted and chunked exactly as alone; a chunk's reach into its neighbour meets other documents only as other buckets.
+
+    row      a0 a1 a2 a3 | b0 b1 b2          buckets  1 0 1 1 | 0 1 0
+    sorted   a1 | a0 a2 a3 | b0 b2 | b1      (document, bucket): (a,0) | (a,1) | (b,0) | (b,1)
+
 Time O(n·L·log L) (the sort) plus O(n·L·c·D); memory O(n·L·c).
 """
 

@@ -2,10 +2,7 @@
 Reformer `LSHSelfAttention`, causality, padding, determinism; then the "lsh" layer type in whole models: rotations
 saved with the weights, cached decoding and generation, padding, gradient checkpointing, attention maps, refusals."""
 
-import argparse
 import json
-import runpy
-from pathlib import Path
 
 import pytest
 import torch
@@ -470,25 +467,3 @@ def test_compiled_lsh_and_block_encoder_training_step_equals_eager():
         packed = compiled(packed_ids, position_ids=positions).last_hidden_state
         alone = torch.cat([model(packed_ids[:, :5]).last_hidden_state, model(packed_ids[:, 5:]).last_hidden_state], 1)
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_lsh_benchmark_sections_run_at_a_tiny_size():
-    """benchmarks/lsh.py's parts in this process (the script runs each timing in a child process): two training
-    steps per model, one timing per type at L=32; the results file it writes is checked for its sections."""
-    bench = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "lsh.py"))
-    args = argparse.Namespace(
-        heads=2, head_dim=8, bucket_size=4, num_hashes=2, num_buckets=4, pairs=3, recall_steps=2, repeats=1,
-        seed=0, device="cpu", threads=1, lengths=[32],
-    )  # fmt: skip
-    speed = [bench["measure_one"](name, 32, args) for name in bench["SPEED_TYPES"]]
-    assert all(row["seconds"] > 0 for row in speed)
-    task = bench["AssociativeRecall"](num_keys=6, num_values=6, num_pairs=3)
-    model = bench["train"](bench["recall_config"](task, "lsh", args), task, args)
-    accuracy = bench["recall_accuracy"](model, task, args)
-    ablated = bench["ablated_accuracy"](model, task, args)
-    assert 0 <= ablated <= 1 and 0 <= accuracy <= 1
-    lsh_share, band_share = bench["attention_mass"](model, task, args)
-    assert 0 < lsh_share <= 1 and 0 < band_share <= 1
-    text = bench["markdown"]({"lsh": accuracy, "lsh ablated": ablated}, (lsh_share, band_share), speed, args, args)
-    assert "## Associative recall" in text and "| 32 |" in text and "Machine:" in text
