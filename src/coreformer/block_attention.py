@@ -10,7 +10,7 @@ itself). Blocks count from the first position of each document: the row's start,
 documents end to end) each document's own start, so that a document gets the blocks it gets alone:
 
     row          a0 a1 a2 a3 a4 a5 | b0 b1 b2 b3 b4 | c0 c1          (b = 4; documents of 6, 5 and 2)
-    blocks        0  0  0  0  1  1    2  2  2  2  3    4  4          `document_blocks`: restart at each document
+    blocks        1  1  1  1  2  2    3  3  3  3  4    5  5          `document_blocks`: restart at each document
     row chunks   [a0 a1 a2 a3][a4 a5 b0 b1][b2 b3 b4 c0][c1 . . .]   a block spans at most two chunks
 
     document_blocks       (B, L) document ids -> (B, L) block ids (the overlay's and the kernel's)
