@@ -1,21 +1,27 @@
-"""LSH attention ("lsh" layers) against sliding and full attention; writes benchmarks/results/lsh.md.
+"""LSH attention ("lsh" layers) against sliding and full attention, in two parts, each writing its own results file.
+
+quality (benchmarks/results/lsh_quality.md): seeded, so its numbers do not depend on the machine or its load
 
 recall      multi-query associative recall (coreformer.probes), a small decoder of each type trained briefly:
             lsh, sliding with the same number of keys per query (window = n_hashes * (bucket_size - 1)), full
 mass        the share of the dense attention mass (softmax over every earlier key, from the trained lsh model's
             own queries and keys) that falls on the keys LSH chose, and on a band of the same size
 ablation    the trained lsh model's recall with its lsh layers' output zeroed: how much the model uses them
+speed (benchmarks/results/lsh_speed.md): timings, for a quiet machine
 speed       time and peak memory of one forward + backward of the attention alone, (1, H, L, D) fp32, for full
             attention under sdpa, the sliding kernel and the lsh kernel (hashing included), at each length;
             each (type, length) in its own process, memory being its max RSS above its baseline (CPU) or
-            torch's peak allocation (CUDA)
+            torch's peak allocation (CUDA); the file states from the rows where LSH pays off (the length)
 
-python benchmarks/lsh.py                                          # the full run (quiet machine: tens of minutes)
-python benchmarks/lsh.py --lengths 256 512 --recall-steps 20 --pairs 4 --output /tmp/lsh.md   # a smoke run
+python benchmarks/lsh.py --part quality                           # any time, even under load
+python benchmarks/lsh.py --part speed                             # on a quiet machine
+python benchmarks/lsh.py                                          # both
+python benchmarks/lsh.py --lengths 256 512 --recall-steps 20 --pairs 4 --results-dir /tmp/lsh   # a smoke run
 """
 
 import argparse
 import json
+import os
 import platform
 import resource
 import shlex
@@ -210,93 +216,152 @@ def forwarded(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def markdown(
-    recall: dict,
-    mass: tuple[float, float],
-    speed: list[dict],
-    args: argparse.Namespace,
-    recall_args: argparse.Namespace,
-) -> str:
-    machine = (
-        f"{platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}, {args.threads} threads"
-    )
+def header(title: str, args: argparse.Namespace) -> list[str]:
+    """The top of a results file: what it holds, the machine, the date and the command that wrote it."""
+    machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+    machine += f", {args.threads} threads, {args.device}"
     if args.device.startswith("cuda"):
-        machine += f", {torch.cuda.get_device_name()}"
-    lines = [
-        "# LSH attention",
+        machine += f" ({torch.cuda.get_device_name()})"
+    return [
+        f"### {title}",
         "",
         f"Machine: {machine}. Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
         f"Command: `python {shlex.join(sys.argv)}`",
         "",
-        f"LSH: {args.num_hashes} hash round(s), {args.num_buckets} buckets; bucket_size {recall_args.bucket_size} for "
-        f"recall (sliding window {keys_per_query(recall_args)}: the same number of earlier keys per query), "
-        f"{args.bucket_size} for speed (sliding window {keys_per_query(args)}).",
-        "",
-        f"## Associative recall ({args.pairs} pairs, {args.recall_steps} steps)",
+    ]
+
+
+def quality_markdown(recall: dict, mass: tuple[float, float], args: argparse.Namespace) -> str:
+    """The quality part's results file: recall, the ablation and the captured attention mass."""
+    lines = header("LSH attention: recall, ablation, captured attention mass", args) + [
+        f"Seeded throughout, so the numbers do not depend on the machine or its load. LSH: {args.num_hashes} hash "
+        f"round(s), {args.num_buckets} buckets, bucket_size {args.bucket_size}; sliding window "
+        f"{keys_per_query(args)}, the same number of earlier keys per query. A decoder of 2 layers of each type, "
+        f"64 wide, trained {args.recall_steps} steps on associative recall with {args.pairs} pairs (length "
+        f"{4 * args.pairs}).",
         "",
         "| layers | answer accuracy |",
         "|---|---|",
         *(f"| {name} | {accuracy:.3f} |" for name, accuracy in recall.items()),
         "",
-        "## Dense attention mass on the chosen keys (trained lsh model)",
-        "",
-        f"LSH's keys: {mass[0]:.3f}; a band of the same size: {mass[1]:.3f}.",
-        "",
-        f"## Time and peak memory, forward + backward, (1, {args.heads}, L, {args.head_dim}) fp32, {args.device}",
-        "",
-        "| L | " + " | ".join(f"{name} s | {name} MiB" for name in SPEED_TYPES) + " |",
-        "|---|" + "---|" * (2 * len(SPEED_TYPES)),
-    ]
-    cells = {(row["type"], row["length"]): row for row in speed}
-    for length in args.lengths:
-        values = [cells[(name, length)] for name in SPEED_TYPES]
-        lines.append(
-            f"| {length} | " + " | ".join(f"{row['seconds']:.4f} | {row['peak_mib']:.0f}" for row in values) + " |"
-        )
-    faster = [
-        length for length in args.lengths if cells[("lsh", length)]["seconds"] < cells[("full", length)]["seconds"]
-    ]
-    lines += [
-        "",
-        f"LSH is faster than full sdpa from L = {faster[0]} on."
-        if faster
-        else "LSH was not faster than full sdpa at any measured length.",
+        f"Share of the dense causal attention mass (the trained lsh model's own queries and keys, over every earlier "
+        f"key) on the keys LSH chose: {mass[0]:.3f}; on a band of the same number of nearest earlier keys: "
+        f"{mass[1]:.3f}.",
     ]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def speed_markdown(rows: list[dict], args: argparse.Namespace) -> str:
+    """The speed part's results file: time and peak memory per length, and where LSH pays off."""
+    cells = {(row["type"], row["length"]): row for row in rows}
+    lines = header("LSH attention: time and peak memory against full sdpa and sliding", args) + [
+        f"One forward + backward of the attention alone, (1, {args.heads}, L, {args.head_dim}) fp32, causal; each "
+        f"(type, length) in its own process, best of {args.repeats}; memory: the peak above the process's baseline "
+        f"(max RSS on CPU, torch's peak allocation on CUDA). LSH: {args.num_hashes} hash round(s), {args.num_buckets} "
+        f"buckets, bucket_size {args.bucket_size} (hashing included); sliding window {keys_per_query(args)}, the same "
+        f"number of earlier keys per query.",
+        "",
+        "| L | " + " | ".join(f"{name} s | {name} MiB" for name in SPEED_TYPES) + " | lsh / full time |",
+        "|---|" + "---|" * (2 * len(SPEED_TYPES) + 1),
+    ]
+    for length in args.lengths:
+        values = [cells[(name, length)] for name in SPEED_TYPES]
+        ratio = cells[("lsh", length)]["seconds"] / cells[("full", length)]["seconds"]
+        cells_text = " | ".join(f"{row['seconds']:.4f} | {row['peak_mib']:.0f}" for row in values)
+        lines.append(f"| {length} | {cells_text} | {ratio:.2f} |")
+    lines += ["", *payoff_lines(cells, args.lengths)]
+    return "\n".join(lines) + "\n"
+
+
+def payoff_lines(cells: dict, lengths: list[int]) -> list[str]:
+    """Where LSH pays off against full sdpa, in time and in memory, read from the measured rows: the shortest length
+    from which LSH wins at every longer measured length too."""
+    lines = []
+    for measure, word in (("seconds", "faster than"), ("peak_mib", "lighter in peak memory than")):
+        wins = [cells[("lsh", length)][measure] < cells[("full", length)][measure] for length in lengths]
+        longest = max(lengths)
+        if not any(wins):
+            lines.append(f"- LSH was not {word} full sdpa at any measured length (up to L = {longest}).")
+            continue
+        first = len(wins) - next(index for index, won in enumerate(reversed(wins)) if not won) if not all(wins) else 0
+        if first == len(wins):
+            won_at = ", ".join(str(length) for length, won in zip(lengths, wins) if won)
+            lines.append(f"- LSH was {word} full sdpa at L = {won_at}, but not at the longest, {longest}.")
+        elif first == 0:
+            lines.append(f"- LSH is {word} full sdpa at every measured length, from L = {lengths[0]} on.")
+        else:
+            lines.append(
+                f"- LSH is {word} full sdpa from L = {lengths[first]} on (not at {lengths[first - 1]}): it pays off "
+                f"between {lengths[first - 1]} and {lengths[first]} tokens."
+            )
+    return lines
+
+
+def run_quality(args: argparse.Namespace) -> str:
+    """Train the three recall decoders; their accuracy, the lsh model's ablation and captured mass, as markdown."""
+    task = AssociativeRecall(num_keys=2 * args.pairs, num_values=2 * args.pairs, num_pairs=args.pairs)
+    models = {}
+    for name in SPEED_TYPES:
+        started = time.perf_counter()
+        models[name] = train(recall_config(task, name, args), task, args)
+        print(f"trained {name}: {time.perf_counter() - started:.1f} s", flush=True)
+    recall = {name: recall_accuracy(model, task, args) for name, model in models.items()}
+    recall["lsh, its lsh layers' output zeroed"] = ablated_accuracy(models["lsh"], task, args)
+    return quality_markdown(recall, attention_mass(models["lsh"], task, args), args)
+
+
+def run_speed(args: argparse.Namespace) -> str:
+    """Time and memory of each (type, length), each in its own process, as markdown."""
+    return speed_markdown(measure_all(args), args)
+
+
+# The parts: each runs alone and writes its own results file (quality: any machine, any load; speed: a quiet one).
+PARTS = {"quality": (run_quality, "lsh_quality.md"), "speed": (run_speed, "lsh_speed.md")}
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=[*PARTS, "all"], default="all", help="which part to run (default: both)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--bucket-size", type=int, default=64)
+    parser.add_argument("--bucket-size", type=int, default=64, help="lsh_bucket_size of the speed part")
     parser.add_argument("--num-hashes", type=int, default=2)
     parser.add_argument("--num-buckets", type=int, default=32)
     parser.add_argument("--pairs", type=int, default=32, help="associative-recall pairs (length 4 * pairs)")
-    parser.add_argument("--recall-bucket-size", type=int, default=8)
+    parser.add_argument("--recall-bucket-size", type=int, default=8, help="lsh_bucket_size of the quality part")
     parser.add_argument("--recall-steps", type=int, default=1200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/lsh.md"))
+    parser.add_argument("--results-dir", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--one", nargs=2, metavar=("TYPE", "LENGTH"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def part_arguments(args: argparse.Namespace, part: str) -> argparse.Namespace:
+    """`args` as the part reads them: the quality part's bucket size is `--recall-bucket-size`."""
+    if part == "quality":
+        return argparse.Namespace(**{**vars(args), "bucket_size": args.recall_bucket_size})
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_arguments(argv)
     torch.set_num_threads(args.threads)
-    if args.one:
+    if args.one:  # a measuring child of the speed part
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args)))
         return
-    speed = measure_all(args)
-    recall_args = argparse.Namespace(**{**vars(args), "bucket_size": args.recall_bucket_size})
-    task = AssociativeRecall(num_keys=2 * args.pairs, num_values=2 * args.pairs, num_pairs=args.pairs)
-    models = {name: train(recall_config(task, name, recall_args), task, recall_args) for name in SPEED_TYPES}
-    recall = {name: recall_accuracy(model, task, recall_args) for name, model in models.items()}
-    recall["lsh, its lsh layers' output zeroed"] = ablated_accuracy(models["lsh"], task, recall_args)
-    mass = attention_mass(models["lsh"], task, recall_args)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(markdown(recall, mass, speed, args, recall_args))
-    print(args.output.read_text())
+    for part in PARTS if args.part == "all" else [args.part]:
+        run, filename = PARTS[part]
+        started = time.perf_counter()
+        text = run(part_arguments(args, part))
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        (args.results_dir / filename).write_text(text)
+        print(
+            text, f"{part}: {time.perf_counter() - started:.0f} s, written to {args.results_dir / filename}", sep="\n"
+        )
 
 
 if __name__ == "__main__":

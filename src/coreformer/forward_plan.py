@@ -343,8 +343,7 @@ class ForwardPlanner:
 
     def check_packed_rows(self, documents: torch.Tensor | None) -> None:
         """A layer type that cannot give each document of a packed row what it gets alone (`LayerType.packed_rows`:
-        low-rank projections mix the whole sequence, LSH buckets and blocks are laid out over the whole row) refuses
-        packed input."""
+        low-rank projections mix the whole sequence) refuses packed input."""
         unable = sorted({name for name in self.layer_types if not LAYER_TYPES[name].packed_rows})
         if documents is None or not unable:
             return
@@ -406,8 +405,11 @@ class ForwardPlanner:
                     raise ValueError(f"'{name}' layers need the 2D (batch, length) padding mask.")
                 masks[name] = attention_mask.bool() if attention_mask is not None else None
                 continue
-            overlay = layer_type.overlay(getattr(self.config, layer_type.parameter)) if layer_type.overlay else None
-            overlay = with_documents(overlay, documents)
+            parameter = getattr(self.config, layer_type.parameter) if layer_type.parameter else None
+            if documents is not None and layer_type.document_overlay is not None:
+                overlay = layer_type.document_overlay(parameter, documents)  # laid out per document
+            else:
+                overlay = with_documents(layer_type.overlay(parameter) if layer_type.overlay else None, documents)
             if self.is_causal:
                 masks[name] = create_causal_mask(
                     config=config,

@@ -81,6 +81,19 @@ def block_overlay(block_size: int) -> MaskFunction:
     return allowed
 
 
+def block_document_overlay(block_size: int, documents: Any) -> MaskFunction:
+    """The block mask on packed rows: blocks restart at each document's first token (`document_blocks`), and a
+    query sees the keys of its own block, which are of its own document. `documents`: the (B, T) document ids."""
+    from .block_attention import document_blocks
+
+    blocks = document_blocks(documents, block_size)
+
+    def allowed(batch_idx, head_idx, q_idx, kv_idx):
+        return blocks[batch_idx, q_idx] == blocks[batch_idx, kv_idx]
+
+    return allowed
+
+
 def block_kernel(config: Any) -> LayerKernel:
     from .block_attention import block_attention
     from .sparse_attention import SparseKernel
@@ -137,10 +150,13 @@ class LayerType:
         parameter: the config field the type needs (a positive integer), or None.
         overlay: builds the mask function ANDed into transformers' causal/bidirectional mask from that parameter;
             None for "full". Ignored when `padding_mask_only`.
+        document_overlay: for a pattern laid out from the start of the sequence (blocks), the overlay of packed rows
+            from the parameter and the (B, T) document ids, keeping each document's own layout and its keys alone;
+            None where the pattern depends on q - k only (the plan ANDs "same document" into `overlay`).
         padding_mask_only: the layer takes the (B, S) boolean padding mask itself, never a built mask.
         kernel: config -> the type's `LayerKernel` (imported on first call); None where the mask says everything.
         dense_fallback: the kernel computes exactly what the mask computes (a sparse form of it), so the plan runs it
-            only where it applies (sdpa, nothing cached, no packed rows) and the masked backend otherwise; without
+            only where it applies (sdpa, nothing cached) and the masked backend otherwise; without
             it the kernel runs on every call.
         not_causal: why the type cannot sit in a causal stack, or None where it can.
         packed_rows: whether the type keeps the documents of a packed row apart (`forward_plan.LayerPlan.documents`);
@@ -157,6 +173,7 @@ class LayerType:
     saved_name: str
     parameter: str | None = None
     overlay: Callable[[int], MaskFunction] | None = None
+    document_overlay: Callable[[int, Any], MaskFunction] | None = None
     padding_mask_only: bool = False
     kernel: Callable[[Any], LayerKernel] | None = None
     dense_fallback: bool = False
@@ -211,15 +228,14 @@ LAYER_TYPES: dict[str, LayerType] = {
         kernel=linear_kernel,
     ),
     # Reformer (Kitaev et al. 2020): queries hashed into buckets, each attending to the nearest keys of its bucket.
-    # It keeps every key (a bucket reaches back indefinitely); packed documents would share buckets. Saved under
-    # transformers' name for attention whose keys an index picks per query.
+    # It keeps every key (a bucket reaches back indefinitely); packed documents are sorted apart (by document, then
+    # bucket). Saved under transformers' name for attention whose keys an index picks per query.
     "lsh": LayerType(
         "full_attention",
         "indexed_attention",
         parameter="lsh_bucket_size",
         padding_mask_only=True,
         kernel=lsh_kernel,
-        packed_rows=False,
         validate=check_lsh,
     ),
     # Non-overlapping windows, transformers' "window_attention" (ViT-style); every key is cached, as for strided.
@@ -228,8 +244,8 @@ LAYER_TYPES: dict[str, LayerType] = {
         "window_attention",
         parameter="block_size",
         overlay=block_overlay,
+        document_overlay=block_document_overlay,  # blocks restart at each document of a packed row
         kernel=block_kernel,
         dense_fallback=True,
-        packed_rows=False,  # blocks count from the row's start, not from each document's
     ),
 }

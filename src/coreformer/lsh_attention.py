@@ -33,6 +33,14 @@ transformers' `LSHSelfAttention` instead attends to everything in the chunk and 
 reaching across a chunk boundary into whatever sorted there (later tokens and padding move those boundaries);
 `reformer_compatible=True` computes that pattern, for comparison with it.
 
+Packed rows (several documents end to end, `documents` (B, L) ids): a token's bucket id also names its round and its
+document (by the document's first position), so the sort is by (round, document, bucket, position) and "the same
+bucket" is the same bucket of the same document. Each document then sorts into a run of its own, in which it is hashed,
+sorted and chunked exactly as alone; a chunk's reach into its neighbour meets other documents only as other buckets.
+
+    row      a0 a1 a2 a3 | b0 b1 b2          buckets  1 0 1 1 | 0 1 0
+    sorted   a1 | a0 a2 a3 | b0 b2 | b1      (document, bucket): (a,0) | (a,1) | (b,0) | (b,1)
+
 Time O(n·L·log L) (the sort) plus O(n·L·c·D); memory O(n·L·c).
 """
 
@@ -144,6 +152,7 @@ def lsh_attention(
     scaling: float,
     dropout: float = 0.0,
     reformer_compatible: bool = False,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """LSH attention over sorted chunks, in O(n·L·c) memory: equal to dense attention under `lsh_visible_mask`.
 
@@ -154,22 +163,22 @@ def lsh_attention(
         padding_mask: (B, L), True for real tokens, or None. Any L works (padded inside to a multiple of c).
         reformer_compatible: compute transformers' `LSHSelfAttention` pattern instead (every key of the chunk and
             the one before, circularly across rounds; duplicates not discounted); for comparisons only.
+        documents: (B, L) document ids of a packed row, or None: sorted by (document, bucket, position), each
+            document is hashed, sorted and chunked as if alone (a bucket is one document's).
 
     Returns:
         (B, L, H, D) in the query's dtype.
     """
     batch, heads, length = query.shape[:3]
+    if reformer_compatible and documents is not None:
+        raise ValueError("reformer_compatible=True is transformers' pattern over one sequence: pass documents=None.")
     query, key, value, buckets, valid = _padded_to_chunks(
-        query, key, value, buckets, padding_mask, num_buckets=num_buckets, bucket_size=bucket_size
+        query, key, value, buckets, padding_mask, documents, num_buckets=num_buckets, bucket_size=bucket_size
     )
-    rounds, padded = buckets.shape[2:]
-
-    with torch.no_grad():
-        order, place = _round_tables(buckets)
-        sorted_pos = order.reshape(batch, heads, rounds * padded)  # (B, H, n·L): position at each sorted place
-        chunk_pos = sorted_pos.view(batch, heads, -1, bucket_size)  # (B, H, C, c), C = n·L / c
-        key_pos = _look_around(chunk_pos, after=not causal and not reformer_compatible)  # (B, H, C, w·c)
-        allowed = _allowed(chunk_pos, key_pos, buckets, order, valid, bucket_size, causal, reformer_compatible)
+    rounds = buckets.shape[2]
+    place, sorted_pos, chunk_pos, key_pos, allowed = _sorted_layout(
+        buckets, valid, bucket_size=bucket_size, causal=causal, reformer_compatible=reformer_compatible
+    )
 
     gather_sorted = partial(_gathered_sorted, sorted_pos=sorted_pos, bucket_size=bucket_size)
     dtype = torch.promote_types(query.dtype, torch.float32)  # scores, softmax and the join in fp32 at least
@@ -191,6 +200,22 @@ def lsh_attention(
     return out.transpose(1, 2).to(query.dtype)  # (B, L, H, D)
 
 
+@torch.no_grad()
+def _sorted_layout(
+    buckets: torch.Tensor, valid: torch.Tensor, *, bucket_size: int, causal: bool, reformer_compatible: bool
+) -> tuple[torch.Tensor, ...]:
+    """Where each token sorts and what each chunk's queries may see, from the (B, H, n, L') bucket ids: `place`
+    (B, H, n, L'), `sorted_pos` (B, H, n·L'), the position at each sorted place; its chunks `chunk_pos` (B, H, C, c);
+    the positions of each chunk's key slots `key_pos` (B, H, C, w·c); `allowed` (B, H, C, c, w·c)."""
+    batch, heads, rounds, padded = buckets.shape
+    order, place = _round_tables(buckets)
+    sorted_pos = order.reshape(batch, heads, rounds * padded)  # (B, H, n·L): position at each sorted place
+    chunk_pos = sorted_pos.view(batch, heads, -1, bucket_size)  # (B, H, C, c), C = n·L / c
+    key_pos = _look_around(chunk_pos, after=not causal and not reformer_compatible)  # (B, H, C, w·c)
+    allowed = _allowed(chunk_pos, key_pos, buckets, order, valid, bucket_size, causal, reformer_compatible)
+    return place, sorted_pos, chunk_pos, key_pos, allowed
+
+
 def _gathered_sorted(states: torch.Tensor, *, sorted_pos: torch.Tensor, bucket_size: int) -> torch.Tensor:
     """`states` (B, H, L', D) in sorted order, in chunks of `bucket_size`: (B, H, C, c, D); sorted_pos (B, H, n·L')."""
     batch, heads, _, head_dim = states.shape
@@ -204,12 +229,15 @@ def _padded_to_chunks(
     value: torch.Tensor,
     buckets: torch.Tensor,
     padding_mask: torch.Tensor | None,
+    documents: torch.Tensor | None,
     *,
     num_buckets: int,
     bucket_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(query, key, value, buckets, valid) padded to whole chunks of `bucket_size`, L -> L'; buckets (B, H, n, L')
-    with padding in a bucket of its own and a bucket id per (round, bucket); valid (B, L'), True for real tokens."""
+    with padding in a bucket of its own and one id per (round, document, bucket), ordered so that sorting by
+    (id, position) sorts by (round, document, bucket, position); valid (B, L'), True for real tokens. `documents`:
+    (B, L) document ids of a packed row, or None for one document per row."""
     batch, _, length, _ = query.shape
     rounds = buckets.shape[2]
     padded = -(-length // bucket_size) * bucket_size
@@ -222,10 +250,25 @@ def _padded_to_chunks(
         valid = nn.functional.pad(valid, (0, extra), value=False)
         buckets = nn.functional.pad(buckets, (0, extra), value=num_buckets)
     # Padding in its own bucket whatever the caller hashed (it must not take places in a real bucket's order), and
-    # the rounds apart: a bucket id per (round, bucket), padding last in each round.
+    # the rounds and documents apart: an id per (round, document, bucket), a document named by its first position
+    # (the padding to whole chunks is a document of its own), padding last in each document.
     buckets = buckets.masked_fill(~valid[:, None, None, :], num_buckets)
-    buckets = buckets + torch.arange(rounds, device=buckets.device).view(1, 1, rounds, 1) * (num_buckets + 1)
+    starts = torch.zeros(batch, padded, dtype=buckets.dtype, device=buckets.device)
+    if documents is not None:
+        starts = _document_starts(documents, padded)
+    rounds_apart = torch.arange(rounds, device=buckets.device).view(1, 1, rounds, 1) * padded
+    buckets = buckets + (rounds_apart + starts[:, None, None, :]) * (num_buckets + 1)
     return query, key, value, buckets, valid
+
+
+def _document_starts(documents: torch.Tensor, padded: int) -> torch.Tensor:
+    """(B, L) document ids -> (B, L') the first position of each token's document; the L' - L positions that pad the
+    row to whole chunks form one more document."""
+    documents = torch.cat([documents, (documents[:, -1:] + 1).expand(-1, padded - documents.shape[1])], dim=1)
+    index = torch.arange(padded, device=documents.device).expand_as(documents)
+    new = torch.ones_like(documents, dtype=torch.bool)
+    new[:, 1:] = documents[:, 1:] != documents[:, :-1]  # (B, L'): True at each document's first token
+    return torch.where(new, index, 0).cummax(-1).values
 
 
 def _joined_rounds(out: torch.Tensor, lse: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
@@ -283,6 +326,7 @@ def lsh_visible_mask(
     bucket_size: int,
     causal: bool,
     key_padding_mask: torch.Tensor | None = None,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The keys each query sees under LSH attention, as a dense mask with the self rule applied: what `lsh_attention`
     computes equals dense softmax attention under this mask. O(n·T·S): for cached decoding and attention maps.
@@ -292,6 +336,8 @@ def lsh_visible_mask(
             those of their own keys).
         query_positions: (T,) each query's own index among the S keys (S - T + t when the last T keys are new).
         key_padding_mask: (B, S), True for real keys, or None.
+        documents: (B, S) document ids of the keys of a packed row, or None: a query then ranks and sees the keys of
+            its own document only, as that document alone.
 
     Returns:
         (B, H, T, S) boolean, True where the query attends.
@@ -303,6 +349,8 @@ def lsh_visible_mask(
         candidates = candidates & key_padding_mask.bool()[:, None, None, :]
     if causal:
         candidates = candidates & (key_index <= query_positions[:, None])
+    if documents is not None:
+        candidates = candidates & (documents[:, None, query_positions, None] == documents[:, None, None, :])
     visible = torch.zeros((), dtype=torch.bool, device=key_buckets.device)
     for round_idx in range(key_buckets.shape[2]):
         same = candidates & (query_buckets[:, :, round_idx, :, None] == key_buckets[:, :, round_idx, None, :])
@@ -372,6 +420,7 @@ class LshKernel(LayerKernel):
                 padding_mask=padding_mask,
                 scaling=attention.scaling,
                 dropout=attention.attention_dropout if attention.training else 0.0,
+                documents=plan.documents,
             )
         # A decoding step: the new queries against every cached key, under the pattern's dense form.
         positions = past + torch.arange(query.shape[2], device=query.device)
@@ -384,14 +433,19 @@ class LshKernel(LayerKernel):
         """The dense (B, H, T, T) probabilities of an uncached forward (or a prefill): `key` is the rotated query."""
         key = length_normalized(key)
         positions = torch.arange(query.shape[2], device=query.device)
-        visible = self._visible(attention, key, positions, plan.mask)
+        visible = self._visible(attention, key, positions, plan.mask, plan.documents)
         return _masked_softmax(query, key, visible, attention.scaling).to(query.dtype)
 
     @staticmethod
     def _visible(
-        attention: nn.Module, keys: torch.Tensor, positions: torch.Tensor, padding_mask: torch.Tensor | None
+        attention: nn.Module,
+        keys: torch.Tensor,
+        positions: torch.Tensor,
+        padding_mask: torch.Tensor | None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The pattern for the queries at `positions` over all (B, H, S, D) `keys`: (B, H, T, S) boolean."""
+        """The pattern for the queries at `positions` over all (B, H, S, D) `keys` (of the (B, S) `documents` of a
+        packed row, or None): (B, H, T, S) boolean."""
         length = keys.shape[2]
         if padding_mask is not None and padding_mask.shape[-1] != length:
             # A static cache's buffer runs past the mask: those slots are empty (and later than every query).
@@ -404,4 +458,5 @@ class LshKernel(LayerKernel):
             bucket_size=attention.config.lsh_bucket_size,
             causal=attention.is_causal,
             key_padding_mask=padding_mask,
+            documents=documents,
         )

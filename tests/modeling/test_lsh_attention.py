@@ -2,10 +2,7 @@
 Reformer `LSHSelfAttention`, causality, padding, determinism; then the "lsh" layer type in whole models: rotations
 saved with the weights, cached decoding and generation, padding, gradient checkpointing, attention maps, refusals."""
 
-import argparse
 import json
-import runpy
-from pathlib import Path
 
 import pytest
 import torch
@@ -432,22 +429,41 @@ def test_lsh_models_are_refused_by_onnx_and_native_export_naming_the_layer_type(
 
 
 @pytest.mark.slow
-def test_lsh_benchmark_sections_run_at_a_tiny_size():
-    """benchmarks/lsh.py's parts in this process (the script runs each timing in a child process): two training
-    steps per model, one timing per type at L=32; the results file it writes is checked for its sections."""
-    bench = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "lsh.py"))
-    args = argparse.Namespace(
-        heads=2, head_dim=8, bucket_size=4, num_hashes=2, num_buckets=4, pairs=3, recall_steps=2, repeats=1,
-        seed=0, device="cpu", threads=1, lengths=[32],
-    )  # fmt: skip
-    speed = [bench["measure_one"](name, 32, args) for name in bench["SPEED_TYPES"]]
-    assert all(row["seconds"] > 0 for row in speed)
-    task = bench["AssociativeRecall"](num_keys=6, num_values=6, num_pairs=3)
-    model = bench["train"](bench["recall_config"](task, "lsh", args), task, args)
-    accuracy = bench["recall_accuracy"](model, task, args)
-    ablated = bench["ablated_accuracy"](model, task, args)
-    assert 0 <= ablated <= 1 and 0 <= accuracy <= 1
-    lsh_share, band_share = bench["attention_mass"](model, task, args)
-    assert 0 < lsh_share <= 1 and 0 < band_share <= 1
-    text = bench["markdown"]({"lsh": accuracy, "lsh ablated": ablated}, (lsh_share, band_share), speed, args, args)
-    assert "## Associative recall" in text and "| 32 |" in text and "Machine:" in text
+def test_compiled_lsh_and_block_decoder_forward_equals_eager():
+    # torch.compile's default backend (inductor generates the code): the hash, sort, gathers and masks of both kernels.
+    model = _lsh_model(layer_types=["lsh", "block"], block_size=4)
+    model.set_attn_implementation("sdpa")  # block layers: their O(L·b) kernel
+    ids, mask = padded_batch(length=13, left=True)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        eager = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        compiled = torch.compile(model)(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    real = mask.bool()
+    torch.testing.assert_close(compiled[real], eager[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_lsh_and_block_encoder_training_step_equals_eager():
+    # The captured forward and its autograd graph (aot_eager: capture without code generation, the part that can bake
+    # a wrong constant or drop a mutation), then a packed row: a second graph, with per-document kernels.
+    model = _lsh_model("encoder", layer_types=["lsh", "block"], block_size=4)
+    model.set_attn_implementation("sdpa")
+    compiled = torch.compile(model, backend="aot_eager")
+    ids, mask = padded_batch(length=13)
+    real = mask.bool()
+    runs = []
+    for forward in (model, compiled):
+        model.zero_grad()
+        states = forward(ids, attention_mask=mask).last_hidden_state
+        (states.sin() * real[..., None]).sum().backward()  # real tokens only: eager leaves padding rows at zero
+        runs.append((states.detach(), {name: param.grad.clone() for name, param in model.named_parameters()}))
+    (eager, eager_grads), (ours, grads) = runs
+    torch.testing.assert_close(ours[real], eager[real], atol=1e-5, rtol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], atol=1e-4, rtol=1e-4, msg=name)
+    packed_ids = torch.randint(3, VOCAB, (1, 13), generator=torch.Generator().manual_seed(4))
+    positions = torch.cat([torch.arange(5), torch.arange(8)])[None]  # two documents, the second mid-block
+    with torch.no_grad():
+        packed = compiled(packed_ids, position_ids=positions).last_hidden_state
+        alone = torch.cat([model(packed_ids[:, :5]).last_hidden_state, model(packed_ids[:, 5:]).last_hidden_state], 1)
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)

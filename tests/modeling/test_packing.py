@@ -3,8 +3,8 @@
 The contract, for every family (seq2seq: both sides, the decoder with its labels), layer type and CPU backend:
 hidden states, logits, loss and gradients of a packed row equal those of its documents run one by one (fp32, 1e-5),
 whether the packing is described by restarting position ids or by cu_seq_lens. Also: the kernels that keep their
-cost on packed rows (sparse bands, linear scans) against per-document runs where documents cross their chunks, what
-the attention function receives, and the refusals.
+cost on packed rows (sparse bands, linear scans, blocks restarting at each document, LSH sorted by document) against
+per-document runs where documents cross their chunks, what the attention function receives, and the refusal.
 """
 
 import functools
@@ -18,6 +18,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import coreformer as cf
 from coreformer import sparse_attention
+from coreformer.block_attention import block_attention, document_blocks
 from coreformer.forward_plan import (
     document_ids_from_cu_seq_lens,
     document_ids_from_positions,
@@ -25,12 +26,14 @@ from coreformer.forward_plan import (
     varlen_kwargs,
 )
 from coreformer.linear_attention import elu_feature_map, linear_attention
+from coreformer.lsh_attention import draw_rotations, hash_buckets, length_normalized, lsh_attention
 from coreformer.sparse_attention import sliding_window_attention, strided_attention
 
 LENGTHS = (5, 9, 3)  # encoder / decoder-only documents
 TARGET_LENGTHS = (4, 6, 2)  # the seq2seq decoder's documents, answering LENGTHS' one by one
-PARAMETERS = dict(sliding_window=2, stride=3)
-LAYER_TYPES = ("full", "sliding", "strided", "linear")
+# Blocks of 4 and LSH chunks of 3 over documents of 5, 9 and 3: documents start mid-block and mid-chunk.
+PARAMETERS = dict(sliding_window=2, stride=3, block_size=4, lsh_bucket_size=3, lsh_num_hashes=2, lsh_num_buckets=4)
+LAYER_TYPES = ("full", "sliding", "strided", "linear", "block", "lsh")
 HEADS = {
     "encoder": cf.CoreformerEncoderForMaskedLM,
     "decoder": cf.CoreformerDecoderForCausalLM,
@@ -195,7 +198,13 @@ def test_seq_idx_describes_packing_too():
 
 def test_sparse_kernels_run_on_packed_rows_without_a_dense_mask():
     # The point of the kernels: O(L·w) on packed rows too, no T x T mask built for them.
-    model = tiny_model(cf.CoreformerDecoderModel, "decoder", layer_types=["sliding", "strided"], **PARAMETERS)
+    model = tiny_model(
+        cf.CoreformerDecoderModel,
+        "decoder",
+        layer_types=["sliding", "strided", "block"],
+        num_hidden_layers=3,
+        **PARAMETERS,
+    )
     stack = model.decoder
     ids = torch.cat(documents(LENGTHS, seed=4), 1)
     positions = restarting_positions(LENGTHS)
@@ -204,7 +213,7 @@ def test_sparse_kernels_run_on_packed_rows_without_a_dense_mask():
     plan = stack.plan(
         hidden, None, None, positions, None, None, output_attentions=False, padded_states=False, documents=found
     )
-    for name in ("sliding", "strided"):
+    for name in ("sliding", "strided", "block"):
         assert plan.layers[name].kernel and plan.layers[name].mask is None
         assert torch.equal(plan.layers[name].documents, found)
 
@@ -251,19 +260,13 @@ def test_sparse_kernels_keep_documents_apart_across_chunks(pattern, causal, fuse
         torch.testing.assert_close(grad, reference, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_linear_attention_restarts_its_state_at_each_document(causal):
-    # Chunks of 4 over documents of 5, 9 and 3 (second row 2, 11, 4): the state must empty mid-chunk.
+def _assert_packed_equals_alone(attend, causal: bool) -> None:
+    """`attend(query, key, value, documents)` over two packed rows of documents that start mid-chunk (chunks of 3
+    or 4) against each document alone: outputs and gradients."""
     generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(2, 2, 17, 8, generator=generator) for _ in range(3))
+    query, key, value = (torch.randn(2, 2, 17, 8, generator=generator, requires_grad=True) for _ in range(3))
     lengths = [(5, 9, 3), (2, 11, 4)]
     documents_ids = torch.stack([torch.cat([torch.full((n,), i) for i, n in enumerate(row)]) for row in lengths])
-
-    def attend(q, k, v, documents=None):
-        return linear_attention(
-            elu_feature_map(q), elu_feature_map(k), v, causal=causal, chunk_size=4, documents=documents
-        )[0]
-
     packed = attend(query, key, value, documents_ids)
     alone = torch.cat(
         [
@@ -272,16 +275,67 @@ def test_linear_attention_restarts_its_state_at_each_document(causal):
         ]
     )
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
+    grads = torch.autograd.grad(packed.square().sum(), (query, key, value))
+    expected = torch.autograd.grad(alone.square().sum(), (query, key, value))
+    for grad, reference in zip(grads, expected):
+        torch.testing.assert_close(grad, reference, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layer_type, fields", [("lowrank", dict(lowrank_k=6)), ("block", dict(block_size=4))])
-def test_types_laid_out_over_the_whole_row_refuse_packed_rows(layer_type, fields):
-    # Linformer projects the whole sequence; blocks count from the row's start, not from each document's.
-    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=[layer_type, "full"], **fields)
+@pytest.mark.parametrize("causal", [True, False])
+def test_blocks_restart_at_each_document(causal):
+    # Blocks of 4 over documents of 5, 9 and 3: each document counts its blocks from its own first token.
+    def attend(query, key, value, documents=None):
+        return block_attention(
+            query, key, value, block_size=4, causal=causal, padding_mask=None, scaling=0.3, documents=documents
+        )
+
+    _assert_packed_equals_alone(attend, causal)
+    ids = torch.tensor([[0] * 6 + [1] * 5 + [2] * 2])
+    assert document_blocks(ids, 4).tolist() == [[1, 1, 1, 1, 2, 2, 3, 3, 3, 3, 4, 5, 5]]
+
+
+@pytest.mark.parametrize("num_hashes", [1, 2])
+@pytest.mark.parametrize("causal", [True, False])
+def test_lsh_hashes_sorts_and_chunks_each_document_alone(causal, num_hashes):
+    # Chunks of 3 over documents of 5, 9 and 3, 4 buckets: a chunk and the one before hold several documents.
+    rotations = draw_rotations(2, 8, num_hashes, 4, seed=1)
+
+    def attend(query, key, value, documents=None):
+        shared_key = length_normalized(key)  # the layer's keys: its queries, length-normalised
+        return lsh_attention(
+            query,
+            shared_key,
+            value,
+            hash_buckets(shared_key, rotations),
+            num_buckets=4,
+            bucket_size=3,
+            causal=causal,
+            padding_mask=None,
+            scaling=0.3,
+            documents=documents,
+        )
+
+    _assert_packed_equals_alone(attend, causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_linear_attention_restarts_its_state_at_each_document(causal):
+    # Chunks of 4 over documents of 5, 9 and 3 (second row 2, 11, 4): the state must empty mid-chunk.
+    def attend(q, k, v, documents=None):
+        return linear_attention(
+            elu_feature_map(q), elu_feature_map(k), v, causal=causal, chunk_size=4, documents=documents
+        )[0]
+
+    _assert_packed_equals_alone(attend, causal)
+
+
+def test_lowrank_layers_refuse_packed_rows():
+    # Linformer projects the whole sequence along its length: documents would mix.
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["lowrank", "full"], lowrank_k=6)
     ids = torch.cat(documents(LENGTHS, seed=5), 1)
-    with pytest.raises(ValueError, match=f"'{layer_type}' layers cannot keep apart.*own row"):
+    with pytest.raises(ValueError, match="'lowrank' layers cannot keep apart.*own row"):
         model(ids, position_ids=restarting_positions(LENGTHS))
-    with pytest.raises(ValueError, match=f"'{layer_type}' layers cannot keep apart"):
+    with pytest.raises(ValueError, match="'lowrank' layers cannot keep apart"):
         model(ids, cu_seq_lens_q=cu_seq_lens(LENGTHS), cu_seq_lens_k=cu_seq_lens(LENGTHS))
     model(ids, position_ids=torch.arange(ids.shape[1])[None])  # one document per row is fine
 
@@ -327,7 +381,7 @@ def test_attention_function_receives_positions_and_varlen_arguments(monkeypatch)
     assert all("cu_seq_lens_q" not in kwargs and kwargs["position_ids"].shape == (1, 17) for kwargs in received)
 
 
-@pytest.mark.parametrize("layer_type", ["sliding", "linear"])
+@pytest.mark.parametrize("layer_type", ["sliding", "linear", "block", "lsh"])
 def test_packed_attentions_are_each_documents_own(layer_type):
     # Recomputed probabilities (beside the sparse kernel under sdpa; the linear kernel's own) see the documents too.
     model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=[layer_type, "full"], **PARAMETERS)
