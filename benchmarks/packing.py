@@ -8,7 +8,8 @@ Reported per run:
 
     tokens/s           every position of every row (pad included) per second of training
     real tokens/s      the non-pad tokens per second (what the budget counts)
-    pad share          the share of row positions that are padding (packed: only a row's unfilled tail)
+    pad share          the share of row positions that are padding (packed: only a row's unfilled tail); seq2seq
+                       counts its encoder side, the input tokens (pretraining_setup.input_token_count)
     held-out loss      the final folder's loss on the held-out documents at fixed settings (coreformer evaluate's:
                        masked LM at 15%, causal LM, denoising at 30%), the same text and layout for every mode
 
