@@ -37,6 +37,14 @@ OPTIMIZERS = ("adamw", "muon")  # coreformer.training.optimizers.OPTIMIZERS
 LR_SCHEDULERS = ("cosine", "wsd")  # coreformer.training.optimizers.SCHEDULES
 DECAY_SHAPES = ("linear", "1-sqrt", "cosine")  # transformers.get_wsd_schedule's decay_type
 MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
+# How documents become rows (--packing): name -> what it does. Each objective names the ones it builds
+# (coreformer.training.objectives: `Objective.packings`, its first the default).
+PACKINGS = {
+    "concatenated": "documents joined by </s> and cut into full blocks; attention crosses documents (GPT-2)",
+    "padded": "one document window per row, padded to the batch's longest, with an attention_mask",
+    "packed": "whole document windows packed into rows of --block-size with position_ids restarting at each "
+    "document: no padding between documents, no attention across them",
+}
 
 
 @dataclass
@@ -80,6 +88,15 @@ class PretrainingSettings(RunSettings):
     vocab_size: int = arg(8192, "vocabulary size of a trained tokenizer (special tokens included)")
     pad_vocab_to_multiple_of: int = arg(64, "round the model's vocab_size up to a multiple of this (fast matmuls)")
     block_size: int = arg(128, "tokens per example: packed block (decoder) or longest window (encoder, seq2seq)")
+    packing: str | None = arg(
+        None,
+        "how documents become rows: concatenated (causal-lm only: documents joined by </s>, cut into full blocks, "
+        "attention crosses documents), padded (one window per row, padded), packed (whole windows packed into rows "
+        "of --block-size, position_ids restarting per document: no padding between documents, no attention across "
+        "them); default: concatenated for causal-lm, padded for the others",
+        choices=PACKINGS.keys(),
+        show_default=False,
+    )
     # optimisation
     max_steps: int = arg(1000, "optimizer steps")
     batch_size: int = arg(16, "examples per micro-batch on each process")

@@ -7,6 +7,20 @@
     iter_texts(dataset)                                              the texts, for `train_tokenizer`
     tokenize_dataset(dataset, tokenizer, ...)                        text -> input_ids (long documents -> windows)
     pad_sequences, as_ids, SeededCollator                            what every objective's collator is built from
+    pack_windows(dataset, block_size)                                whole windows -> rows of at most block_size
+    best_fit_rows(lengths, capacity)                                 which windows share a row (best-fit decreasing)
+    row_documents(example) / packed_rows(rows, pad_value, ...)       a packed row's documents; rows -> (B, L) tensors
+                                                                     with position_ids restarting at each document
+
+Packed rows (--packing packed). Whole windows (each at most block_size ids) share a row; their position ids restart
+at 0, which the model reads as document boundaries (no attention_mask; transformers' `find_packed_sequence_indices`),
+so each document attends only to itself. A row's unfilled tail is padding laid out as one more document: its own
+position ids, labels -100, never attended to by a real document, left out of the token counts.
+
+    windows      [a a a a a] [b b b] [c c c c c c] [d d]          block_size 8
+    rows         [c c c c c c d d]   [a a a a a b b b]   ...      best-fit decreasing, per `map` batch
+    position_ids [0 1 2 3 4 5 0 1]   [0 1 2 3 4 0 1 2]
+    a short row  [e e e e e <pad> <pad> <pad>]  positions [0 1 2 3 4 0 1 2]  (the tail is its own document)
 
 The objectives' collators live beside their objectives (objectives/*.py). Every collator is a dataclass called on a
 list of examples (dicts with "input_ids") that returns a dict of tensors. Its randomness comes from its own
@@ -14,12 +28,14 @@ list of examples (dicts with "input_ids") that returns a dict of tensors. Its ra
 reproducible without touching the global RNG. Nothing here imports the modeling files.
 """
 
+import bisect
 import glob
 import math
 import os
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +273,83 @@ def tokenize_dataset(
         remove_columns=dataset.column_names,
         desc=f"tokenizing into windows of {max_length}" if windowed else "tokenizing",
     )
+
+
+def best_fit_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` grouped into rows of at most `capacity`: best-fit decreasing (longest first, each into the
+    row it fills most; TRL's "bfd"). Deterministic: ties keep the input order. Rows come out in the order opened."""
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, row) sorted: the first with room >= length is the best fit
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        length = lengths[index]
+        if length > capacity:
+            raise ValueError(f"A window of {length} ids does not fit a row of {capacity}.")
+        spot = bisect.bisect_left(free, (length, -1))
+        if spot == len(free):
+            rows.append([])
+            room, row = capacity, len(rows) - 1
+        else:
+            room, row = free.pop(spot)
+        rows[row].append(index)
+        if room - length > 0:
+            bisect.insort(free, (room - length, row))
+    return rows
+
+
+def pack_windows(
+    dataset: datasets.Dataset, block_size: int, *, batch_size: int = 1000, num_proc: int | None = None
+) -> datasets.Dataset:
+    """Whole windows ("input_ids", each at most `block_size` ids) packed into rows of at most `block_size`.
+
+    Each `map` batch of `batch_size` windows is packed on its own (`best_fit_rows`), so a row's unfilled room is at
+    most what the batch's last rows leave; no window is cut.
+
+    Returns:
+        "input_ids" (the row's windows one after another) and "lengths" (each window's length, in order).
+    """
+
+    def pack(batch: dict[str, list]) -> dict[str, list]:
+        windows = batch["input_ids"]
+        rows = best_fit_rows([len(window) for window in windows], block_size)
+        return {
+            "input_ids": [list(chain.from_iterable(windows[i] for i in row)) for row in rows],
+            "lengths": [[len(windows[i]) for i in row] for row in rows],
+        }
+
+    return dataset.map(
+        pack,
+        batched=True,
+        batch_size=batch_size,
+        num_proc=num_proc,
+        remove_columns=dataset.column_names,
+        desc=f"packing windows into rows of {block_size}",
+    )
+
+
+def row_documents(example: dict[str, Any]) -> list[torch.Tensor]:
+    """The documents of a `pack_windows` row, each 1-D."""
+    return list(torch.split(as_ids(example), [int(length) for length in example["lengths"]]))
+
+
+def packed_rows(
+    rows: Sequence[Sequence[torch.Tensor]], pad_value: int, *, tail: int = 0, length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of documents -> (values (B, L), position_ids (B, L)) with positions restarting at 0 at each document.
+
+    L is `length`, or the longest row plus `tail`; a row shorter than L ends in `pad_value`, laid out as one more
+    document (its positions restart too, so no real document attends to it). `tail=1` gives every row such a
+    document: seq2seq pairs decoder document i with encoder document i, so both sides must count their tails alike.
+    """
+    totals = [sum(len(document) for document in row) for row in rows]
+    width = length if length is not None else max(totals, default=0) + tail
+    values = torch.full((len(rows), width), pad_value, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        lengths = [len(document) for document in row] + ([width - totals[index]] if width > totals[index] else [])
+        if totals[index]:
+            values[index, : totals[index]] = torch.cat(list(row))
+        positions[index] = torch.cat([torch.arange(count) for count in lengths])
+    return values, positions
 
 
 def pad_sequences(sequences: Sequence[torch.Tensor], value: int, multiple: int | None = None) -> torch.Tensor:

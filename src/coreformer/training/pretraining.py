@@ -15,6 +15,9 @@ the loss, what the final folder holds and what its card says:
     causal-lm    decoder   documents packed into full blocks         PackedCausalLMCollator (no padding)
     denoising    seq2seq   windows of at most block_size ids         DenoisingCollator (infilling + permutation)
 
+--packing changes the rows (data.py draws them): `padded` one window per row, `packed` whole windows packed into rows
+of block_size with position_ids restarting at each document (every objective), `concatenated` the causal LM's blocks.
+
 An output directory, as a run leaves it:
 
     output_dir/
@@ -212,11 +215,13 @@ def _restore(run: _Run, training: _Training) -> None:
     micro_batches_per_step = state["world_size"] * state["args"]["grad_accum"]
     if (
         state["args"]["dataset"] != args.dataset
+        or state["args"].get("packing", args.packing) != args.packing  # recorded since --packing exists
         or micro_batches_per_step != accelerator.num_processes * args.grad_accum
     ):
         accelerator.print(
-            "note: the dataset or the number of micro-batches per step differs from the checkpoint's run; the data "
-            "position is kept in global batches, so the order of examples continues but the runs are not exact."
+            "note: the dataset, the packing or the number of micro-batches per step differs from the checkpoint's run; "
+            "the data position is kept in global batches, so the order of examples continues but the runs are not "
+            "exact."
         )
     accelerator.print(f"resumed from {run.resume} at step {training.step}")
     saved_schedule = (state["args"]["max_steps"], state["args"]["warmup_steps"])

@@ -39,7 +39,13 @@ from .zero_shot import run_zero_shot, zero_shot_line
 
 @torch.no_grad()
 def evaluate(
-    accelerator, model, batches: list[dict[str, torch.Tensor]], objective: Objective, *, seed: int
+    accelerator,
+    model,
+    batches: list[dict[str, torch.Tensor]],
+    objective: Objective,
+    *,
+    seed: int,
+    pad_token_id: int | None = None,
 ) -> dict[str, float]:
     """The held-out loss over `batches`, token-weighted as in training (the objective's loss with the token counts of
     all the batches), split across processes; every process runs the same number of forwards (FSDP needs every rank
@@ -50,7 +56,7 @@ def evaluate(
     shares = [index for index in range(math.ceil(len(batches) / world) * world) if index % world == rank]
     counts = torch.tensor(
         [
-            [objective.label_count(batches[index]), input_token_count(batches[index])]
+            [objective.label_count(batches[index]), input_token_count(batches[index], pad_token_id)]
             for index in shares
             if index < len(batches)
         ]
@@ -80,7 +86,14 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
 
 
 def _evaluate(run: _Run, training: _Training) -> dict[str, float]:
-    held_out = evaluate(run.accelerator, training.model, training.eval_batches, run.objective, seed=run.args.seed)
+    held_out = evaluate(
+        run.accelerator,
+        training.model,
+        training.eval_batches,
+        run.objective,
+        seed=run.args.seed,
+        pad_token_id=run.tokenizer.pad_token_id,
+    )
     result = {"step": training.step, **held_out}
     training.history["eval"].append(result)
     run.accelerator.log({"eval/loss": result["loss"], "eval/perplexity": result["perplexity"]}, step=training.step)
@@ -96,7 +109,7 @@ def train_step(run: _Run, training: _Training) -> tuple[float, float, int]:
     counts = torch.tensor(
         [
             sum(run.objective.label_count(batch) for _, batch in micro_batches),
-            sum(input_token_count(batch) for _, batch in micro_batches),
+            sum(input_token_count(batch, run.tokenizer.pad_token_id) for _, batch in micro_batches),
         ],
         device=accelerator.device,
     )

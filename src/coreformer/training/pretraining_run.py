@@ -48,6 +48,7 @@ class PretrainingArguments(PretrainingSettings):
                 f"The {self.objective} objective trains {' or '.join(self.spec.families)} models; --family is "
                 f"{self.family}. Pass --family {self.spec.families[0]} or another --objective."
             )
+        self.packing = self.spec.packing(self)
         positive = ("vocab_size", "pad_vocab_to_multiple_of", "block_size", "max_steps", "batch_size", "grad_accum")
         self.check_at_least(1, positive + ("keep_last", "eval_batches"))
         self.check_at_least(

@@ -2,8 +2,8 @@
 
     load_tokenizer / load_dataset_splits     a tokenizer or the text splits, their errors as one PretrainingError
     build_collator / build_model_config      the objective's collator; the family config, checked against
-                                             --block-size
-    input_token_count(batch)                 the input tokens of a batch (throughput, MFU)
+                                             --block-size and --packing (check_packing)
+    input_token_count(batch, pad_token_id)   the real input tokens of a batch (throughput, MFU, token means)
     check_output_dir / resolve_resume        the output folder and the checkpoint to resume from, refused when they
                                              belong to another run
     check_world_size / check_checkpoint_engine    a launch that forms one run; a checkpoint the engine can read
@@ -29,6 +29,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..folders import MissingTokenizerError, folder_tokenizer
+from ..layer_types import LAYER_TYPES
 from . import arguments
 from .arguments import PretrainingError
 from .checkpoints import CHECKPOINTS_DIR, requested_checkpoint
@@ -109,12 +110,43 @@ def build_model_config(args: PretrainingArguments, tokenizer: PreTrainedTokenize
             f"{config.position_embedding_type} positions; the model has {config.max_position_embeddings}. "
             f"Lower --block-size or raise model.max_position_embeddings."
         )
+    check_packing(args, tokenizer, config)
     return config
 
 
-def input_token_count(batch: dict[str, torch.Tensor]) -> int:
+def check_packing(args: PretrainingArguments, tokenizer: PreTrainedTokenizerBase, config: Any) -> None:
+    """--packing padded and packed fill rows with the pad token; packed rows also count their real tokens by it (so it
+    must not be a token documents hold) and need layer types that keep the documents of a row apart."""
+    if args.packing not in ("padded", "packed"):
+        return
+    held = {getattr(tokenizer, f"{role}_token_id", None) for role in ("bos", "eos", "cls", "sep", "unk", "mask")}
+    pad = tokenizer.pad_token_id
+    if pad is None or (args.packing == "packed" and pad in held):
+        raise PretrainingError(
+            f"--packing {args.packing} fills rows with the pad token, and this tokenizer has "
+            f"{'none' if pad is None else f'one that documents also hold ({tokenizer.pad_token!r})'}; give it a "
+            f"pad token of its own, or omit --tokenizer to train one."
+        )
+    if args.packing != "packed":
+        return
+    types = {kind for field in config.stack_layer_types() for kind in getattr(config, field)}
+    unable = sorted(kind for kind in types if not LAYER_TYPES[kind].packed_rows)
+    if unable:
+        raise PretrainingError(
+            f"--packing packed keeps the documents of a row apart, which {', '.join(map(repr, unable))} layers cannot "
+            f"(they lay out the whole row at once); pass --packing padded, or other model.layer_types."
+        )
+
+
+def input_token_count(batch: dict[str, torch.Tensor], pad_token_id: int | None = None) -> int:
+    """The real input tokens of a batch: its attention_mask's; in a packed batch (position_ids, no mask) those that
+    are not the pad token of a row's tail (`check_packing` keeps the pad token out of documents); else every one."""
     mask = batch.get("attention_mask")
-    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+    if mask is not None:
+        return int(mask.sum())
+    if "position_ids" in batch and pad_token_id is not None:
+        return int((batch["input_ids"] != pad_token_id).sum())
+    return batch["input_ids"].numel()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The protocol every pretraining objective follows: what the run asks of it, with the defaults most share.
 
     Objective.examples(split, tokenizer, args)     text -> the examples its collator takes
+    Objective.packing(args) / packs_documents(args)   the run's --packing, checked against the objective's `packings`
     Objective.collator(tokenizer, args)            a seeded collator: examples -> a batch of tensors
     Objective.required_tokens                      special tokens the tokenizer must have
     Objective.label_count(batch)                   the tokens that carry a loss (the step's token-mean divisor)
@@ -26,7 +27,8 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from ..data import tokenize_dataset
+from ..arguments import PretrainingError
+from ..data import pack_windows, tokenize_dataset
 from ..families import head_class
 from ..flops import flops_per_token, head_parameters, matmul_parameters
 
@@ -42,11 +44,33 @@ class Objective(ABC):
     required_tokens: tuple[str, ...]
     card_metrics: tuple[str, ...] = ("loss", "perplexity")  # held-out numbers the card's model-index reports
     finetune_task: str = "sequence-classification"  # what to fine-tune the saved folder for next (finetune.py --task)
+    # The --packing modes its examples and collator build (coreformer_settings.pretraining.PACKINGS), the first the
+    # default; none: the objective lays out its own rows and --packing is refused.
+    packings: tuple[str, ...] = ()
 
     # ---- data ----
+    def packing(self, args: Any) -> str | None:
+        """The run's --packing, the objective's default when not given (or when `args` has none: the zero-shot
+        evaluation's fixed settings); one the objective does not build is refused in one line."""
+        chosen = getattr(args, "packing", None)
+        if chosen is None:
+            return self.packings[0] if self.packings else None
+        if chosen not in self.packings:
+            built = ", ".join(self.packings) or "none (it lays out its own rows)"
+            raise PretrainingError(
+                f"--packing {chosen}: the {self.name} objective builds {built}; pass one of them or omit --packing."
+            )
+        return chosen
+
+    def packs_documents(self, args: Any) -> bool:
+        """Rows of several whole documents, kept apart by restarting position_ids (--packing packed)."""
+        return self.packing(args) == "packed"
+
     def examples(self, split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, args: Any) -> datasets.Dataset:
-        """Windows of at most `block_size` ids, special tokens added to each (objectives that pack override)."""
-        return tokenize_dataset(split, tokenizer, max_length=args.block_size)
+        """Windows of at most `block_size` ids, special tokens added to each; under --packing packed, whole windows
+        packed into rows of at most `block_size` (`pack_windows`)."""
+        windows = tokenize_dataset(split, tokenizer, max_length=args.block_size)
+        return pack_windows(windows, args.block_size) if self.packs_documents(args) else windows
 
     @abstractmethod
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:

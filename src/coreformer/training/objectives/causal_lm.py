@@ -1,8 +1,16 @@
-"""Next-token prediction on packed blocks (GPT-2 style): documents joined by </s>, cut into full blocks, no padding.
+"""Next-token prediction. By --packing:
+
+    concatenated (default)  documents joined by </s>, cut into full blocks; a document sees the end of the one before
+                            (GPT-2 style)
+    padded                  each document + </s> cut into windows of at most block_size, one per row, padded
+    packed                  those windows packed into rows (data.pack_windows), position_ids restarting at each: no
+                            padding between documents, no attention across them
 
 pack_into_blocks(dataset, block_size, eos_token_id)   documents + </s> cut into full blocks
+document_windows(dataset, block_size, eos_token_id)   each document + </s> cut into windows of at most block_size
 packed_position_ids(input_ids, eos_token_id)          positions that restart after every </s>
 PackedCausalLMCollator                                 stacks blocks; labels = input_ids (the model shifts)
+DocumentCausalLMCollator                               padded or packed windows; labels -100 at each document's start
 CAUSAL_LM                                              the objective (registered in coreformer_settings.objectives)
 """
 
@@ -15,7 +23,7 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data import as_ids, tokenize_dataset
+from ..data import as_ids, pack_windows, packed_rows, pad_sequences, row_documents, tokenize_dataset
 from ..families import families_with_language_model
 from .base import Objective, load_for_sample, sampled_text
 
@@ -57,6 +65,40 @@ def pack_into_blocks(
     )
 
 
+def document_windows(
+    dataset: datasets.Dataset,
+    block_size: int,
+    *,
+    eos_token_id: int,
+    column: str = "input_ids",
+    batch_size: int = 1000,
+    num_proc: int | None = None,
+) -> datasets.Dataset:
+    """Each tokenized document followed by `eos_token_id`, cut into windows of at most `block_size` (the last one of
+    a document shorter): one window per row, no window holding two documents.
+
+        doc0 </s>  ->  [block_size] [block_size] [rest]        doc1 </s>  ->  [rest]
+    """
+    if block_size < 1:
+        raise ValueError(f"`block_size` must be >= 1, got {block_size}.")
+
+    def cut(batch: dict[str, list]) -> dict[str, list]:
+        windows = []
+        for document in batch[column]:
+            ids = [*document, eos_token_id]
+            windows += [ids[start : start + block_size] for start in range(0, len(ids), block_size)]
+        return {"input_ids": windows}
+
+    return dataset.map(
+        cut,
+        batched=True,
+        batch_size=batch_size,
+        num_proc=num_proc,
+        remove_columns=dataset.column_names,
+        desc=f"cutting documents into windows of {block_size}",
+    )
+
+
 def packed_position_ids(input_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     """(B, T) positions that restart at 0 after every `eos_token_id` (and at the start of each block).
 
@@ -95,14 +137,48 @@ class PackedCausalLMCollator:
         return batch
 
 
+@dataclass(kw_only=True)
+class DocumentCausalLMCollator:
+    """`document_windows` rows (padded: input_ids, attention_mask, labels -100 on padding) or `pack_windows` rows
+    (packed: input_ids, position_ids restarting at each document, no attention_mask). Packed labels are -100 at each
+    document's first token, as transformers' DataCollatorWithFlattening writes them: the model shifts labels inside
+    its loss, and the last token of one document must not be taught the first of the next. A padded row's first
+    label never counts either (the shift drops it), so both give a document the same label tokens."""
+
+    pad_token_id: int
+    packed: bool = False
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if not self.packed:
+            ids = [as_ids(example) for example in examples]
+            input_ids = pad_sequences(ids, self.pad_token_id)  # (B, T)
+            attention_mask = pad_sequences([torch.ones_like(row) for row in ids], 0)
+            return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": pad_sequences(ids, -100)}
+        rows = [row_documents(example) for example in examples]
+        input_ids, position_ids = packed_rows(rows, self.pad_token_id)  # (B, T)
+        starts = [[torch.cat([torch.tensor([-100]), document[1:]]) for document in row] for row in rows]
+        labels, _ = packed_rows(starts, -100, length=input_ids.shape[1])
+        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+
+
 @dataclass(frozen=True)
 class CausalLM(Objective):
+    # A subclass (a user's own causal objective) keeps today's blocks unless it says otherwise.
+    packings: tuple[str, ...] = ("concatenated", "padded", "packed")
+
     def examples(self, split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, args: Any) -> datasets.Dataset:
         tokenized = tokenize_dataset(split, tokenizer, add_special_tokens=False)
-        return pack_into_blocks(tokenized, args.block_size, eos_token_id=tokenizer.eos_token_id)
+        if self.packing(args) == "concatenated":
+            return pack_into_blocks(tokenized, args.block_size, eos_token_id=tokenizer.eos_token_id)
+        windows = document_windows(tokenized, args.block_size, eos_token_id=tokenizer.eos_token_id)
+        return pack_windows(windows, args.block_size) if self.packs_documents(args) else windows
 
-    def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> PackedCausalLMCollator:
-        return PackedCausalLMCollator(eos_token_id=tokenizer.eos_token_id)
+    def collator(
+        self, tokenizer: PreTrainedTokenizerBase, args: Any
+    ) -> PackedCausalLMCollator | DocumentCausalLMCollator:
+        if self.packing(args) == "concatenated":
+            return PackedCausalLMCollator(eos_token_id=tokenizer.eos_token_id)
+        return DocumentCausalLMCollator(pad_token_id=tokenizer.pad_token_id, packed=self.packs_documents(args))
 
     def label_count(self, batch: dict[str, torch.Tensor]) -> int:
         """The causal LM shifts labels inside its loss, so the first label of a row never counts."""

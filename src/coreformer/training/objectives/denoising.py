@@ -5,8 +5,19 @@
     DenoisingCollator                        corrupted source (input_ids) + the original document (labels)
     DENOISING                                the objective (registered in coreformer_settings.objectives)
 
-The seq2seq model builds decoder_input_ids by shifting labels right (decoder_start_token_id = eos), so the collator
-returns none.
+The seq2seq model builds decoder_input_ids by shifting labels right (decoder_start_token_id = eos), so the padded
+collator returns none. The packed one (--packing packed) corrupts each document on its own and packs both sides
+alike, decoder document i answering encoder document i; it shifts each document's labels itself, since a shift of the
+whole row would hand a document the last token of the one before:
+
+    encoder  input_ids           [<s> a <mask> </s> <s> b b <mask> </s> <pad>]   corrupted documents, then a tail
+             position_ids        [0   1 2      3    0   1 2 3      4    0    ]
+    decoder  labels              [<s> a a a </s> <s> b b b b </s> -100 -100]     the original documents
+             decoder_input_ids   [</s> <s> a a a </s> <s> b b b b <pad> <pad>]   each shifted behind the start token
+             decoder_position_ids [0 1 2 3 4 0 1 2 3 4 5 0 1]
+
+Every row of both sides ends in a padded tail document (at least one token), so both sides count their documents
+alike and each tail reads only the other side's tail.
 """
 
 import math
@@ -18,7 +29,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data import SeededCollator, as_ids, pad_sequences
+from ..data import SeededCollator, as_ids, packed_rows, pad_sequences, row_documents
 from ..families import families_with_language_model
 from .base import Objective, load_for_sample, sampled_text
 
@@ -100,6 +111,8 @@ class DenoisingCollator(SeededCollator):
         mask_ratio: Share of body tokens hidden (BART: 0.3).
         poisson_lambda: Mean span length (BART: 3).
         permute: Apply sentence permutation (BART's final model uses both).
+        packed: The examples are `pack_windows` rows: both sides packed, see the module docstring.
+        decoder_start_token_id: What each packed document's decoder input starts with (default: eos, as BART).
     """
 
     mask_token_id: int
@@ -111,6 +124,8 @@ class DenoisingCollator(SeededCollator):
     poisson_lambda: float = 3.0
     permute: bool = True
     pad_to_multiple_of: int | None = None
+    packed: bool = False
+    decoder_start_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.mask_ratio <= 1.0:
@@ -147,6 +162,8 @@ class DenoisingCollator(SeededCollator):
         return torch.cat([ids[:start], body, ids[stop:]])
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if self.packed:
+            return self._packed(examples)
         originals = [as_ids(example) for example in examples]
         sources = [self.corrupt(ids) for ids in originals]
         input_ids = pad_sequences(sources, self.pad_token_id, self.pad_to_multiple_of)  # (B, S)
@@ -154,13 +171,35 @@ class DenoisingCollator(SeededCollator):
         labels = pad_sequences(originals, -100, self.pad_to_multiple_of)  # (B, L)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
+    def _packed(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Both sides packed, document by document (the module docstring draws a row)."""
+        start = self.eos_token_id if self.decoder_start_token_id is None else self.decoder_start_token_id
+        originals = [row_documents(example) for example in examples]
+        sources = [[self.corrupt(document) for document in row] for row in originals]
+        shifted = [[torch.cat([torch.tensor([start]), document[:-1]]) for document in row] for row in originals]
+        input_ids, position_ids = packed_rows(sources, self.pad_token_id, tail=1)  # (B, S)
+        labels, decoder_position_ids = packed_rows(originals, -100, tail=1)  # (B, T)
+        decoder_input_ids, _ = packed_rows(shifted, self.pad_token_id, length=labels.shape[1])
+        return {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "decoder_input_ids": decoder_input_ids,
+            "decoder_position_ids": decoder_position_ids,
+            "labels": labels,
+        }
+
 
 @dataclass(frozen=True)
 class Denoising(Objective):
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> DenoisingCollator:
         settings = args.objective_settings  # DenoisingSettings
         return DenoisingCollator.from_tokenizer(
-            tokenizer, mask_ratio=settings.mask_ratio, poisson_lambda=settings.poisson_lambda, seed=args.seed
+            tokenizer,
+            mask_ratio=settings.mask_ratio,
+            poisson_lambda=settings.poisson_lambda,
+            seed=args.seed,
+            packed=self.packs_documents(args),
+            decoder_start_token_id=getattr(args, "model", {}).get("decoder_start_token_id"),
         )
 
     def sample(self, folder: str | Path, prompt: str, *, seed: int = 0) -> str:
@@ -179,4 +218,5 @@ DENOISING = Denoising(
     usage='inputs = tokenizer("def <mask>(self):", return_tensors="pt")\n'
     "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40)[0]))",
     required_tokens=("pad_token", "mask_token", "bos_token", "eos_token"),
+    packings=("padded", "packed"),
 )

@@ -104,15 +104,18 @@ class ElectraPretraining(nn.Module):
         tables = embedding_tables(self.discriminator)
         return {name: self.embedding_projection(table.weight) for name, table in tables.items()}
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, **kwargs) -> dict:
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, labels=None, position_ids=None, **kwargs
+    ) -> dict:
         """Masked batch (B, T) -> the generator's logits at the M masked positions (M, V), in row-major order of
-        `labels != -100`; corrupted ids; the discriminator's logits (B, T)."""
+        `labels != -100`; corrupted ids; the discriminator's logits (B, T). Packed rows (position_ids restarting, no
+        attention_mask) reach both networks alike."""
         shared = self.generator_embeddings()
         for name, table in embedding_tables(self.generator).items():
             table.weight = shared[name]
         self.generator.lm_head.weight = shared["embed_tokens"]
         hidden = self.generator.model(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids
         ).last_hidden_state  # (B, T, H_g)
         masked = labels != -100
         # Only the masks are predicted and sampled (~15% of the tokens): the vocabulary head runs on those rows.
@@ -126,7 +129,7 @@ class ElectraPretraining(nn.Module):
             sampled = self.sample_replacements(probabilities) if len(probabilities) else original[masked]
         corrupted = original.masked_scatter(masked, sampled)
         discriminator_logits = self.discriminator(
-            input_ids=corrupted, attention_mask=attention_mask, token_type_ids=token_type_ids
+            input_ids=corrupted, attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids
         ).logits.squeeze(-1)  # (B, T)
         return {
             "generator_logits": generator_logits,
@@ -207,6 +210,7 @@ class Electra(Objective):
             mask_replace_prob=1.0,
             random_replace_prob=0.0,
             seed=args.seed,
+            packed=self.packs_documents(args),
         )
 
     def build_model(self, config: Any, args: Any) -> ElectraPretraining:
@@ -221,10 +225,13 @@ class Electra(Objective):
 
     def loss_terms(self, model, batch: dict[str, torch.Tensor], label_tokens, input_tokens) -> dict:
         outputs = model(**batch)
+        real = batch.get("attention_mask")
+        if real is None and "position_ids" in batch:  # a packed batch: a row's padded tail is no real token
+            real = batch["input_ids"] != getattr(model, "module", model).discriminator.config.pad_token_id
         return electra_loss_terms(
             outputs,
             batch["labels"],
-            batch.get("attention_mask"),
+            real,
             label_tokens=label_tokens,
             input_tokens=input_tokens,
             rtd_weight=getattr(model, "module", model).rtd_weight,  # DDP wraps the module
@@ -297,4 +304,5 @@ ELECTRA = Electra(
     usage='inputs = tokenizer("def read(path):", return_tensors="pt")\nhidden = model(**inputs).last_hidden_state',
     required_tokens=MASKED_LM.required_tokens,
     card_metrics=("loss", "mlm_loss", "rtd_loss", "rtd_accuracy", "rtd_base_rate"),
+    packings=MASKED_LM.packings,
 )

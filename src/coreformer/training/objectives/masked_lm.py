@@ -1,7 +1,7 @@
 """Masked language modelling (BERT, Devlin et al. 2019): 15% of tokens selected, 80% [MASK] / 10% random / 10% kept.
 
 mask_tokens(input_ids, maskable, ...)    BERT's masking of a (B, T) batch
-MaskedLMCollator                          pads encoder examples and masks them; labels only where selected
+MaskedLMCollator                          pads (or packs) encoder examples and masks them; labels only where selected
 MASKED_LM                                 the objective (registered in coreformer_settings.objectives)
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data import SeededCollator, as_ids, pad_sequences
+from ..data import SeededCollator, as_ids, packed_rows, pad_sequences, row_documents
 from ..families import families_with_language_model
 from .base import Objective, load_for_sample
 
@@ -62,6 +62,8 @@ class MaskedLMCollator(SeededCollator):
         mlm_probability, mask_replace_prob, random_replace_prob: BERT's 0.15 / 0.8 / 0.1.
         return_token_type_ids: Add zeros (or the examples' own) for models with `type_vocab_size > 0`.
         pad_to_multiple_of: Round the padded length up (tensor-core friendly shapes).
+        packed: The examples are `pack_windows` rows: returns position_ids restarting at each document and no
+            attention_mask (data.py draws the row); a row's padded tail is never selected.
         seed: Seeds the masking; two collators with one seed mask the same batches alike.
     """
 
@@ -74,6 +76,7 @@ class MaskedLMCollator(SeededCollator):
     random_replace_prob: float = 0.1
     return_token_type_ids: bool = False
     pad_to_multiple_of: int | None = None
+    packed: bool = False
 
     def __post_init__(self) -> None:
         for name in ("mlm_probability", "mask_replace_prob", "random_replace_prob"):
@@ -97,6 +100,9 @@ class MaskedLMCollator(SeededCollator):
         )
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if self.packed:
+            input_ids, position_ids = packed_rows([row_documents(e) for e in examples], self.pad_token_id)  # (B, T)
+            return self._masked(input_ids, None, examples) | {"position_ids": position_ids}
         ids = [as_ids(example) for example in examples]
         input_ids = pad_sequences(ids, self.pad_token_id, self.pad_to_multiple_of)  # (B, T)
         if all("attention_mask" in example for example in examples):
@@ -105,10 +111,18 @@ class MaskedLMCollator(SeededCollator):
             )
         else:
             attention_mask = pad_sequences([torch.ones_like(i) for i in ids], 0, self.pad_to_multiple_of)
-        special = torch.isin(input_ids, self._never_selected)
+        return self._masked(input_ids, attention_mask, examples)
+
+    def _masked(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, examples: list[dict[str, Any]]
+    ) -> dict[str, torch.Tensor]:
+        """The batch of masked (B, T) `input_ids`: inputs, labels, the attention_mask when given, token types."""
+        maskable = ~torch.isin(input_ids, self._never_selected)  # padding is never selected, wherever it sits
+        if attention_mask is not None:
+            maskable &= attention_mask.bool()
         inputs, labels = mask_tokens(
             input_ids,
-            maskable=~special & attention_mask.bool(),
+            maskable=maskable,
             mask_token_id=self.mask_token_id,
             replacement_ids=self._replacement_ids,
             generator=self.generator,
@@ -116,9 +130,10 @@ class MaskedLMCollator(SeededCollator):
             mask_replace_prob=self.mask_replace_prob,
             random_replace_prob=self.random_replace_prob,
         )
-        batch = {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels}
+        batch = {"input_ids": inputs} | ({} if attention_mask is None else {"attention_mask": attention_mask})
+        batch["labels"] = labels
         if self.return_token_type_ids:
-            if all("token_type_ids" in example for example in examples):
+            if attention_mask is not None and all("token_type_ids" in example for example in examples):
                 batch["token_type_ids"] = pad_sequences(
                     [as_ids(e, "token_type_ids") for e in examples], 0, self.pad_to_multiple_of
                 )
@@ -131,7 +146,10 @@ class MaskedLMCollator(SeededCollator):
 class MaskedLM(Objective):
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> MaskedLMCollator:
         return MaskedLMCollator.from_tokenizer(
-            tokenizer, mlm_probability=args.objective_settings.mlm_probability, seed=args.seed
+            tokenizer,
+            mlm_probability=args.objective_settings.mlm_probability,
+            seed=args.seed,
+            packed=self.packs_documents(args),
         )
 
     def label_share(self, args: Any) -> float:
@@ -157,4 +175,5 @@ MASKED_LM = MaskedLM(
     pipeline_tag="fill-mask",
     usage='inputs = tokenizer("import [MASK]", return_tensors="pt")\nlogits = model(**inputs).logits',
     required_tokens=("pad_token", "mask_token", "cls_token", "sep_token"),
+    packings=("padded", "packed"),
 )
