@@ -489,14 +489,18 @@ def test_resuming_a_finished_run_or_with_another_max_steps_says_so_in_one_line(t
     )
 
 
-def test_pretrain_help_shows_the_presets_values_not_the_overridden_dataclass_default():
+def test_pretrain_help_shows_the_presets_values_not_the_overridden_dataclass_default(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at the terminal's width, hyphens included
     spec = importlib.util.spec_from_file_location("training_pretrain", PRETRAIN)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    text = " ".join(script.build_parser().format_help().split())  # argparse wraps to the terminal's width
+    text = " ".join(script.build_parser().format_help().split())
     tiny = resolve_arguments(family="decoder", preset="tiny", configs_dir=CONFIGS)
     assert tiny.max_steps == 600 and PretrainingArguments.__dataclass_fields__["max_steps"].default == 1000
-    assert "optimizer steps (default: from the preset: tiny 600, small 10000, base 100000; a --config file" in text
+    assert (
+        "optimizer steps (default: from the preset: encoder-tiny 1800, decoder-tiny 600, seq2seq-tiny 600, small "
+        "10000, base 100000; a --config file" in text
+    )  # the value a preset takes from the preset it extends is shown too
     assert "(default: 1000)" not in text
     assert "--seed SEED seed of the data order, masking, dropout and initialisation (default: 0)" in text  # no preset
 
@@ -654,7 +658,7 @@ def test_flags_override_the_config_file_which_overrides_defaults(tmp_path):
         family="decoder", preset="tiny", overrides={"lr": 0.5, "model": {"num_hidden_layers": 1}}, configs_dir=CONFIGS
     )
     assert args.lr == 0.5 and args.model["num_hidden_layers"] == 1 and args.model["hidden_size"] == 128
-    assert args.warmup_steps == 60  # from the preset; the dataclass default is 100
+    assert args.warmup_steps == 30  # from the preset it extends (tiny-modern); the dataclass default is 100
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"family": "seq2seq", "lr": "1e-3", "max_steps": "20", "model": {"hidden_size": 64}}))
     args = resolve_arguments(config_file=config, overrides={"max_steps": 7})
