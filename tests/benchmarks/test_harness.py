@@ -262,3 +262,21 @@ def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_
     assert set(gpu.VARIANTS) == {"masked-lm", "electra, 1/4 width", "electra, 1/2 width"}
     widths = {gpu.VARIANTS[name][1].get("generator_fraction") for name in gpu.VARIANTS}
     assert widths == {None, 0.25, 0.5}
+
+
+@pytest.mark.slow
+def test_default_presets_benchmark_tiny_times_the_installed_command_and_scores_each_folder(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("default_presets", ROOT / "benchmarks" / "default_presets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--tiny", "--families", "decoder", "--output-dir", str(tmp_path), "--note", "under load"]) == 0
+    report = json.loads((tmp_path / "default_presets_tiny.json").read_text())
+    (row,) = report["results"]
+    assert row["family"] == "decoder" and row["steps"] == 3 and row["command"].startswith("coreformer pretrain")
+    assert row["wall_time_s"] > row["train_time_s"] > 0 and row["held_out_objective"] == "causal LM"
+    assert row["unigram_entropy"] > 0 and row["held_out_loss"] > 0 and 0 <= row["minimal_pair_accuracy"] <= 1
+    text = (tmp_path / "default_presets_tiny.md").read_text()
+    assert text.startswith("# The default presets, as a user runs them") and "(under load)" in text
+    assert "- command: `python benchmarks/default_presets.py --tiny" in text and "| decoder | 3 |" in text
