@@ -254,15 +254,16 @@ def eval_batches(texts: list[str], tokenizer, objective: str, block_size: int, b
 
 
 @torch.no_grad()
-def replaced_token_detection(folder: Path, texts: list[str], block_size: int, batches: int) -> dict:
+def replaced_token_detection(folder: Path, texts: list[str], block_size: int, batches: int, device: str) -> dict:
     """The saved discriminator (with its RTD head) on held-out text masked at 15% and filled by the saved generator's
     samples, as in training: ROC AUC of its logits, RTD loss, the constant answer's loss, the base rate."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    generator = AutoModelForMaskedLM.from_pretrained(folder / GENERATOR_DIR).eval()
-    discriminator = AutoModelForTokenClassification.from_pretrained(folder / DISCRIMINATOR_DIR).eval()
-    sampler = torch.Generator().manual_seed(EVAL_SEED)
+    generator = AutoModelForMaskedLM.from_pretrained(folder / GENERATOR_DIR).eval().to(device)
+    discriminator = AutoModelForTokenClassification.from_pretrained(folder / DISCRIMINATOR_DIR).eval().to(device)
+    sampler = torch.Generator(device).manual_seed(EVAL_SEED)
     logits, targets = [], []
     for batch in eval_batches(texts, tokenizer, "electra", block_size, batches, EVAL_SEED):
+        batch = {key: value.to(device) for key, value in batch.items()}
         masked = batch["labels"] != -100
         original = torch.where(masked, batch["labels"], batch["input_ids"])
         distributions = generator(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -270,8 +271,8 @@ def replaced_token_detection(folder: Path, texts: list[str], block_size: int, ba
         corrupted = original.masked_scatter(masked, sampled)
         scores = discriminator(input_ids=corrupted, attention_mask=batch["attention_mask"]).logits.squeeze(-1)
         real = batch["attention_mask"].bool()  # (B, T): padding is neither original nor replaced
-        logits.append(scores[real])
-        targets.append((corrupted != original)[real].float())
+        logits.append(scores[real].float().cpu())
+        targets.append((corrupted != original)[real].float().cpu())
     logit, target = torch.cat(logits), torch.cat(targets)
     base_rate = float((target == 0).float().mean())
     return {
@@ -284,20 +285,22 @@ def replaced_token_detection(folder: Path, texts: list[str], block_size: int, ba
     }
 
 
-def held_out_gates(folder: Path, objective: str, block_size: int, batches: int = EVAL_BATCHES) -> dict:
+def held_out_gates(
+    folder: Path, objective: str, block_size: int, *, batches: int = EVAL_BATCHES, device: str = "cpu"
+) -> dict:
     """The run's gate numbers on the held-out split of its training text: masked-LM loss at 15% (ELECTRA: its
     generator's) and, for ELECTRA, the discriminator's replaced-token detection."""
     texts, _ = held_out_texts(folder)
     language_model = folder / GENERATOR_DIR if objective == "electra" else folder
     tokenizer = AutoTokenizer.from_pretrained(language_model)
-    model = AutoModelForMaskedLM.from_pretrained(language_model).eval()
+    model = AutoModelForMaskedLM.from_pretrained(language_model).eval().to(device)
     loss = held_out_loss(
         model, tokenizer, "encoder", texts, block_size=block_size, batches=batches, batch_size=EVAL_BATCH_SIZE,
         seed=EVAL_SEED,
     )  # fmt: skip
     gates = {"mlm_loss": loss["loss"], "mlm_tokens": loss["tokens"]}
     if objective == "electra":
-        gates.update(replaced_token_detection(folder, texts, block_size, batches))
+        gates.update(replaced_token_detection(folder, texts, block_size, batches, device))
     return gates
 
 
