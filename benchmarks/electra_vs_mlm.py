@@ -436,12 +436,12 @@ def name_of(run: dict) -> str:
     return f"{run['variant']} {run['budget']:g}"
 
 
-def downstream(runs: list[dict], args, work: Path, tokenizer: Path) -> dict:
-    """Each task: every fine-tuned encoder's result and the paired comparisons."""
-    recipes = _recipes()
+def downstream(report: dict, args, work: Path, tokenizer: Path, name: str) -> None:
+    """Each task into report["tasks"]: every fine-tuned encoder's result and the paired comparisons; the report is
+    written after each task."""
+    recipes, runs, tasks = _recipes(), report["runs"], report["tasks"]
     encoders = {"random init": random_encoder(work / "random-init", tokenizer)}
     encoders.update({name_of(run): Path(run["folder"]) for run in runs if run["budget"] in args.finetune_budgets})
-    tasks = {}
     for task in args.tasks:
         files = recipes.task_files(task, args, work)
         results = {name: finetuned(folder, task, files, args, work) for name, folder in encoders.items()}
@@ -451,7 +451,7 @@ def downstream(runs: list[dict], args, work: Path, tokenizer: Path) -> dict:
             "paired": comparisons(task, results, runs),
         }
         print(f"{task}: " + ", ".join(f"{n} {r['accuracy_mean']:.3f}" for n, r in results.items()), file=sys.stderr)
-    return tasks
+        write(report, args, name)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -569,6 +569,10 @@ def markdown(report: dict) -> str:
         + (f" ({report['note']})" if report["note"] else ""),
         f"- date: {report['date']}",
         f"- command: `{report['command']}`",
+        "- variants (encoder-tiny-modern backbone): "
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{k} {v:g}" for k, v in kept.items()) for name, kept in report["variants"].items()
+        ),
         "",
     ]
     body = runs_markdown(report)
@@ -607,9 +611,16 @@ def plot(report: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def write(report: dict, args, name: str) -> None:
-    """The JSON (after every run: a later failure keeps what finished), and at the end the markdown and plot."""
-    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+def write(report: dict, args, name: str) -> str:
+    """The JSON, the markdown and the plot of what has finished (written after every run and every task: a run cut
+    off keeps them); the markdown returned."""
+    report["verdicts"] = verdicts(report) if report["tasks"] else []
+    rows = [{key: value for key, value in row.items() if key != "folder"} for row in report["runs"]]
+    (args.output_dir / f"{name}.json").write_text(json.dumps({**report, "runs": rows}, indent=2) + "\n")
+    table = markdown(report)
+    (args.output_dir / f"{name}.md").write_text(table)
+    plot(report, args.output_dir / f"{name}.png")
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -626,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
         "variants": {variant: VARIANTS[variant][1] for variant in args.variants},
         "runs": [],
+        "tasks": {},
     }
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
@@ -641,16 +653,9 @@ def main(argv: list[str] | None = None) -> int:
                 report["runs"].append(row)
                 print(f"{name_of(row)}: {json.dumps({k: v for k, v in row.items() if k != 'folder'})}", file=sys.stderr)
                 write(report, args, name)
-        report["tasks"] = downstream(report["runs"], args, work, tokenizer) if args.tasks else {}
-        for row in report["runs"]:
-            row.pop("folder")
-    report["verdicts"] = verdicts(report) if report["tasks"] else []
+        downstream(report, args, work, tokenizer, name)
     report["wall_time_s"] = time.perf_counter() - started
-    write(report, args, name)
-    table = markdown(report)
-    (args.output_dir / f"{name}.md").write_text(table)
-    plot(report, args.output_dir / f"{name}.png")
-    print(table)
+    print(write(report, args, name))
     return 0
 
 
