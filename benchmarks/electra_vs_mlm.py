@@ -578,6 +578,9 @@ def markdown(report: dict) -> str:
     body = runs_markdown(report)
     if report.get("tasks"):
         body += tasks_markdown(report) + verdict_markdown(report)
+    unfinished = [task for task in report["settings"]["tasks"] if task not in report.get("tasks", {})]
+    if unfinished:
+        body += [f"Not fine-tuned (the run stopped before them): {', '.join(unfinished)}.", ""]
     return "\n".join(header + body)
 
 
