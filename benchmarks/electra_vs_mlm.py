@@ -593,14 +593,14 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (loss_axis, auc_axis) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for variant in VARIANTS:
+    for index, variant in enumerate(VARIANTS):  # one colour per variant in both panels
         rows = [row for row in report["runs"] if row["variant"] == variant]
         if not rows:
             continue
-        flops = [row["pretraining_flops"] for row in rows]
-        loss_axis.plot(flops, [row["mlm_loss"] for row in rows], "o-", label=variant)
+        flops, style = [row["pretraining_flops"] for row in rows], dict(marker="o", color=f"C{index}", label=variant)
+        loss_axis.plot(flops, [row["mlm_loss"] for row in rows], **style)
         if "rtd_auc" in rows[0]:
-            auc_axis.plot(flops, [row["rtd_auc"] for row in rows], "o-", label=variant)
+            auc_axis.plot(flops, [row["rtd_auc"] for row in rows], **style)
     loss_axis.axhline(report["unigram_entropy"], color="grey", ls="--", lw=0.8, label="unigram entropy")
     loss_axis.set(xscale="log", xlabel="training FLOPs", ylabel="held-out MLM loss at 15% (ELECTRA: generator)")
     auc_axis.axhline(0.5, color="grey", ls="--", lw=0.8, label="no signal")
