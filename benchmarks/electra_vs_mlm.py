@@ -1,139 +1,234 @@
-"""ELECTRA vs masked-LM pretraining at equal compute, each then fine-tuned the same way: accuracy against compute.
+"""ELECTRA against masked LM at equal training FLOPs, on the modern encoder recipe, judged by its gates and by context
+fine-tuning tasks paired by seed.
 
-For each objective (masked-lm, electra) and each budget, one pretraining run of the same encoder (the encoder-tiny
-preset unless --tiny) on the embedded corpus, its step count set so that it spends the budget:
+The backbone is the `tiny-modern` encoder preset (training/configs/encoder-tiny-modern.yaml: pre-norm, rotary, GeGLU,
+no biases or dropout, lr 2e-3). Each variant pretrains it on the embedded corpus at every FLOPs budget:
 
-    equal time   (--budgets S ...)        seconds of training; seconds per step from a short calibration run of
-                                          the objective, then from its previous run. Needs a quiet machine.
-    equal FLOPs  (--flops-budgets F ...)  training FLOPs; steps = F / (FLOPs per token x tokens per step + FLOPs
-                                          per step), tokens per step measured on the data (the same batches for
-                                          both objectives). Independent of machine load: wall time is recorded
-                                          but is a second axis, comparable only on a quiet machine.
+    masked-lm            30% masking (the preset's: Wettig et al. 2023 "Should You Mask 15%" find 30-40% better
+                         than BERT's 15% for masked LM)
+    electra, 1/4 width   15% masking (Clark et al. 2020, as BERT), RTD weight 50, the generator at 1/4 of the
+    electra, 1/2 width   discriminator's width, or 1/2 (the paper's figure 3: generators of 1/4-1/2 width work best)
 
-Training FLOPs (`Objective.training_flops`, coreformer/training/flops.py), forward + backward of every network
-trained: 6 N_matmul + 12 L d T per token, N_matmul the weights and biases of the linear layers (an output layer
-tied to the embeddings counts as the (V, d) matmul it is; embedding lookups do not) and 12 L d T the attention
-scores and values (PaLM appendix B). Masked LM: the encoder and its vocabulary head at every position. ELECTRA:
-the generator (with its (V, d_g) head) plus the discriminator (with its one-logit head), plus once per step 6 x rows
-x d x d_g for projecting the shared embedding tables. A pretraining run's FLOPs are per token x tokens seen + per
-step x steps (checked against torch's FLOP counter in tests/training/objectives/test_electra.py).
+Budgets are training FLOPs (`Objective.training_flops`, coreformer/training/flops.py: forward + backward of every
+network trained; ELECTRA's include the generator and the discriminator and the projection of the shared tables), so
+the steps of a run are the same on any machine under any load: steps = budget / (FLOPs per token x tokens per step +
+FLOPs per step). Wall time is recorded, comparable only on a quiet machine.
 
-Each pretrained encoder, and a randomly initialised one (compute 0, fine-tuned once per run), is then loaded with
-AutoModelForSequenceClassification (its load report printed and recorded: only the new classifier may be missing),
-fine-tuned for sequence classification on the embedded classification data at its full size (docstring -> package:
-every first paragraph of the four packages, 189 per package, 454 to train on, 302 held out; the task's default
-takes 100 per package and holds out 80) for --finetune-steps steps (200: a random encoder is within 0.01 of its
-accuracy at 300 by then) with --seeds seeds, and evaluated on the held-out examples. Seed s draws the same classifier
-initialisation and data order for every encoder, so besides mean ± std the report pairs them: per seed, each
-encoder minus the random one, and ELECTRA minus masked LM at the same budget (mean ± std of the differences, and
-on how many seeds it is > 0). Each row also records the held-out masked-LM loss (for ELECTRA: its generator's, at
-1/4 of the width) and, for ELECTRA, the discriminator's replaced-token-detection loss beside the loss of the best
-constant answer (the binary entropy of the base rate: not below it, the discriminator learned nothing from the
-text) and its accuracy beside the base rate (always answering "original").
+The gates, beside each result (a result whose gates fail says nothing about the objective, only that the budget is
+too small for it):
 
-Writes results/electra_vs_mlm.json (one section per kind of budget; a run replaces the sections of its own kinds and
-keeps the other), electra_vs_mlm.png (accuracy against pretraining FLOPs and seconds) and the markdown tables
-(stdout and electra_vs_mlm.md). Both kinds may be given in one run (they then share the tokenizer and the baseline).
+    context learned      held-out masked-LM loss at a fixed 15% masking (zero_shot.held_out_loss; ELECTRA: its
+                         generator's) at least CONTEXT_MARGIN nats below the unigram entropy of the training text
+                         (a model at the unigram stage predicts token frequencies, not from context)
+    replacements seen    ELECTRA: the discriminator's ROC AUC on held-out replacements (its per-token "replaced"
+                         logit against the truth, over the held-out split corrupted by its own generator at 15%) at
+                         least AUC_GATE, and its held-out RTD loss below the best constant answer's (the binary
+                         entropy of the base rate)
 
-    python benchmarks/electra_vs_mlm.py --budgets 30 60 120       # equal time: a quiet machine only
-    python benchmarks/electra_vs_mlm.py --flops-budgets 1.25e12 5e12      # equal FLOPs: the same steps under any load
-    python benchmarks/electra_vs_mlm.py --tiny --budgets 1 --flops-budgets 1      # a smoke run of both (the test)
+The downstream measure: the encoders of the budgets in --finetune-budgets (default: the largest) and a randomly
+initialised one of the same architecture are fine-tuned on benchmarks/recipes.py's tasks built from the embedded
+text (next-line, corrupted, docstring: context; package: the lexical control), each encoder's learning rate chosen
+on a dev split of the training rows (seed 0), then --seeds seeds on the whole training split, scored on the held-out
+split. Seed s draws the same classifier initialisation and data order for every encoder, so the report pairs them:
+each encoder minus random init, each ELECTRA minus masked LM at the same budget (mean ± std of the per-seed
+differences, and on how many seeds it is > 0).
+
+Writes results/electra_vs_mlm.json and .md (machine, date and command at the top) and electra_vs_mlm.png (held-out
+MLM loss and discriminator AUC against training FLOPs).
+
+    python benchmarks/electra_vs_mlm.py                                  # the default budgets, 5 seeds
+    python benchmarks/electra_vs_mlm.py --flops-budgets 1e13 2e13 --tasks corrupted next-line
+    python benchmarks/electra_vs_mlm.py --tiny                           # a smoke run (the test)
 """
 
 import argparse
+import datetime
+import importlib.util
 import json
 import math
 import platform
+import re
+import shlex
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
 
+from coreformer.training.data import load_text_dataset
 from coreformer.training.finetuning import FinetuningArguments, run_finetuning
 from coreformer.training.objectives import OBJECTIVES as REGISTRY
+from coreformer.training.objectives.electra import DISCRIMINATOR_DIR, GENERATOR_DIR
 from coreformer.training.pretraining import resolve_arguments, run_pretraining
-from coreformer.training.tasks.sequence_classification import package_docstrings
+from coreformer.training.zero_shot import EVAL_MLM_PROBABILITY, held_out_loss, held_out_texts
+from coreformer_settings.objectives import objective_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-OBJECTIVES = ("masked-lm", "electra")
+PRESET = "tiny-modern"
+VARIANTS = {  # name -> (objective, its settings); see the module docstring for the sources
+    "masked-lm": ("masked-lm", dict(mlm_probability=0.3)),
+    "electra, 1/4 width": ("electra", dict(mlm_probability=0.15, generator_fraction=0.25, rtd_weight=50.0)),
+    "electra, 1/2 width": ("electra", dict(mlm_probability=0.15, generator_fraction=0.5, rtd_weight=50.0)),
+}
+BUDGETS = (1e13, 2e13)  # training FLOPs: masked LM's ~600 steps of 16 x 128 on the modern encoder, and twice it
+TINY_BUDGETS = (3e8, 6e8)
 TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-CLASSES = 4  # the embedded classification data's labels
-HELD_OUT = 0.4  # of the 756 docstrings (189 per package): 302 held out, 454 to fine-tune on
-TINY_HELD_OUT = 32  # --tiny evaluates on the first 32 held-out examples only
-# The kinds of budget: (JSON section, what a budget is, the row key it is spent on)
-KINDS = {"equal-time": ("seconds of training", "train_time_s"), "equal-flops": ("training FLOPs", "pretraining_flops")}
+TASKS = ("next-line", "corrupted", "docstring", "package")  # benchmarks/recipes.py's, chosen before any result
+CONTEXT_MARGIN = 1.0  # nats below the unigram entropy that count as context learned
+AUC_GATE = 0.6  # discriminator AUC that counts as replacements detected (0.5: none)
+EVAL_SEED = 0  # held-out masking and generator samples: the same for every run
+EVAL_BATCHES, EVAL_BATCH_SIZE = 20, 16
+CLASSES = 4  # finetune's default: the package task's labels
+TINY_HELD_OUT = 32  # --tiny evaluates fine-tuning on the first 32 held-out examples only
+
+
+def _recipes():
+    """benchmarks/recipes.py as a module, loaded when first needed: it loads this module at its top, so a load here
+    at import time would loop."""
+    if "recipes" not in _LOADED:
+        spec = importlib.util.spec_from_file_location("recipes", ROOT / "benchmarks" / "recipes.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _LOADED["recipes"] = module
+    return _LOADED["recipes"]
+
+
+_LOADED: dict[str, object] = {}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budgets", type=float, nargs="+", help="training seconds (default 75 150 300 when no kind "
-                        "of budget is given)")  # fmt: skip
-    parser.add_argument("--flops-budgets", type=float, nargs="+", help="training FLOPs (equal-FLOPs runs)")
+    parser.add_argument("--flops-budgets", type=float, nargs="+", help=f"training FLOPs (default {BUDGETS})")
+    parser.add_argument("--finetune-budgets", type=float, nargs="+", help="budgets whose encoders are fine-tuned "
+                        "(default: the largest)")  # fmt: skip
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per encoder and task")
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="chosen on dev")
     parser.add_argument("--note", default="", help="how the machine was (e.g. 'under load from other jobs')")
-    parser.add_argument("--calibration-steps", type=int, default=30, help="steps timed to set the first run's length")
-    parser.add_argument("--finetune-steps", type=int, default=200, help="fine-tuning steps (7 epochs of 454)")
-    parser.add_argument("--finetune-lr", type=float, default=1e-3)
-    parser.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per pretrained encoder")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument(
-        "--preset",
-        default="tiny",
-        choices=("tiny", "tiny-modern", "tiny-faithful"),
-        help="the encoder both objectives pretrain (training/configs/encoder-PRESET.yaml; tiny-modern: the modern "
-        "recipe's backbone, at its 30%% masking)",
-    )
-    parser.add_argument("--tiny", action="store_true", help="a tiny model, few documents, budgets of seconds")
+    parser.add_argument("--tiny", action="store_true", help="tiny models and budgets, 1 seed, 1 task: a smoke run")
     args = parser.parse_args(argv)
-    if args.budgets is None and args.flops_budgets is None:
-        args.budgets = [75.0, 150.0, 300.0]
+    args.command = "python benchmarks/electra_vs_mlm.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.tiny:
-        args.calibration_steps, args.finetune_steps, args.seeds = 3, 4, 1
-        args.budgets = [1.0, 2.0] if args.budgets else None
-        args.flops_budgets = [5e8, 1e9] if args.flops_budgets else None
-    args.kinds = [kind for kind, given in zip(KINDS, (args.budgets, args.flops_budgets), strict=True) if given]
+        args.flops_budgets = args.flops_budgets or list(TINY_BUDGETS)
+        args.seeds, args.finetune_steps, args.finetune_lrs = 2, 4, args.finetune_lrs[:2]
+        args.tasks = args.tasks if args.tasks != parser.get_default("tasks") else ["corrupted"]
+    args.flops_budgets = sorted(args.flops_budgets or BUDGETS)
+    args.finetune_budgets = sorted(args.finetune_budgets or args.flops_budgets[-1:])
+    unknown = sorted(set(args.finetune_budgets) - set(args.flops_budgets))
+    if unknown:
+        parser.error(f"--finetune-budgets {unknown} are not among --flops-budgets {args.flops_budgets}")
+    if "masked-lm" not in args.variants:
+        parser.error("--variants must include masked-lm: ELECTRA is judged against it")
+    args.finetune_lr, args.few_shot = args.finetune_lrs[0], 32  # what finetune and recipes.task_files read
     return args
 
 
-def pretraining_settings(objective: str, args: argparse.Namespace, output_dir: Path, steps: int, tokenizer):
-    """The --preset encoder (or its architecture at a tiny size), no checkpoints, one held-out evaluation at the
-    end."""
-    overrides = dict(objective=objective, output_dir=str(output_dir), overwrite=True, max_steps=steps)
-    overrides.update(save_every=0, eval_every=0, report_to="none", warmup_steps=max(1, steps // 10))
+# ---------------------------------------------------------------------------------------------------------------------
+# Pretraining at equal FLOPs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def pretraining_settings(variant: str, args: argparse.Namespace, output_dir: Path, steps: int, tokenizer):
+    """The tiny-modern encoder (or its architecture at a tiny size) trained by `variant`, no checkpoints, no
+    zero-shot report (the gates are scored here)."""
+    objective, extra = VARIANTS[variant]
+    overrides = dict(objective=objective, output_dir=str(output_dir), overwrite=True, max_steps=steps, **extra)
+    overrides.update(save_every=0, eval_every=0, report_to="none", zero_shot_pairs=0, warmup_steps=max(1, steps // 10))
     if tokenizer is not None:
         overrides["tokenizer"] = str(tokenizer)
     if args.tiny:
         overrides.update(model=TINY_MODEL, max_documents=12, vocab_size=384, block_size=32, batch_size=8)
         overrides.update(eval_batches=2)
     return resolve_arguments(
-        family="encoder", preset=args.preset, overrides=overrides, configs_dir=ROOT / "training" / "configs"
+        family="encoder", preset=PRESET, overrides=overrides, configs_dir=ROOT / "training" / "configs"
     )
 
 
 def training_flops(objective: str, settings, config_folder: Path) -> tuple[float, float]:
     """(FLOPs per token, FLOPs per step) of the module the objective trains, built from the run's settings and the
-    config of the tokenizer run (same vocabulary); see the module docstring."""
+    config of the tokenizer run (same vocabulary)."""
     config, trained = AutoConfig.from_pretrained(config_folder), REGISTRY[objective]
     model = trained.build_model(config, settings)
     return trained.training_flops(model, settings.block_size, label_share=trained.label_share(settings))
 
 
-def held_out_numbers(objective: str, final: dict) -> dict:
-    """The numbers of the last held-out evaluation that compare across objectives: the masked-LM loss (ELECTRA:
-    its generator's) and, for ELECTRA, what shows whether its discriminator learned beyond its base rate."""
-    if objective == "electra":
-        names = ("rtd_loss", "rtd_accuracy", "rtd_base_rate", "generator_accuracy", "replaced_share")
-        return {
-            "mlm_loss": final["mlm_loss"],
-            **{name: final[name] for name in names},
-            "rtd_constant_loss": constant_rtd_loss(final["rtd_base_rate"]),
-        }
-    return {"mlm_loss": final["loss"]}
+def steps_for(budget: float, per_token: float, per_step: float, tokens_per_step: float) -> int:
+    """The steps that spend `budget` FLOPs (2 at least)."""
+    return max(2, round(budget / (per_token * tokens_per_step + per_step)))
+
+
+def pretrain(variant: str, budget: float, args, work: Path, tokenizer: Path, tokens_per_step: float) -> dict:
+    """One run spending `budget` FLOPs and its gates."""
+    objective = VARIANTS[variant][0]
+    slug = re.sub(r"\W+", "-", variant)  # "electra-1-4-width"
+    folder = work / f"{slug}-{budget:g}"
+    per_token, per_step = training_flops(
+        objective, pretraining_settings(variant, args, folder, 1, tokenizer), tokenizer
+    )
+    steps = steps_for(budget, per_token, per_step, tokens_per_step)
+    settings = pretraining_settings(variant, args, folder, steps, tokenizer)
+    metrics = run_pretraining(settings)
+    return {
+        "variant": variant,
+        "objective": objective,
+        "budget": budget,
+        "steps": metrics["steps"],
+        "tokens_seen": metrics["tokens_seen"],
+        "train_time_s": metrics["train_time_s"],
+        "flops_per_token": per_token,
+        "flops_per_step": per_step,
+        "pretraining_flops": per_token * metrics["tokens_seen"] + per_step * metrics["steps"],
+        **held_out_gates(folder, objective, settings.block_size),
+        "folder": str(folder),
+    }
+
+
+def unigram_entropy(tokenizer: Path, settings) -> float:
+    """Entropy (nats per token) of the training split's unigram distribution under the run's tokenizer: the loss of
+    a model that predicts token frequencies and nothing from context."""
+    texts = load_text_dataset(None, seed=settings.seed, max_documents=settings.max_documents)["train"]["text"]
+    loaded = AutoTokenizer.from_pretrained(tokenizer)
+    counts = torch.zeros(len(loaded), dtype=torch.float64)
+    for start in range(0, len(texts), 64):
+        for ids in loaded(texts[start : start + 64], add_special_tokens=False)["input_ids"]:
+            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(loaded)).double()
+    probabilities = counts[counts > 0] / counts.sum()
+    return float(-(probabilities * probabilities.log()).sum())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The gates
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def roc_auc(scores: torch.Tensor, positives: torch.Tensor) -> float:
+    """ROC AUC of `scores` (N,) for the binary truth `positives` (N,): the probability that a positive scores above
+    a negative, ties counting one half (Mann-Whitney U over average ranks). 0.5: no signal."""
+    scores, positives = scores.double().flatten(), positives.bool().flatten()
+    count, negatives = int(positives.sum()), int((~positives).sum())
+    if count == 0 or negatives == 0:
+        raise ValueError("ROC AUC needs both classes among the scored tokens; score more held-out text")
+    order = scores.argsort()
+    _, inverse, tied = torch.unique_consecutive(scores[order], return_inverse=True, return_counts=True)
+    first = torch.cumsum(tied, 0) - tied + 1  # each group of tied scores: its first rank (1-based)
+    ranks = torch.empty_like(scores)
+    ranks[order] = (first + (tied - 1) / 2.0).to(scores.dtype)[inverse]  # a group of t ties: their mean rank
+    return float((ranks[positives].sum() - count * (count + 1) / 2) / (count * negatives))
 
 
 def constant_rtd_loss(base_rate: float) -> float:
@@ -142,53 +237,84 @@ def constant_rtd_loss(base_rate: float) -> float:
     return -(base_rate * math.log(base_rate) + (1.0 - base_rate) * math.log(1.0 - base_rate))
 
 
-def pretrain(objective: str, kind: str, budget: float, steps: int, args, work: Path, tokenizer) -> dict:
-    """One run of `steps` steps, meant to spend `budget` (seconds or FLOPs, after `kind`)."""
-    folder = work / f"{kind}-{objective}-{budget:g}"
-    settings = pretraining_settings(objective, args, folder, steps, tokenizer)
-    per_token, per_step = training_flops(objective, settings, tokenizer)
-    metrics = run_pretraining(settings)
+def eval_batches(texts: list[str], tokenizer, objective: str, block_size: int, batches: int, seed: int) -> list[dict]:
+    """Held-out batches of `objective`'s collator at 15% masking, the same for every run of the objective."""
+    trained = REGISTRY[objective]
+    settings = SimpleNamespace(
+        family="encoder",
+        block_size=block_size,
+        seed=seed,
+        objective_settings=objective_settings(objective, {"mlm_probability": EVAL_MLM_PROBABILITY}),
+    )
+    examples = trained.examples(datasets.Dataset.from_dict({"text": texts}), tokenizer, settings).shuffle(seed=seed)
+    examples = examples.select(range(min(len(examples), batches * EVAL_BATCH_SIZE)))
+    collator = trained.collator(tokenizer, settings)
+    rows = [examples[i] for i in range(len(examples))]
+    return [collator(rows[s : s + EVAL_BATCH_SIZE]) for s in range(0, len(rows), EVAL_BATCH_SIZE)]
+
+
+@torch.no_grad()
+def replaced_token_detection(folder: Path, texts: list[str], block_size: int, batches: int, device: str) -> dict:
+    """The saved discriminator (with its RTD head) on held-out text masked at 15% and filled by the saved generator's
+    samples, as in training: ROC AUC of its logits, RTD loss, the constant answer's loss, the base rate."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    generator = AutoModelForMaskedLM.from_pretrained(folder / GENERATOR_DIR).eval().to(device)
+    discriminator = AutoModelForTokenClassification.from_pretrained(folder / DISCRIMINATOR_DIR).eval().to(device)
+    sampler = torch.Generator(device).manual_seed(EVAL_SEED)
+    logits, targets = [], []
+    for batch in eval_batches(texts, tokenizer, "electra", block_size, batches, EVAL_SEED):
+        batch = {key: value.to(device) for key, value in batch.items()}
+        masked = batch["labels"] != -100
+        original = torch.where(masked, batch["labels"], batch["input_ids"])
+        distributions = generator(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        sampled = torch.multinomial(distributions[masked].float().softmax(-1), 1, generator=sampler).squeeze(-1)
+        corrupted = original.masked_scatter(masked, sampled)
+        scores = discriminator(input_ids=corrupted, attention_mask=batch["attention_mask"]).logits.squeeze(-1)
+        real = batch["attention_mask"].bool()  # (B, T): padding is neither original nor replaced
+        logits.append(scores[real].float().cpu())
+        targets.append((corrupted != original)[real].float().cpu())
+    logit, target = torch.cat(logits), torch.cat(targets)
+    base_rate = float((target == 0).float().mean())
     return {
-        "objective": objective,
-        "budget": budget,
-        "steps": metrics["steps"],
-        "train_time_s": metrics["train_time_s"],
-        "tokens_seen": metrics["tokens_seen"],
-        "flops_per_token": per_token,
-        "flops_per_step": per_step,
-        "pretraining_flops": per_token * metrics["tokens_seen"] + per_step * metrics["steps"],
-        "final_eval_loss": metrics["final_eval_loss"],
-        **held_out_numbers(objective, metrics["history"]["eval"][-1]),
-        "folder": str(folder),
+        "rtd_auc": roc_auc(logit, target),
+        "rtd_loss": float(torch.nn.functional.binary_cross_entropy_with_logits(logit, target)),
+        "rtd_constant_loss": constant_rtd_loss(base_rate),
+        "rtd_accuracy": float(((logit > 0).float() == target).float().mean()),
+        "rtd_base_rate": base_rate,
+        "rtd_tokens": len(target),
     }
 
 
-def seconds_per_step(objective: str, args: argparse.Namespace, work: Path, tokenizer) -> float:
-    """A short run of the objective, timed."""
-    folder = work / f"{objective}-calibration"
-    calibration = run_pretraining(pretraining_settings(objective, args, folder, args.calibration_steps, tokenizer))
-    return calibration["train_time_s"] / calibration["steps"]
+def held_out_gates(
+    folder: Path, objective: str, block_size: int, *, batches: int = EVAL_BATCHES, device: str = "cpu"
+) -> dict:
+    """The run's gate numbers on the held-out split of its training text: masked-LM loss at 15% (ELECTRA: its
+    generator's) and, for ELECTRA, the discriminator's replaced-token detection."""
+    texts, _ = held_out_texts(folder)
+    language_model = folder / GENERATOR_DIR if objective == "electra" else folder
+    tokenizer = AutoTokenizer.from_pretrained(language_model)
+    model = AutoModelForMaskedLM.from_pretrained(language_model).eval().to(device)
+    loss = held_out_loss(
+        model, tokenizer, "encoder", texts, block_size=block_size, batches=batches, batch_size=EVAL_BATCH_SIZE,
+        seed=EVAL_SEED,
+    )  # fmt: skip
+    gates = {"mlm_loss": loss["loss"], "mlm_tokens": loss["tokens"]}
+    if objective == "electra":
+        gates.update(replaced_token_detection(folder, texts, block_size, batches, device))
+    return gates
 
 
-def budget_runs(objective: str, kind: str, args, work: Path, tokenizer, tokens_per_step: float) -> list[dict]:
-    """The objective's runs at every budget of `kind`, each run's length set from the rate its previous run
-    measured."""
-    rows = []
-    if kind == "equal-time":
-        rate = seconds_per_step(objective, args, work, tokenizer)
-        for budget in args.budgets:
-            row = pretrain(objective, kind, budget, max(2, round(budget / rate)), args, work, tokenizer)
-            rate = row["train_time_s"] / row["steps"]
-            rows.append(row)
-        return rows
-    for budget in args.flops_budgets:
-        settings = pretraining_settings(objective, args, work / "unused", 1, tokenizer)
-        per_token, per_step = training_flops(objective, settings, tokenizer)
-        steps = max(2, round(budget / (per_token * tokens_per_step + per_step)))
-        row = pretrain(objective, kind, budget, steps, args, work, tokenizer)
-        tokens_per_step = row["tokens_seen"] / row["steps"]
-        rows.append(row)
-    return rows
+def gate_verdicts(row: dict, entropy: float) -> dict:
+    """Whether each gate passes: context learned; for ELECTRA, replacements detected."""
+    verdicts = {"context_learned": entropy - row["mlm_loss"] >= CONTEXT_MARGIN}
+    if "rtd_auc" in row:
+        verdicts["replacements_detected"] = row["rtd_auc"] >= AUC_GATE and row["rtd_loss"] < row["rtd_constant_loss"]
+    return verdicts
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fine-tuning, paired by seed
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def load_report(folder: Path, classes: int = CLASSES) -> list[str]:
@@ -207,18 +333,6 @@ def load_report(folder: Path, classes: int = CLASSES) -> list[str]:
     if any(not name.startswith("classifier.") for name in missing):
         raise RuntimeError(f"{folder}: the encoder did not load (missing {missing})")
     return missing
-
-
-def classification_files(work: Path) -> tuple[Path, Path]:
-    """The embedded sequence-classification data at its full size: every docstring first paragraph of the four
-    packages, balanced (189 each, where the task's default takes 100), HELD_OUT of it held out; (train, validation)
-    JSON-lines files."""
-    rows = package_docstrings(per_package=None)
-    held_out = round(len(rows) * HELD_OUT)
-    files = work / "classification-train.jsonl", work / "classification-validation.jsonl"
-    for path, part in zip(files, (rows[:-held_out], rows[-held_out:]), strict=True):
-        path.write_text("".join(json.dumps(row) + "\n" for row in part))
-    return files
 
 
 def finetune(
@@ -277,27 +391,8 @@ def paired(accuracies: list[float], reference: list[float]) -> dict:
     }
 
 
-def paired_comparisons(section: dict) -> list[dict]:
-    """Each pretrained encoder against the random one, and ELECTRA against masked LM at each budget."""
-    rows, baseline = section["results"], section["baseline"]["accuracies"]
-    comparisons = [
-        {"what": f"{row['objective']} {row['budget']:g} - random init", **paired(row["accuracies"], baseline)}
-        for row in rows
-    ]
-    by_budget = {(row["objective"], row["budget"]): row for row in rows}
-    for (objective, budget), row in by_budget.items():
-        if objective == "electra" and ("masked-lm", budget) in by_budget:
-            masked = by_budget[("masked-lm", budget)]
-            comparisons.append(
-                {"what": f"electra - masked-lm at {budget:g}", **paired(row["accuracies"], masked["accuracies"])}
-            )
-    return comparisons
-
-
 def random_encoder(folder: Path, like: Path) -> Path:
     """An untrained encoder of the same config and tokenizer as the folder `like` (compute 0): the baseline."""
-    from transformers import AutoTokenizer
-
     import coreformer as cf
 
     torch.manual_seed(0)
@@ -306,112 +401,229 @@ def random_encoder(folder: Path, like: Path) -> Path:
     return folder
 
 
-def _number(row: dict, key: str, form: str) -> str:
-    return format(row[key], form) if row.get(key) is not None else "—"
+def finetuned(encoder: Path, task: str, files: dict, args, work: Path) -> dict:
+    """The encoder's learning rate chosen on dev (seed 0), then --seeds seeds on the full training split."""
+    _, classes, pair, _ = _recipes().TASKS[task]
+    dev = {
+        lr: finetune(encoder, args, work, files["dev"], lr=lr, seeds=1, classes=classes, pair=pair, tag=f"-{task}-dev")
+        for lr in args.finetune_lrs
+    }
+    lr = max(args.finetune_lrs, key=lambda value: dev[value]["accuracy_mean"])
+    full = finetune(encoder, args, work, files["full"], lr=lr, classes=classes, pair=pair, tag=f"-{task}-full")
+    return {"lr": lr, "dev_accuracy": {f"{value:g}": dev[value]["accuracy_mean"] for value in dev}, **full}
 
 
-def markdown(sections: dict[str, dict]) -> str:
-    """One table per kind of budget, each under a line saying what its budgets are and how the machine was, and
-    the paired differences of its fine-tuned accuracies."""
-    blocks = []
-    for kind, section in sections.items():
-        baseline = section["baseline"]
-        seeds = len(baseline["accuracies"])
-        lines = [
-            f"### {kind}: budgets in {KINDS[kind][0]}" + (f" ({section['note']})" if section.get("note") else ""),
-            "",
-            "| objective | budget | steps | training time (s) | tokens | pretraining FLOPs | held-out MLM loss "
-            "(ELECTRA: generator) | RTD loss / constant's | RTD accuracy / base rate | fine-tuned accuracy "
-            f"(mean ± std, {seeds} seeds) |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            f"| none (random init) | 0 | 0 | 0 | 0 | 0 | — | — | — | {baseline['accuracy_mean']:.3f} ± "
-            f"{baseline['accuracy_std']:.3f} |",
-        ]
-        for row in section["results"]:
-            loss, accuracy = "—", "—"
-            if row.get("rtd_accuracy") is not None:
-                accuracy = f"{row['rtd_accuracy']:.4f} / {row['rtd_base_rate']:.4f}"
-            if row.get("rtd_constant_loss") is not None:
-                loss = f"{row['rtd_loss']:.4f} / {row['rtd_constant_loss']:.4f}"
-            lines.append(
-                f"| {row['objective']} | {row['budget']:g} | {row['steps']} | {row['train_time_s']:.1f} | "
-                f"{row['tokens_seen']:,} | {row['pretraining_flops']:.3g} | {_number(row, 'mlm_loss', '.3f')} | "
-                f"{loss} | {accuracy} | {row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f} |"
+def comparisons(task: str, results: dict[str, dict], runs: list[dict]) -> list[dict]:
+    """Every pretrained encoder against random init, and each ELECTRA against masked LM at the same budget."""
+    rows, encoders = [], {name_of(run): run for run in runs if name_of(run) in results}
+    for name, run in encoders.items():
+        references = ["random init"]
+        masked = f"masked-lm {run['budget']:g}"
+        if run["objective"] == "electra" and masked in results:
+            references.append(masked)
+        for reference in references:
+            rows.append(
+                {
+                    "task": task,
+                    "what": f"{name} - {reference}",
+                    **paired(results[name]["accuracies"], results[reference]["accuracies"]),
+                }
             )
-        lines += [
-            "",
-            "| paired by fine-tuning seed | accuracy difference (mean ± std) | seeds where > 0 |",
-            "|---|---|---|",
-        ]
-        lines += [
-            f"| {c['what']} | {c['mean']:+.3f} ± {c['std']:.3f} | {c['wins']} / {c['seeds']} |"
-            for c in paired_comparisons(section)
-        ]
-        blocks.append("\n".join(lines) + "\n")
-    return "\n".join(blocks)
+    return rows
 
 
-def plot(sections: dict[str, dict], path: Path) -> None:
-    """Accuracy against pretraining FLOPs (every kind of budget) and against seconds (equal-time runs only: the
-    seconds of equal-FLOPs runs depend on the machine's load); each section's note in the caption."""
+def name_of(run: dict) -> str:
+    return f"{run['variant']} {run['budget']:g}"
+
+
+def downstream(report: dict, args, work: Path, tokenizer: Path, name: str) -> None:
+    """Each task into report["tasks"]: every fine-tuned encoder's result and the paired comparisons; the report is
+    written after each task."""
+    recipes, runs, tasks = _recipes(), report["runs"], report["tasks"]
+    encoders = {"random init": random_encoder(work / "random-init", tokenizer)}
+    encoders.update({name_of(run): Path(run["folder"]) for run in runs if run["budget"] in args.finetune_budgets})
+    for task in args.tasks:
+        files = recipes.task_files(task, args, work)
+        results = {name: finetuned(folder, task, files, args, work) for name, folder in encoders.items()}
+        tasks[task] = {
+            "measures": recipes.TASKS[task][3],
+            "encoders": results,
+            "paired": comparisons(task, results, runs),
+        }
+        print(f"{task}: " + ", ".join(f"{n} {r['accuracy_mean']:.3f}" for n, r in results.items()), file=sys.stderr)
+        write(report, args, name)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _pass(value: bool | None) -> str:
+    return "—" if value is None else ("pass" if value else "FAIL")
+
+
+def runs_markdown(report: dict) -> list[str]:
+    entropy = report["unigram_entropy"]
+    lines = [
+        f"Unigram entropy of the training text: {entropy:.3f} nats per token. Gates: held-out MLM loss at "
+        f"{EVAL_MLM_PROBABILITY:.0%} masking at least {CONTEXT_MARGIN:g} nats below it (context learned); ELECTRA's "
+        f"discriminator: ROC AUC on held-out replacements at least {AUC_GATE:g} and RTD loss below the constant "
+        "answer's (replacements detected).",
+        "",
+        "| variant | budget (FLOPs) | steps | tokens | training FLOPs | held-out MLM loss at 15% (ELECTRA: "
+        "generator) | below unigram by | context learned | RTD AUC | RTD loss / constant's | RTD accuracy / base "
+        "rate | replacements detected | training time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["runs"]:
+        electra = "rtd_auc" in row
+        lines.append(
+            f"| {row['variant']} | {row['budget']:g} | {row['steps']} | {row['tokens_seen']:,} | "
+            f"{row['pretraining_flops']:.3g} | {row['mlm_loss']:.4f} | {entropy - row['mlm_loss']:+.3f} | "
+            f"{_pass(row['gates']['context_learned'])} | "
+            + (f"{row['rtd_auc']:.4f} | {row['rtd_loss']:.4f} / {row['rtd_constant_loss']:.4f} | "
+               f"{row['rtd_accuracy']:.4f} / {row['rtd_base_rate']:.4f} | " if electra else "— | — | — | ")
+            + f"{_pass(row['gates'].get('replacements_detected'))} | {row['train_time_s']:.1f} |"
+        )  # fmt: skip
+    return lines + [""]
+
+
+def tasks_markdown(report: dict) -> list[str]:
+    seeds = report["settings"]["seeds"]
+    lines = [
+        f"Fine-tuned accuracy on the held-out split ({seeds} seeds; learning rate chosen per encoder on dev), and "
+        "the per-seed differences:",
+        "",
+        "| task | what it measures | encoder | lr (dev) | accuracy (mean ± std) |",
+        "|---|---|---|---|---|",
+    ]
+    for task, entry in report["tasks"].items():
+        for name, result in entry["encoders"].items():
+            lines.append(
+                f"| {task} | {entry['measures']} | {name} | {result['lr']:g} | "
+                f"{result['accuracy_mean']:.3f} ± {result['accuracy_std']:.3f} |"
+            )
+    lines += ["", "| task | paired by seed | difference (mean ± std) | seeds where > 0 |", "|---|---|---|---|"]
+    for entry_task, entry in report["tasks"].items():
+        lines += [
+            f"| {entry_task} | {c['what']} | {c['mean']:+.3f} ± {c['std']:.3f} | {c['wins']} / {c['seeds']} |"
+            for c in entry["paired"]
+        ]
+    return lines + [""]
+
+
+def verdicts(report: dict) -> list[dict]:
+    """Per ELECTRA encoder fine-tuned: its gates and its masked-LM opponent's, and on the context tasks (every task
+    but the lexical control) whether its mean paired difference against masked LM is >= 0 on each."""
+    runs = {name_of(run): run for run in report["runs"]}
+    rows = []
+    for name, run in runs.items():
+        masked = runs.get(f"masked-lm {run['budget']:g}")
+        if (
+            run["objective"] != "electra"
+            or masked is None
+            or run["budget"] not in report["settings"]["finetune_budgets"]
+        ):
+            continue
+        differences = {
+            task: next(c["mean"] for c in entry["paired"] if c["what"] == f"{name} - {name_of(masked)}")
+            for task, entry in report["tasks"].items()
+            if task != "package"
+        }
+        rows.append(
+            {
+                "electra": name,
+                "gates_pass": all(run["gates"].values()) and all(masked["gates"].values()),
+                "context_tasks_at_least_matched": sum(value >= 0 for value in differences.values()),
+                "context_tasks": len(differences),
+                "mean_difference_vs_masked_lm": statistics.fmean(differences.values()) if differences else None,
+            }
+        )
+    return rows
+
+
+def verdict_markdown(report: dict) -> list[str]:
+    lines = [
+        "ELECTRA against masked LM at equal FLOPs, on the context tasks (the package task is the lexical control and "
+        "is left out):",
+        "",
+        "| ELECTRA encoder | gates of both pass | context tasks where its mean paired difference vs masked LM >= 0 | "
+        "mean of those differences |",
+        "|---|---|---|---|",
+    ]
+    for row in report["verdicts"]:
+        mean = row["mean_difference_vs_masked_lm"]
+        lines.append(
+            f"| {row['electra']} | {'yes' if row['gates_pass'] else 'no'} | {row['context_tasks_at_least_matched']} "
+            f"/ {row['context_tasks']} | {'—' if mean is None else format(mean, '+.3f')} |"
+        )
+    return lines + [""]
+
+
+def markdown(report: dict) -> str:
+    header = [
+        "# ELECTRA against masked LM at equal training FLOPs (modern encoder recipe)",
+        "",
+        f"- machine: {report['machine']['platform']}, {report['machine']['threads']} threads"
+        + (f" ({report['note']})" if report["note"] else ""),
+        f"- date: {report['date']}",
+        f"- command: `{report['command']}`",
+        "- variants (encoder-tiny-modern backbone): "
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{k} {v:g}" for k, v in kept.items()) for name, kept in report["variants"].items()
+        ),
+        "",
+    ]
+    body = runs_markdown(report)
+    if report.get("tasks"):
+        body += tasks_markdown(report) + verdict_markdown(report)
+    unfinished = [task for task in report["settings"]["tasks"] if task not in report.get("tasks", {})]
+    if unfinished:
+        body += [f"Not fine-tuned (the run stopped before them): {', '.join(unfinished)}.", ""]
+    return "\n".join(header + body)
+
+
+def plot(report: dict, path: Path) -> None:
+    """Held-out MLM loss (at 15%) against training FLOPs per variant, the unigram entropy as a line; ELECTRA's
+    discriminator AUC against training FLOPs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(12, 5))
-    for kind, section in sections.items():
-        baseline, style = section["baseline"], "-" if kind == "equal-flops" else "--"
-        for objective in OBJECTIVES:
-            rows = sorted((r for r in section["results"] if r["objective"] == objective), key=lambda r: r["budget"])
-            for axis, key in zip(axes, ("pretraining_flops", "train_time_s"), strict=True):
-                if key == "train_time_s" and kind != "equal-time":
-                    continue
-                axis.errorbar(
-                    [0.0] + [r[key] for r in rows],
-                    [baseline["accuracy_mean"]] + [r["accuracy_mean"] for r in rows],
-                    yerr=[baseline["accuracy_std"]] + [r["accuracy_std"] for r in rows],
-                    marker="o",
-                    linestyle=style,
-                    capsize=3,
-                    label=f"{objective}, {kind}",
-                )
-    for axis, label in zip(axes, ("pretraining FLOPs", "pretraining time (s), equal-time runs"), strict=True):
-        axis.set(xlabel=label, ylabel="fine-tuned accuracy (validation)")
+    figure, (loss_axis, auc_axis) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for index, variant in enumerate(VARIANTS):  # one colour per variant in both panels
+        rows = [row for row in report["runs"] if row["variant"] == variant]
+        if not rows:
+            continue
+        flops, style = [row["pretraining_flops"] for row in rows], dict(marker="o", color=f"C{index}", label=variant)
+        loss_axis.plot(flops, [row["mlm_loss"] for row in rows], **style)
+        if "rtd_auc" in rows[0]:
+            auc_axis.plot(flops, [row["rtd_auc"] for row in rows], **style)
+    loss_axis.axhline(report["unigram_entropy"], color="grey", ls="--", lw=0.8, label="unigram entropy")
+    loss_axis.set(xscale="log", xlabel="training FLOPs", ylabel="held-out MLM loss at 15% (ELECTRA: generator)")
+    auc_axis.axhline(0.5, color="grey", ls="--", lw=0.8, label="no signal")
+    auc_axis.set(xscale="log", xlabel="training FLOPs", ylabel="discriminator ROC AUC, held-out replacements")
+    for axis in (loss_axis, auc_axis):
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
-    notes = [f"{kind}: {section['note']}" for kind, section in sections.items() if section.get("note")]
-    figure.suptitle("ELECTRA vs masked LM: sequence classification after pretraining (compute 0: random init)")
-    figure.text(0.01, 0.01, "\n".join(notes), fontsize=7, va="bottom")
-    figure.tight_layout(rect=(0, 0.04 * len(notes), 1, 1))
+    figure.suptitle("ELECTRA vs masked LM at equal training FLOPs" + (f" ({report['note']})" if report["note"] else ""))
+    figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
-def merge_section(report: dict, kind: str, section: dict) -> dict[str, dict]:
-    """The report with `kind`'s section replaced by this run's and every other kind's kept; its sections in KINDS
-    order."""
-    report["sections"][kind] = section
-    return {name: report["sections"][name] for name in KINDS if name in report["sections"]}
-
-
-def run_kind(kind: str, args, work: Path, tokenizer: Path, tokens_per_step: float, data, baseline: dict) -> dict:
-    """Every objective at every budget of `kind`, each fine-tuned; the run's randomly initialised baseline beside
-    them."""
-    started, results = time.perf_counter(), []
-    for objective in OBJECTIVES:
-        for row in budget_runs(objective, kind, args, work, tokenizer, tokens_per_step):
-            row.update(finetune(Path(row.pop("folder")), args, work, data))
-            results.append(row)
-            print(f"{kind} {objective} {row['budget']:g}: accuracy {row['accuracy_mean']:.3f}", file=sys.stderr)
-    return {
-        "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
-        "note": args.note,
-        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
-        "baseline": baseline,
-        "results": results,
-        "wall_time_s": time.perf_counter() - started,
-    }
+def write(report: dict, args, name: str) -> str:
+    """The JSON, the markdown and the plot of what has finished (written after every run and every task: a run cut
+    off keeps them); the markdown returned."""
+    report["verdicts"] = verdicts(report) if report["tasks"] else []
+    rows = [{key: value for key, value in row.items() if key != "folder"} for row in report["runs"]]
+    (args.output_dir / f"{name}.json").write_text(json.dumps({**report, "runs": rows}, indent=2) + "\n")
+    table = markdown(report)
+    (args.output_dir / f"{name}.md").write_text(table)
+    plot(report, args.output_dir / f"{name}.png")
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,25 +631,34 @@ def main(argv: list[str] | None = None) -> int:
     datasets.disable_progress_bars()
     args.output_dir.mkdir(parents=True, exist_ok=True)
     name = "electra_vs_mlm_tiny" if args.tiny else "electra_vs_mlm"
-    path = args.output_dir / f"{name}.json"
-    report = json.loads(path.read_text()) if path.is_file() else {"sections": {}}
+    started = time.perf_counter()
+    report = {
+        "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": args.command,
+        "note": args.note,
+        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        "variants": {variant: VARIANTS[variant][1] for variant in args.variants},
+        "runs": [],
+        "tasks": {},
+    }
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        # One tokenizer for every run (WordPiece training is not reproducible): trained by a first short run.
-        first = run_pretraining(pretraining_settings("masked-lm", args, work / "tokenizer-run", 1, None))
-        tokenizer, data = work / "tokenizer-run", classification_files(work)
-        tokens_per_step = first["tokens_seen"] / first["steps"]
-        baseline = finetune(random_encoder(work / "random-init", tokenizer), args, work, data)  # one for every kind
-        for kind in args.kinds:
-            section = run_kind(kind, args, work, tokenizer, tokens_per_step, data, baseline)
-            sections = merge_section(report, kind, section)
-            for section in sections.values():
-                section["paired"] = paired_comparisons(section)
-            path.write_text(json.dumps(report, indent=2) + "\n")  # after each kind: a later failure keeps it
-    table = markdown(sections)
-    (args.output_dir / f"{name}.md").write_text(table)
-    plot(sections, args.output_dir / f"{name}.png")
-    print(table)
+        # One tokenizer for every run (WordPiece training is not reproducible): trained by a first one-step run.
+        first_settings = pretraining_settings("masked-lm", args, work / "tokenizer-run", 1, None)
+        first = run_pretraining(first_settings)
+        tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
+        report["unigram_entropy"] = unigram_entropy(tokenizer, first_settings)
+        for variant in args.variants:
+            for budget in args.flops_budgets:
+                row = pretrain(variant, budget, args, work, tokenizer, tokens_per_step)
+                row["gates"] = gate_verdicts(row, report["unigram_entropy"])
+                report["runs"].append(row)
+                print(f"{name_of(row)}: {json.dumps({k: v for k, v in row.items() if k != 'folder'})}", file=sys.stderr)
+                write(report, args, name)
+        downstream(report, args, work, tokenizer, name)
+    report["wall_time_s"] = time.perf_counter() - started
+    print(write(report, args, name))
     return 0
 
 

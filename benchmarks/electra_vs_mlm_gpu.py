@@ -10,9 +10,10 @@ shapes: benchmarks/electra_vs_mlm.py's `training_flops`):
     electra, 1/4 width   15% masking, RTD weight 50 (Clark et al. 2020: generators of 1/4-1/2 width work best)
     electra, 1/2 width
 
-The gates stand beside each result: held-out MLM loss (for ELECTRA: its generator's) against the unigram entropy
-of the training text (a model at the unigram stage has learned no context), and ELECTRA's held-out RTD loss and
-accuracy against the best constant answer's (not below it: the discriminator learned nothing). Each encoder and a
+The gates stand beside each result (benchmarks/electra_vs_mlm.py's `held_out_gates`): held-out MLM loss at 15%
+masking (for ELECTRA: its generator's) against the unigram entropy of the training text (a model at the unigram stage
+has learned no context), and ELECTRA's discriminator on held-out replacements by its own generator: ROC AUC (0.5: no
+signal), RTD loss and accuracy against the best constant answer's (not below it: it learned nothing). Each encoder and a
 randomly initialised one are then fine-tuned on --tasks (benchmarks/recipes.py's tasks: context ones and the
 lexical control) with --seeds seeds, paired by seed against random init and ELECTRA against masked LM.
 
@@ -38,11 +39,8 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoTokenizer
 
-from coreformer.training.data import load_text_dataset
 from coreformer.training.pretraining import resolve_arguments, run_pretraining
-from coreformer.training.zero_shot import evaluate_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,11 +54,7 @@ def _module(name: str):
 
 
 EVM, RECIPES = _module("electra_vs_mlm"), _module("recipes")
-VARIANTS = {  # name -> (objective, its settings)
-    "masked-lm": ("masked-lm", dict(mlm_probability=0.3)),
-    "electra, 1/4 width": ("electra", dict(mlm_probability=0.15, generator_fraction=0.25, rtd_weight=50.0)),
-    "electra, 1/2 width": ("electra", dict(mlm_probability=0.15, generator_fraction=0.5, rtd_weight=50.0)),
-}
+VARIANTS = EVM.VARIANTS  # name -> (objective, its settings): the CPU benchmark's, sources in its docstring
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,35 +96,23 @@ def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path |
     return resolve_arguments(family="encoder", preset="tiny-modern", overrides=overrides)
 
 
-def unigram_entropy(tokenizer: Path, settings) -> float:
-    """Entropy (nats per token) of the training split's unigram distribution under the run's tokenizer."""
-    texts = load_text_dataset(None, seed=settings.seed, max_documents=settings.max_documents)["train"]["text"]
-    loaded = AutoTokenizer.from_pretrained(tokenizer)
-    counts = torch.zeros(len(loaded), dtype=torch.float64)
-    for start in range(0, len(texts), 64):
-        for ids in loaded(texts[start : start + 64], add_special_tokens=False)["input_ids"]:
-            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(loaded)).double()
-    probabilities = counts[counts > 0] / counts.sum()
-    return float(-(probabilities * probabilities.log()).sum())
-
-
 def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: float) -> dict:
     """One run spending --flops-budget, its held-out numbers and FLOPs."""
     objective = VARIANTS[variant][0]
     folder = work / re.sub(r"\W+", "-", variant)  # "electra-1-4-width"
     per_token, per_step = EVM.training_flops(objective, run_settings(variant, args, folder, 1, tokenizer), tokenizer)
     steps = max(2, round(args.flops_budget / (per_token * tokens_per_step + per_step)))
-    metrics = run_pretraining(run_settings(variant, args, folder, steps, tokenizer))
-    held_out = EVM.held_out_numbers(objective, metrics["history"]["eval"][-1])
-    if objective == "masked-lm":  # at 15% masking, as ELECTRA's generator and the unigram gate are (zero_shot.py)
-        held_out["mlm_loss"] = evaluate_folder(folder, pairs=16, batches=args_batches(args))["held_out"]["loss"]
+    settings = run_settings(variant, args, folder, steps, tokenizer)
+    metrics = run_pretraining(settings)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gates = EVM.held_out_gates(folder, objective, settings.block_size, batches=args_batches(args), device=device)
     return {
         "variant": variant,
         "steps": metrics["steps"],
         "tokens_seen": metrics["tokens_seen"],
         "train_time_s": metrics["train_time_s"],
         "pretraining_flops": per_token * metrics["tokens_seen"] + per_step * metrics["steps"],
-        **held_out,
+        **gates,
         "folder": str(folder),
     }
 
@@ -159,15 +141,16 @@ def markdown(report: dict) -> str:
         f"- unigram entropy of the training text: {report['unigram_entropy']:.3f} nats per token",
         "",
         "| encoder | steps | training FLOPs | time (s) | held-out MLM loss at 15% (ELECTRA: generator) | "
-        "below unigram by | RTD loss / constant's | RTD accuracy / base rate |",
-        "|---|---|---|---|---|---|---|---|",
+        "below unigram by | RTD AUC | RTD loss / constant's | RTD accuracy / base rate |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["runs"]:
+        auc = f"{row['rtd_auc']:.4f}" if "rtd_auc" in row else "—"
         rtd = f"{row['rtd_loss']:.4f} / {row['rtd_constant_loss']:.4f}" if "rtd_loss" in row else "—"
         accuracy = f"{row['rtd_accuracy']:.4f} / {row['rtd_base_rate']:.4f}" if "rtd_accuracy" in row else "—"
         lines.append(
             f"| {row['variant']} | {row['steps']} | {row['pretraining_flops']:.3g} | {row['train_time_s']:.1f} | "
-            f"{row['mlm_loss']:.4f} | {report['unigram_entropy'] - row['mlm_loss']:+.3f} | {rtd} | {accuracy} |"
+            f"{row['mlm_loss']:.4f} | {report['unigram_entropy'] - row['mlm_loss']:+.3f} | {auc} | {rtd} | {accuracy} |"
         )
     lines += ["", "| task | encoder | accuracy (mean ± std) | paired difference | seeds > 0 |", "|---|---|---|---|---|"]
     for comparison in report["comparisons"]:
@@ -232,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         first_settings = run_settings("masked-lm", args, work / "tokenizer-run", 1, None)
         first = run_pretraining(first_settings)
         tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
-        report["unigram_entropy"] = unigram_entropy(tokenizer, first_settings)
+        report["unigram_entropy"] = EVM.unigram_entropy(tokenizer, first_settings)
         for variant in VARIANTS:
             report["runs"].append(pretrain(variant, args, work, tokenizer, tokens_per_step))
             write(report, args)

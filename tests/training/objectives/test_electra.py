@@ -26,7 +26,12 @@ from test_pretraining import (
     two_processes_and_one,
     weights,
 )
-from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 import coreformer as cf
 from coreformer.training.checkpoints import find_latest_checkpoint
@@ -282,6 +287,17 @@ def test_electra_run_lowers_its_held_out_loss_and_saves_an_encoder_and_its_gener
     assert 0.0 < final["replaced_share"] <= 1.0
     assert f"rtd accuracy {final['rtd_accuracy']:.4f}" in card and "perplexity" not in card.split("---")[1]
     assert metrics["sample"].startswith("import [MASK] -> ")
+
+
+def test_saved_discriminator_keeps_its_rtd_head_and_the_encoders_weights(electra_run):
+    output_dir, _, _ = electra_run
+    discriminator = AutoModelForTokenClassification.from_pretrained(output_dir / "discriminator")
+    assert type(discriminator) is cf.CoreformerEncoderForTokenClassification and discriminator.config.num_labels == 1
+    encoder = weights(output_dir)
+    saved = weights(output_dir / "discriminator")
+    assert {name.removeprefix("model.") for name in saved if name.startswith("model.")} == set(encoder)
+    assert all(torch.equal(saved[f"model.{name}"], encoder[name]) for name in encoder)  # the same encoder
+    assert any(name.startswith("classifier.") for name in saved)  # and the one-logit head the encoder lacks
 
 
 @pytest.mark.slow

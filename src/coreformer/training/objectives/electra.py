@@ -30,7 +30,9 @@ the masked tokens only, so it counts at the masking probability's share; plus, o
 shared tables (6 x rows x H x H_g).
 
 What is saved: the discriminator's encoder (CoreformerEncoderModel, loads with AutoModel and fine-tunes with any
-encoder head), and `generator/`, the generator as a CoreformerEncoderForMaskedLM folder.
+encoder head), `generator/`, the generator as a CoreformerEncoderForMaskedLM folder, and `discriminator/`, the
+discriminator with its one-logit head (AutoModelForTokenClassification), so that its replaced-token detection can be
+scored on held-out text after the run (benchmarks/electra_vs_mlm.py's ROC AUC).
 """
 
 import copy
@@ -49,6 +51,7 @@ from .base import Objective
 from .masked_lm import MASKED_LM, MaskedLMCollator
 
 GENERATOR_DIR = "generator"
+DISCRIMINATOR_DIR = "discriminator"
 SHARED_TABLES = ("embed_tokens", "embed_positions", "token_type_embeddings")  # nn.Embedding tables of the stack
 
 
@@ -248,7 +251,7 @@ class Electra(Objective):
         folder: Path,
     ) -> None:
         """The discriminator's encoder as the folder itself; the generator, with E P as its embeddings, in
-        `generator/`; the tokenizer in both."""
+        `generator/`; the discriminator with its RTD head in `discriminator/`; the tokenizer in all three."""
 
         def part(prefix: str) -> dict[str, torch.Tensor]:
             return {key.removeprefix(prefix): value for key, value in state_dict.items() if key.startswith(prefix)}
@@ -263,7 +266,8 @@ class Electra(Objective):
         generator = type(model.generator)(model.generator.config)
         generator.load_state_dict({**part("generator."), **shared})
         generator.save_pretrained(folder / GENERATOR_DIR)
-        for destination in (folder, folder / GENERATOR_DIR):
+        model.discriminator.save_pretrained(folder / DISCRIMINATOR_DIR, state_dict=part("discriminator."))
+        for destination in (folder, folder / GENERATOR_DIR, folder / DISCRIMINATOR_DIR):
             tokenizer.save_pretrained(destination)
 
     def label_share(self, args: Any) -> float:
