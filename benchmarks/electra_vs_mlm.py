@@ -73,6 +73,7 @@ from coreformer.training.objectives import OBJECTIVES as REGISTRY
 from coreformer.training.objectives.electra import DISCRIMINATOR_DIR, GENERATOR_DIR
 from coreformer.training.pretraining import resolve_arguments, run_pretraining
 from coreformer.training.zero_shot import EVAL_MLM_PROBABILITY, held_out_loss, held_out_texts
+from coreformer.training.zero_shot import unigram_entropy as text_unigram_entropy
 from coreformer_settings.objectives import objective_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,15 +201,9 @@ def pretrain(variant: str, budget: float, args, work: Path, tokenizer: Path, tok
 
 def unigram_entropy(tokenizer: Path, settings) -> float:
     """Entropy (nats per token) of the training split's unigram distribution under the run's tokenizer: the loss of
-    a model that predicts token frequencies and nothing from context."""
+    a model that predicts token frequencies and nothing from context (the evaluation's, of the training text)."""
     texts = load_text_dataset(None, seed=settings.seed, max_documents=settings.max_documents)["train"]["text"]
-    loaded = AutoTokenizer.from_pretrained(tokenizer)
-    counts = torch.zeros(len(loaded), dtype=torch.float64)
-    for start in range(0, len(texts), 64):
-        for ids in loaded(texts[start : start + 64], add_special_tokens=False)["input_ids"]:
-            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(loaded)).double()
-    probabilities = counts[counts > 0] / counts.sum()
-    return float(-(probabilities * probabilities.log()).sum())
+    return text_unigram_entropy(AutoTokenizer.from_pretrained(tokenizer), texts)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
