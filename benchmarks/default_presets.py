@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="a few steps of tiny models: a smoke run")
     args = parser.parse_args(argv)
-    args.command = "python benchmarks/default_presets.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    args.command = shlex.join(["python", "benchmarks/default_presets.py", *(sys.argv[1:] if argv is None else argv)])
     return args
 
 
@@ -64,7 +64,7 @@ def pretrain_and_evaluate(family: str, args: argparse.Namespace, work: Path) -> 
     held_out = report["held_out"]
     return {
         "family": family,
-        "command": shlex.join(["coreformer", *command[3:]]),
+        "command": shlex.join(["coreformer", *command[3:]]).replace(str(folder), "DIR"),
         "steps": metrics["steps"],
         "wall_time_s": wall,
         "train_time_s": metrics["train_time_s"],
@@ -97,7 +97,7 @@ def markdown(report: dict) -> str:
             f"{row['unigram_entropy'] - row['held_out_loss']:.3f} | {row['minimal_pair_accuracy']:.3f} "
             f"({row['minimal_pairs']}) |"
         )
-    lines += ["", "Each row's command: " + "; ".join(f"`{row['command']}`" for row in report["results"]), ""]
+    lines += ["", "Each row's command: " + "; ".join(f"`{row['command']}`" for row in report["results"]) + ".", ""]
     return "\n".join(lines)
 
 

@@ -498,7 +498,7 @@ def test_pretrain_help_shows_the_presets_values_not_the_overridden_dataclass_def
     tiny = resolve_arguments(family="decoder", preset="tiny", configs_dir=CONFIGS)
     assert tiny.max_steps == 600 and PretrainingArguments.__dataclass_fields__["max_steps"].default == 1000
     assert (
-        "optimizer steps (default: from the preset: encoder-tiny 1800, decoder-tiny 600, seq2seq-tiny 600, small "
+        "optimizer steps (default: from the preset: encoder-tiny 1600, decoder-tiny 600, seq2seq-tiny 600, small "
         "10000, base 100000; a --config file" in text
     )  # the value a preset takes from the preset it extends is shown too
     assert "(default: 1000)" not in text
