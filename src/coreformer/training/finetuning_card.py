@@ -27,25 +27,7 @@ def finetuned_card_info(
         for key, value in metrics.items()
         if key.startswith("eval_") and not key.endswith(("_runtime", "_per_second", "_time", "_samples"))
     }
-    hyperparameters = [
-        ("task", args.task),
-        ("base model", args.model),
-        ("steps", int(metrics.get("train_steps", 0))),
-        ("epochs", round(float(metrics.get("epoch", 0.0)), 3)),
-        ("batch size x accumulation", f"{args.batch_size} x {args.grad_accum}"),
-        ("learning rate", f"{args.lr:g}, {args.lr_scheduler_type} schedule, {args.warmup_steps} warmup steps"),
-        ("weight decay", args.weight_decay),
-        ("max length", args.max_length),
-        ("bf16", args.bf16),
-        ("seed", args.seed),
-    ]
-    if args.peft == "lora":
-        hyperparameters.append(
-            (
-                "LoRA",
-                f"r {args.lora_r}, alpha {args.lora_alpha}, dropout {args.lora_dropout}, on {args.lora_target_modules}",
-            )
-        )
+    hyperparameters = _card_hyperparameters(args, metrics)
     what = "A LoRA adapter" if adapter else "A coreformer " + family + " model"
     summary = f"{what} fine-tuned for {args.task} with `coreformer finetune` (transformers Trainer)"
     if args.peft == "lora" and not adapter:
@@ -72,6 +54,30 @@ def finetuned_card_info(
         tags=[args.task] + (["lora", "peft"] if args.peft == "lora" else []),
         license=base_license or "other",
     )
+
+
+def _card_hyperparameters(args: FinetuningArguments, metrics: dict) -> list[tuple[str, object]]:
+    """The card's settings table: what the run was given and how far it went."""
+    rows = [
+        ("task", args.task),
+        ("base model", args.model),
+        ("steps", int(metrics.get("train_steps", 0))),
+        ("epochs", round(float(metrics.get("epoch", 0.0)), 3)),
+        ("batch size x accumulation", f"{args.batch_size} x {args.grad_accum}"),
+        ("learning rate", f"{args.lr:g}, {args.lr_scheduler_type} schedule, {args.warmup_steps} warmup steps"),
+        ("weight decay", args.weight_decay),
+        ("max length", args.max_length),
+        ("bf16", args.bf16),
+        ("seed", args.seed),
+    ]
+    if args.peft == "lora":
+        rows.append(
+            (
+                "LoRA",
+                f"r {args.lora_r}, alpha {args.lora_alpha}, dropout {args.lora_dropout}, on {args.lora_target_modules}",
+            )
+        )
+    return rows
 
 
 def _eval_dataset_name(args: FinetuningArguments) -> str:
