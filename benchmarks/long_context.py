@@ -12,6 +12,11 @@ Writes a markdown table to stdout, JSON and a PNG plot.
     python benchmarks/long_context.py                       # 512 ... 16384 on CPU, ~15 minutes
     python benchmarks/long_context.py --lengths 256 512 --repeats 1 --skip-recall   # a smoke run
     python benchmarks/long_context.py --family decoder --inference --skip-recall     # decoder prefill
+    python benchmarks/long_context.py --family decoder --packed-documents 1024 --types full sliding --skip-recall
+
+--packed-documents N makes each row a packed row of documents of N tokens (position_ids restarting every N tokens, no
+attention mask: what DataCollatorWithFlattening and `--packing packed` feed), so the rows show what packing costs
+each type at long lengths: a sliding layer keeps its O(L·w) kernel, full attention masks each document's block.
 """
 
 import argparse
@@ -64,15 +69,19 @@ def measure_one(layer_type: str, length: int, args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model = build_model(layer_type, length, args).train(not args.inference)
     ids = torch.randint(0, 1024, (args.batch_size, length))
+    # a packed row: documents of --packed-documents tokens, each with its own positions from 0
+    inputs = (
+        {"position_ids": (torch.arange(length) % args.packed_documents).expand_as(ids)} if args.packed_documents else {}
+    )
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     times = []
     for repeat in range(args.repeats + 1):  # the first run warms up allocators and kernels
         start = time.perf_counter()
         if args.inference:
             with torch.no_grad():
-                model(ids)
+                model(ids, **inputs)
         else:
-            model(ids).last_hidden_state.float().pow(2).mean().backward()
+            model(ids, **inputs).last_hidden_state.float().pow(2).mean().backward()
         elapsed = time.perf_counter() - start
         model.zero_grad(set_to_none=True)
         if repeat:
@@ -166,7 +175,7 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
 def describe(args: argparse.Namespace) -> tuple[str, str]:
     """(what one timing is, where the results go): the default run keeps the names the README links to."""
     what = "forward" if args.inference else "forward + backward"
-    mode = f"{args.family}{'_inference' if args.inference else ''}"
+    mode = f"{args.family}{'_inference' if args.inference else ''}{'_packed' if args.packed_documents else ''}"
     return what, "long_context" if mode == "encoder" else f"long_context_{mode}"
 
 
@@ -189,7 +198,8 @@ def plot(results: list[dict], path: Path, args: argparse.Namespace) -> None:
         axis.set_ylabel(label)
         axis.grid(True, which="both", alpha=0.3)
     time_axis.legend()
-    figure.suptitle(f"coreformer attention types on CPU ({args.family}, batch {args.batch_size})")
+    packed = f", packed documents of {args.packed_documents}" if args.packed_documents else ""
+    figure.suptitle(f"coreformer attention types on CPU ({args.family}, batch {args.batch_size}{packed})")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -213,6 +223,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--recall-steps", type=int, default=1200)
     parser.add_argument("--skip-recall", action="store_true")
+    parser.add_argument("--packed-documents", type=int, help="packed rows of documents of this many tokens (above)")
     parser.add_argument("--quiet-cpu", type=float, help="start each timing once the CPUs' busy share is below this")
     parser.add_argument("--quiet-timeout", type=float, default=300, help="seconds to wait for that before timing")
     parser.add_argument("--output-dir", type=Path, default=Path("benchmarks/results"))

@@ -32,6 +32,24 @@ def test_long_context_benchmark_runs_and_writes_table_json_and_plot(tmp_path):
 
 
 @pytest.mark.slow
+def test_long_context_packed_rows_mode_writes_its_own_results(tmp_path):
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "long_context.py"),
+        *("--family", "decoder", "--packed-documents", "16", "--skip-recall", "--repeats", "1"),
+        *("--lengths", "64", "--types", "full", "sliding"),
+        *("--hidden-size", "32", "--heads", "2", "--window", "8", "--output-dir", str(tmp_path)),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "long_context_decoder_packed.json").read_text())
+    assert [r["type"] for r in report["results"]] == ["full", "sliding"] and report["settings"][
+        "packed_documents"
+    ] == 16
+    assert not (tmp_path / "long_context_decoder.json").exists()
+
+
+@pytest.mark.slow
 def test_long_context_decoder_prefill_mode_writes_its_own_results(tmp_path):
     command = [
         sys.executable,
