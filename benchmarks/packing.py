@@ -1,10 +1,10 @@
 """Packed against padded pretraining, per family, on variable-length text: speed, padding, and held-out loss.
 
 For each family (encoder, decoder, seq2seq) and each --packing the family's objective builds (padded, packed; the
-decoder also concatenated), one pretraining run of the `tiny` preset on the embedded corpus cut into documents as they
-come (--documents: whole files, or single non-blank lines), every run spending the same budget of REAL (non-pad)
-tokens: its step count is the budget over the real tokens its batches hold (measured on its first collated batches).
-Reported per run:
+decoder also concatenated), one pretraining run of --preset (`tiny` unless given) on the embedded corpus cut into
+documents as they come (--documents: whole files, or single non-blank lines), every run spending the same budget of
+REAL (non-pad) tokens: its step count is the budget over the real tokens its batches hold (measured on its first
+collated batches). Reported per run:
 
     tokens/s           every position of every row (pad included) per second of training
     real tokens/s      the non-pad tokens per second (what the budget counts)
@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--documents", nargs="+", choices=DOCUMENTS, default=list(DOCUMENTS))
     parser.add_argument("--budget", type=int, default=BUDGET, help="real (non-pad) training tokens per run")
     parser.add_argument("--max-files", type=int, default=None, help="read at most this many corpus files")
+    parser.add_argument("--preset", default="tiny", help="each family's preset (tiny, small, base)")
+    parser.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default=None, help="the preset's if unset")
     parser.add_argument("--note", default="", help="how the machine was (e.g. 'under load from other jobs')")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="tiny models, 40 files, a tiny budget: a smoke run")
@@ -90,10 +92,12 @@ def run_settings(family: str, packing: str, args, data: Path, tokenizer: Path, f
     overrides = dict(dataset=str(data), tokenizer=str(tokenizer), packing=packing, output_dir=str(folder))
     overrides.update(overwrite=True, max_steps=steps, save_every=0, eval_every=0, report_to="none", zero_shot_pairs=0)
     overrides.update(warmup_steps=max(1, steps // 10))
+    if args.mixed_precision is not None:
+        overrides["mixed_precision"] = args.mixed_precision
     if args.tiny:
         overrides.update(model=TINY_MODELS[family], block_size=32, batch_size=8, eval_batches=2)
     return resolve_arguments(
-        family=family, preset="tiny", overrides=overrides, configs_dir=ROOT / "training" / "configs"
+        family=family, preset=args.preset, overrides=overrides, configs_dir=ROOT / "training" / "configs"
     )
 
 
@@ -125,6 +129,7 @@ def measure(family: str, packing: str, args, data: Path, tokenizer: Path, held_o
     steps = max(1, math.ceil(args.budget / (shape["real_per_batch"] * settings.grad_accum)))
     metrics = run_pretraining(run_settings(family, packing, args, data, tokenizer, folder, steps))
     model, loaded, _ = load_language_model(folder)
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
     loss = held_out_loss(
         model,
         loaded,

@@ -265,8 +265,8 @@ class Attention(nn.Module):
         attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if not self.is_cross_attention and plan.attention_kwargs:
-            kwargs = {**plan.attention_kwargs, **kwargs}  # position ids (and varlen arguments), as Llama passes them
+        if plan.attention_kwargs:  # position ids and varlen arguments, as Llama passes them (cross: varlen only)
+            kwargs = {**plan.attention_kwargs, **kwargs}
         output, weights = attention_fn(
             self,
             query,

@@ -94,8 +94,8 @@ class LayerPlan(NamedTuple):
     documents: (B, T) document of each query token of a packed batch (see the module docstring), or None; kernels
         keep keys of other documents out (cross-attention: the masks pair decoder document i with encoder document i).
     attention_kwargs: passed to the attention function, as transformers' models pass them: `position_ids`, and for
-        packed rows under flash attention the varlen arguments (`cu_seq_lens_q/k`, `max_length_q/k`). Self-attention
-        only (cross-attention's keys are not the queries' tokens).
+        packed rows under flash attention the varlen arguments (`cu_seq_lens_q/k`, `max_length_q/k`). Cross-attention
+        gets only the varlen arguments (its keys are not the queries' tokens), pairing the two sides' documents.
     """
 
     mask: torch.Tensor | None = None
@@ -157,19 +157,29 @@ def document_starts(documents: torch.Tensor) -> torch.Tensor:
     return torch.cat([changes.new_ones(changes.shape[0], 1), changes], dim=1)
 
 
-def varlen_kwargs(documents: torch.Tensor) -> dict[str, Any]:
-    """(B, T) document ids -> flash attention's varlen arguments over the flattened B * T tokens (what
+def varlen_kwargs(documents: torch.Tensor, key_documents: torch.Tensor | None = None) -> dict[str, Any]:
+    """(B, T) document ids of the queries (and (B, S) of the keys, for cross-attention; the queries' own by
+    default) -> flash attention's varlen arguments over the flattened tokens (what
     `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` gives): cu_seq_lens_q/k (N + 1,) int32 and
-    max_length_q/k."""
-    starts = document_starts(documents).flatten().nonzero().squeeze(1)
-    total = torch.tensor([documents.numel()], device=documents.device)
-    cu_seq_lens = torch.cat([starts, total]).to(torch.int32)
-    longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    max_length_q/k. Query document i reads key document i."""
+
+    def cumulative(ids: torch.Tensor) -> torch.Tensor:
+        starts = document_starts(ids).flatten().nonzero().squeeze(1)
+        return torch.cat([starts, torch.tensor([ids.numel()], device=ids.device)]).to(torch.int32)
+
+    cu_q = cumulative(documents)
+    cu_k = cu_q if key_documents is None else cumulative(key_documents)
+    if cu_q.numel() != cu_k.numel():
+        raise ValueError(
+            f"the decoder side of this packed batch holds {cu_q.numel() - 1} documents and the encoder side "
+            f"{cu_k.numel() - 1}: cross-attention pairs decoder document i with encoder document i, so pack the same "
+            f"documents on both sides."
+        )
     return {
-        "cu_seq_lens_q": cu_seq_lens,
-        "cu_seq_lens_k": cu_seq_lens,
-        "max_length_q": longest,
-        "max_length_k": longest,
+        "cu_seq_lens_q": cu_q,
+        "cu_seq_lens_k": cu_k,
+        "max_length_q": int((cu_q[1:] - cu_q[:-1]).max()),
+        "max_length_k": int((cu_k[1:] - cu_k[:-1]).max()),
     }
 
 
@@ -285,14 +295,17 @@ class ForwardPlanner:
         self, position_ids: torch.Tensor, documents: torch.Tensor | None, packing: dict[str, Any]
     ) -> dict[str, Any]:
         """What self-attention hands the attention function beyond q/k/v and the mask, as transformers' Llama does:
-        the position ids; for packed rows the caller's varlen arguments, or under flash attention (which reads no
-        mask) those derived from the documents."""
+        the position ids; for packed rows under flash attention (which reads no mask) the varlen arguments of the
+        documents, else the caller's varlen arguments as given."""
         kwargs: dict[str, Any] = {"position_ids": position_ids}
-        varlen = {name: packing[name] for name in PACKING_KWARGS[:4] if packing.get(name) is not None}
-        if documents is not None and len(varlen) < 4:
-            if is_flash_attention_requested(requested_attention_implementation=self.config._attn_implementation):
-                varlen = varlen_kwargs(documents)
-        return kwargs | varlen
+        if documents is not None and self.flash_requested():
+            # Derived from this stack's own documents: a seq2seq caller's cu_seq_lens_q/k describe the decoder and
+            # the encoder side, which neither self-attention may read as its own.
+            return kwargs | varlen_kwargs(documents)
+        return kwargs | {name: packing[name] for name in PACKING_KWARGS[:4] if packing.get(name) is not None}
+
+    def flash_requested(self) -> bool:
+        return is_flash_attention_requested(requested_attention_implementation=self.config._attn_implementation)
 
     def prepared_masks(self, attention_mask) -> Masks | None:
         """Masks already built per layer type (`CoreformerPreTrainedModel.create_masks_for_generate`), or None."""
@@ -430,9 +443,11 @@ class ForwardPlanner:
     def check_mask_backend(self, implementation: str | None) -> None:
         """Types defined by their mask need a backend that reads masks, and a mask function registered for it."""
         patterns = sorted(name for name in set(self.layer_types) if LAYER_TYPES[name].overlay is not None)
-        if patterns and implementation is not None and implementation.startswith("flash"):
+        # A window reaches flash as the `sliding_window` argument (as Mistral's does); other patterns cannot.
+        beyond_flash = [name for name in patterns if LAYER_TYPES[name].transformers_window is None]
+        if beyond_flash and implementation is not None and implementation.startswith("flash"):
             raise ValueError(
-                f"{patterns} layers are defined by their mask, which {implementation} ignores: use "
+                f"{beyond_flash} layers are defined by their mask, which {implementation} ignores: use "
                 f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
             )
         beyond_window = [name for name in patterns if LAYER_TYPES[name].transformers_window is None]
@@ -494,6 +509,10 @@ class ForwardPlanner:
             output_attentions=output_attentions,
             unpadding=unpadding,
             documents=documents,
+            # flash reads no mask: the pairing reaches it as varlen arguments (decoder document i, encoder document i)
+            attention_kwargs=varlen_kwargs(documents, encoder_documents)
+            if documents is not None and self.flash_requested()
+            else None,
         )
 
     def rotary_position_embeddings(
