@@ -35,7 +35,6 @@ call cut off at its time limit keeps what it finished.
 import argparse
 import datetime
 import importlib.util
-import inspect
 import json
 import platform
 import shlex
@@ -99,15 +98,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _varlen_flash(query, key, value, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float, window):
-    """torch's FlashAttention-2 varlen kernel: (total, H, D) bf16 in, (total, H, D) out."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    options = dict(is_causal=causal, scale=scale)
-    if window is not None:
-        if "window_size" not in inspect.signature(varlen_attn).parameters:
-            raise NotImplementedError("this torch's varlen_attn takes no window_size (sliding windows)")
-        options["window_size"] = window
-    return varlen_attn(query, key, value, cu_q, cu_k, max_q, max_k, **options)
+    """torch's FlashAttention-2 varlen kernel (what torch.nn.attention.varlen wraps; called as the aten op, whose
+    signature and autograd formula have held across torch releases where the wrapper's have not): (total, H, D) bf16
+    in, (total, H, D) out."""
+    left, right = window if window is not None else (None, None)
+    output, *_ = torch.ops.aten._flash_attention_forward(
+        query, key, value, cu_q, cu_k, max_q, max_k, 0.0, causal, False,
+        scale=scale, window_size_left=left, window_size_right=right,
+    )  # fmt: skip
+    return output
 
 
 def _varlen_reference(query, key, value, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float, window):
