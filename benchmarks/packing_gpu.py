@@ -23,10 +23,11 @@ type the backend refuses is reported with the refusal's first line. Cells run in
 kernel per cell) until --time-budget is spent.
 
 Part "speed": benchmarks/packing.py's runs (every packing mode of each family's default objective, equal real-token
-budgets, variable-length documents) with the `small` presets in bf16 on the GPU.
+budgets, variable-length documents) with --preset (`small`) in bf16 on the GPU.
 
-Writes results/packing_gpu.json and .md (machine, date and command at the top) after every cell and section, so a
-call cut off at its time limit keeps what it finished.
+Each part writes its own results file, results/packing_gpu_exact.json / .md and packing_gpu_speed.json / .md
+(machine, date and command at the top), after every cell and section, so a call cut off at its time limit keeps what
+it finished; a speed run that fails is reported with its error.
 
     python benchmarks/packing_gpu.py                    # on the GPU machine
     python benchmarks/packing_gpu.py --tiny             # a CPU smoke run of the same code (the test)
@@ -85,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--time-budget", type=float, default=150.0, help="seconds after which no new cell starts")
     parser.add_argument("--documents", nargs="+", choices=["files", "lines"], default=["lines"])
     parser.add_argument("--preset", default="small", help="the speed part's preset")
-    parser.add_argument("--budget", type=int, default=2_000_000, help="real tokens per speed run")
+    parser.add_argument("--budget", type=int, default=500_000, help="real tokens per speed run")
+    parser.add_argument("--mixed-precision", choices=["no", "bf16"], default=None, help="speed runs (GPU: bf16)")
     parser.add_argument("--note", default="")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="tiny documents and runs on CPU: a smoke run")
@@ -299,7 +301,7 @@ def exact_part(args, report: dict, device: str, deadline: float) -> None:
                 cell["seconds"] = time.perf_counter() - started
                 report["exact"].append(cell)
                 print(json.dumps(cell), flush=True)
-                write(report, args)
+                write(report, args, "exact")
 
 
 # --- speed: packed against padded training ----------------------------------------------------------------------
@@ -307,18 +309,22 @@ def exact_part(args, report: dict, device: str, deadline: float) -> None:
 
 def speed_part(args, report: dict, device: str) -> None:
     packing = _packing_benchmark()
+    precision = args.mixed_precision or ("bf16" if device == "cuda" else "no")
     speed_args = packing.parse_args(
         ["--budget", str(args.budget), "--preset", args.preset, "--families", *args.families]
-        + ["--documents", *args.documents]
+        + ["--documents", *args.documents, "--mixed-precision", precision]
         + (["--tiny"] if args.tiny else [])
-        + (["--mixed-precision", "bf16"] if device == "cuda" else [])
     )
+    report["mixed_precision"] = precision
     with tempfile.TemporaryDirectory() as scratch:
         for kind in args.documents:
             for family in args.families:
-                section = packing.family_section(family, kind, speed_args, Path(scratch))
+                try:
+                    section = packing.family_section(family, kind, speed_args, Path(scratch))
+                except (ValueError, RuntimeError) as failure:  # a run that fails is reported, the others still run
+                    section = {"documents": kind, "failed": str(failure).splitlines()[0]}
                 report["speed"].append({"family": family, **section})
-                write(report, args)
+                write(report, args, "speed")
 
 
 # --- the report -------------------------------------------------------------------------------------------------
@@ -363,9 +369,14 @@ def markdown(report: dict) -> str:
             lines.append(f"\n{report['exact_cut_off']}.")
         lines.append("")
     for section in report["speed"]:
+        if "failed" in section:
+            lines += [f"## Training speed, {section['family']}, documents: {section['documents']}: failed", "",
+                      f"{section['failed']}", ""]  # fmt: skip
+            continue
         lines += [
             f"## Training speed, {section['family']}, documents: {section['documents']} "
-            f"(rows of {section['block_size']}, preset {report['settings']['preset']})",
+            f"(rows of {section['block_size']}, preset {report['settings']['preset']}, "
+            f"mixed precision: {report['mixed_precision']})",
             "",
             "| packing | steps | tokens/s | real tokens/s | vs padded | pad share | held-out loss |",
             "|---|---|---|---|---|---|---|",
@@ -380,8 +391,8 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write(report: dict, args) -> None:
-    name = "packing_gpu_tiny" if args.tiny else "packing_gpu"
+def write(report: dict, args, part: str) -> None:
+    name = f"packing_gpu_{part}" + ("_tiny" if args.tiny else "")
     (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.output_dir / f"{name}.md").write_text(markdown(report))
 
@@ -393,27 +404,32 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 cells compare at 1e-4
-    started = time.perf_counter()
-    report = {
-        "machine": {
-            "device": torch.cuda.get_device_name() if device == "cuda" else f"CPU ({torch.get_num_threads()} threads)",
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-        },
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": args.command,
-        "note": args.note,
-        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
-        "exact": [],
-        "speed": [],
-    }
-    if "exact" in args.parts:
-        exact_part(args, report, device, started + args.time_budget)
-    if "speed" in args.parts:
-        speed_part(args, report, device)
-    report["wall_time_s"] = time.perf_counter() - started
-    write(report, args)
-    print(markdown(report))
+    for part in ("exact", "speed"):
+        if part not in args.parts:
+            continue
+        started = time.perf_counter()
+        report = {
+            "machine": {
+                "device": torch.cuda.get_device_name()
+                if device == "cuda"
+                else f"CPU ({torch.get_num_threads()} threads)",
+                "platform": platform.platform(),
+                "torch": torch.__version__,
+            },
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": args.command,
+            "note": args.note,
+            "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+            "exact": [],
+            "speed": [],
+        }
+        if part == "exact":
+            exact_part(args, report, device, started + args.time_budget)
+        else:
+            speed_part(args, report, device)
+        report["wall_time_s"] = time.perf_counter() - started
+        write(report, args, part)
+        print(markdown(report))
     return 0
 
 
