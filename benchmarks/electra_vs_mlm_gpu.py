@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS), help="in this order")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per encoder and task")
     parser.add_argument("--tasks", nargs="+", default=["corrupted", "package"], choices=list(RECIPES.TASKS))
     parser.add_argument("--finetune-steps", type=int, default=200)
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         first = run_pretraining(first_settings)
         tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
         report["unigram_entropy"] = EVM.unigram_entropy(tokenizer, first_settings)
-        for variant in VARIANTS:
+        for variant in args.variants:
             report["runs"].append(pretrain(variant, args, work, tokenizer, tokens_per_step))
             write(report, args)
         files = {task: RECIPES.task_files(task, args, work) for task in args.tasks}
