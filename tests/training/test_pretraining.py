@@ -846,3 +846,23 @@ def test_an_earlier_accelerators_compile_plugin_never_reaches_the_saved_keys(tmp
     run_pretraining(tiny_args("decoder", tmp_path / "run", max_steps=1, eval_every=0, warmup_steps=0))
     keys = set(load_file(tmp_path / "run" / "model.safetensors"))
     assert "model.decoder.embed_tokens.weight" in keys and not any(key.startswith("_orig_mod.") for key in keys)
+
+
+def test_a_run_whose_loss_stops_being_finite_stops_there_and_keeps_its_checkpoints(tmp_path, monkeypatch):
+    from coreformer.training import pretraining_loop
+
+    real_step = pretraining_loop.train_step
+
+    def diverging_step(run, training):  # a step whose update turned the weights NaN
+        loss, lr, tokens = real_step(run, training)
+        return (float("nan") if training.step == 4 else loss), lr, tokens
+
+    monkeypatch.setattr(pretraining_loop, "train_step", diverging_step)
+    args = tiny_args("decoder", tmp_path / "run", max_steps=8, save_every=2, eval_every=0, mixed_precision="bf16")
+    with pytest.raises(PretrainingError) as refusal:
+        run_pretraining(args)
+    message = str(refusal.value)
+    assert message.startswith("the training loss became nan at step 5: the model diverged")
+    assert "Lower --lr (now 0.003) or raise --warmup-steps (now 3), or train in fp32 (--mixed-precision no" in message
+    assert [path.name for path in list_checkpoints(tmp_path / "run")] == ["step-2", "step-4"]
+    assert not (tmp_path / "run" / "metrics.json").exists()  # no final folder of a diverged model

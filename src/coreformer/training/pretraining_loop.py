@@ -159,6 +159,22 @@ def _save_checkpoint(run: _Run, training: _Training) -> None:
     )
 
 
+def check_finite(loss: float, step: int, args) -> None:
+    """Stop at the first step whose training loss is not finite: its update has already made the weights NaN, and
+    every later step would spend time on a model that cannot recover. fp16 is exempt: its loss scaler skips the
+    steps that overflow and lowers the scale, so an inf there is routine."""
+    if math.isfinite(loss) or args.mixed_precision == "fp16":
+        return
+    precision = (
+        f", or train in fp32 (--mixed-precision no, now {args.mixed_precision})" if args.mixed_precision != "no" else ""
+    )
+    raise arguments.PretrainingError(
+        f"the training loss became {loss} at step {step}: the model diverged (checkpoints written before it stay in "
+        f"{args.output_dir}). Lower --lr (now {args.lr:g}) or raise --warmup-steps (now {args.warmup_steps})"
+        f"{precision}."
+    )
+
+
 def train(run: _Run, training: _Training) -> None:
     """Steps until --max-steps: a held-out evaluation before the first (always) and every --eval-every steps, a
     checkpoint every --save-every."""
@@ -180,6 +196,7 @@ def train(run: _Run, training: _Training) -> None:
         while training.step < args.max_steps:
             step_start = time.perf_counter()
             loss, lr, step_tokens = train_step(run, training)
+            check_finite(loss, training.step + 1, args)
             training.step += 1
             training.consumed += args.grad_accum * accelerator.num_processes
             training.tokens_seen += step_tokens
