@@ -46,6 +46,7 @@ from coreformer.training.objectives.electra import (
 )
 from coreformer.training.pretraining import PretrainingArguments, run_pretraining
 from coreformer.training.reports import held_out_numbers
+from coreformer_settings.objectives import objective_settings
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -104,6 +105,57 @@ def test_replacements_come_from_sample_replacements_which_a_probe_may_swap():
     assert outputs["corrupted"].tolist() == [[2, 13, 9, 13, 3]]
     (probabilities,) = seen
     assert probabilities.shape == (2, 40) and torch.allclose(probabilities.sum(-1), torch.ones(2))
+
+
+class FixedVocabulary:
+    """What the masked-LM collator reads of a tokenizer: 40 ids, 0-4 special ([PAD] 0, [MASK] 4)."""
+
+    mask_token_id, pad_token_id, all_special_ids = 4, 0, [0, 1, 2, 3, 4]
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __len__(self) -> int:
+        return 40
+
+
+def random_rows(generator: torch.Generator, rows: int = 16, length: int = 32) -> torch.Tensor:
+    """(rows, length) ordinary tokens drawn uniformly: no context predicts a masked one."""
+    return torch.randint(5, 40, (rows, length), generator=generator)
+
+
+def test_generator_input_masks_85_percent_of_the_selected_tokens_and_leaves_the_rest_as_the_papers_code():
+    _, args = tiny_electra()
+    collator = OBJECTIVES["electra"].collator(FixedVocabulary(), args)
+    ids = random_rows(torch.Generator().manual_seed(0), rows=64, length=64)
+    batch = collator([{"input_ids": row.tolist()} for row in ids])
+    selected = batch["labels"] != -100
+    masked, kept = selected & (batch["input_ids"] == 4), selected & (batch["input_ids"] == ids)
+    assert torch.equal(batch["labels"][selected], ids[selected])
+    assert bool((masked | kept)[selected].all())  # none replaced at random: the generator draws the replacements
+    assert float(masked.sum() / selected.sum()) == pytest.approx(0.85, abs=0.05)  # ~600 selected of 4,096
+
+
+@pytest.mark.slow
+def test_generator_learns_to_read_a_selected_token_left_visible():
+    """The held-out evaluation masks as BERT does (10% of the selected tokens stay visible): a generator trained on
+    [MASK] alone never learns the token it sees there and scores no better than a uniform guess."""
+    model, args = tiny_electra()
+    args.objective_settings = objective_settings("electra", {"mlm_probability": 0.5})  # more visible selections
+    electra, draw = OBJECTIVES["electra"], torch.Generator().manual_seed(0)
+    collator = electra.collator(FixedVocabulary(), args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(60):  # fresh random rows each step: nothing to memorise, only the visible token to read
+        batch = collator([{"input_ids": row.tolist()} for row in random_rows(draw)])
+        loss = electra.loss(model, batch, (batch["labels"] != -100).sum(), batch["attention_mask"].sum())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    rows = random_rows(torch.Generator().manual_seed(1))
+    selected = torch.rand(rows.shape, generator=torch.Generator().manual_seed(2)) < 0.15
+    labels = torch.where(selected, rows, -100)  # selected, left as they are
+    with torch.no_grad():
+        outputs = model(input_ids=rows, attention_mask=torch.ones_like(rows), labels=labels)
+    visible_loss = torch.nn.functional.cross_entropy(outputs["generator_logits"], rows[selected])
+    assert float(visible_loss) < math.log(35) - 1.0  # a uniform guess over the 35 ordinary tokens: log 35
 
 
 def test_loss_is_the_generators_mlm_mean_plus_50_times_the_discriminators_token_mean():

@@ -1,10 +1,16 @@
 """ELECTRA (Clark et al. 2020): a small masked-LM generator fills the masks, the discriminator tells every token
 whether it was replaced; both train together, loss = L_MLM(generator) + 50 * L_RTD(discriminator).
 
-    masked ids ──> generator (width x fraction, embedding tables shared) ──> MLM loss at the masked positions
-                        │ sample one token per mask (no gradient through the sample)
+    masked ids ──> generator (width x fraction, embedding tables shared) ──> MLM loss at the selected positions
+                        │ sample one token per selected position (no gradient through the sample)
                         v
     corrupted ids ──> discriminator (the encoder being pretrained) ──> one logit per token ──> RTD loss, all tokens
+
+Masking. Of the tokens selected (mlm_probability), GENERATOR_MASK_SHARE (85%) become [MASK] and the rest stay as they
+are, none random: the paper's code does so (google-research/electra, pretrain_helpers.mask). The generator is then
+trained where a selected token is visible too, so the saved generator is a masked LM that also scores held-out text
+masked as BERT masks (80% [MASK], 10% random, 10% kept; the evaluation's): one trained on [MASK] alone is untrained
+where a selected token is visible, and its held-out loss sits above the unigram entropy of the text.
 
     replaced_token_labels(original, corrupted, attention_mask)   1 where the token differs from the original, 0 where
                                                                  it is the original (a sampled original counts as 0)
@@ -53,6 +59,7 @@ from .masked_lm import MASKED_LM, MaskedLMCollator
 GENERATOR_DIR = "generator"
 DISCRIMINATOR_DIR = "discriminator"
 SHARED_TABLES = ("embed_tokens", "embed_positions", "token_type_embeddings")  # nn.Embedding tables of the stack
+GENERATOR_MASK_SHARE = 0.85  # selected tokens that become [MASK]; the rest stay (pretrain_helpers.mask)
 
 
 def embedding_tables(model: nn.Module) -> dict[str, nn.Embedding]:
@@ -110,7 +117,7 @@ class ElectraPretraining(nn.Module):
     def forward(
         self, input_ids, attention_mask=None, token_type_ids=None, labels=None, position_ids=None, **kwargs
     ) -> dict:
-        """Masked batch (B, T) -> the generator's logits at the M masked positions (M, V), in row-major order of
+        """Masked batch (B, T) -> the generator's logits at the M selected positions (M, V), in row-major order of
         `labels != -100`; corrupted ids; the discriminator's logits (B, T). Packed rows (position_ids restarting, no
         attention_mask) reach both networks alike."""
         shared = self.generator_embeddings()
@@ -121,7 +128,7 @@ class ElectraPretraining(nn.Module):
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids
         ).last_hidden_state  # (B, T, H_g)
         masked = labels != -100
-        # Only the masks are predicted and sampled (~15% of the tokens): the vocabulary head runs on those rows.
+        # Only the selected tokens are predicted and sampled (~15%): the vocabulary head runs on those rows.
         rows = hidden[masked]  # (M, H_g)
         if self.generator.lm_head_transform is not None:
             rows = self.generator.lm_head_transform(rows)
@@ -206,11 +213,12 @@ def electra_loss(outputs: dict[str, torch.Tensor], labels: torch.Tensor, attenti
 @dataclass(frozen=True)
 class Electra(Objective):
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> MaskedLMCollator:
-        """Every selected token becomes [MASK]: the generator, not the collator, chooses the replacements."""
+        """85% of the selected tokens become [MASK], the rest stay (see the module docstring), none random: the
+        generator, not the collator, chooses the replacements, at every selected position."""
         return MaskedLMCollator.from_tokenizer(
             tokenizer,
             mlm_probability=args.objective_settings.mlm_probability,
-            mask_replace_prob=1.0,
+            mask_replace_prob=GENERATOR_MASK_SHARE,
             random_replace_prob=0.0,
             seed=args.seed,
             packed=self.packs_documents(args),
