@@ -381,6 +381,37 @@ def test_attention_function_receives_positions_and_varlen_arguments(monkeypatch)
     assert all("cu_seq_lens_q" not in kwargs and kwargs["position_ids"].shape == (1, 17) for kwargs in received)
 
 
+def test_seq2seq_under_flash_pairs_each_sides_documents_in_the_varlen_arguments(monkeypatch):
+    # Flash reads no mask: each self-attention gets its own side's documents, cross-attention decoder document i
+    # against encoder document i; a caller's cu_seq_lens_q/k (which describe the two sides) never reach a
+    # self-attention as its own.
+    received = []
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        received.append((module.is_cross_attention, module.is_causal, kwargs))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "recording_flash_attention", recording)
+    model = tiny_model(cf.CoreformerSeq2SeqModel, "seq2seq", encoder_layers=1, decoder_layers=1)
+    model.config._attn_implementation = "recording_flash_attention"
+    sources, targets = documents(LENGTHS, seed=9), documents(TARGET_LENGTHS, seed=10)
+    for described_by in ("positions", "cu_seq_lens"):
+        alone = [dict(input_ids=s, decoder_input_ids=t, labels=t) for s, t in zip(sources, targets)]
+        packed = packed_inputs("seq2seq", alone, described_by)
+        packed.pop("labels")
+        received.clear()
+        with torch.no_grad():
+            model(**packed, use_cache=False)
+        (encoder,), (decoder,), (cross,) = (
+            [kwargs for is_cross, causal, kwargs in received if (is_cross, causal) == kind]
+            for kind in ((False, False), (False, True), (True, False))
+        )
+        assert encoder["cu_seq_lens_q"].tolist() == encoder["cu_seq_lens_k"].tolist() == [0, 5, 14, 17]
+        assert decoder["cu_seq_lens_q"].tolist() == decoder["cu_seq_lens_k"].tolist() == [0, 4, 10, 12]
+        assert cross["cu_seq_lens_q"].tolist() == [0, 4, 10, 12] and cross["cu_seq_lens_k"].tolist() == [0, 5, 14, 17]
+        assert (cross["max_length_q"], cross["max_length_k"]) == (6, 9) and "position_ids" not in cross
+
+
 @pytest.mark.parametrize("layer_type", ["sliding", "linear", "block", "lsh"])
 def test_packed_attentions_are_each_documents_own(layer_type):
     # Recomputed probabilities (beside the sparse kernel under sdpa; the linear kernel's own) see the documents too.
