@@ -184,20 +184,24 @@ def markdown(report: dict) -> str:
         "",
     ]
     for section in report["sections"]:
-        lines += [
-            f"## {section['family']}, documents: {section['documents']} (rows of {section['block_size']})",
-            "",
-            "| packing | steps | tokens/s | real tokens/s | vs padded | pad share | held-out loss |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for row in section["results"]:
-            lines.append(
-                f"| {row['packing']} | {row['steps']} | {row['tokens_per_second']:,.0f} | "
-                f"{row['real_tokens_per_second']:,.0f} | {row['speedup_vs_padded']:.2f}x | {row['pad_share']:.1%} | "
-                f"{row['held_out_loss']:.4f} ({row['held_out_objective']}) |"
-            )
-        lines.append("")
+        heading = f"## {section['family']}, documents: {section['documents']} (rows of {section['block_size']})"
+        lines += [heading, "", *section_table(section), ""]
     return "\n".join(lines)
+
+
+def section_table(section: dict) -> list[str]:
+    """A family's runs, one row per packing mode (also benchmarks/packing_gpu.py's)."""
+    lines = [
+        "| packing | steps | tokens/s | real tokens/s | vs padded | pad share | held-out loss |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in section["results"]:
+        lines.append(
+            f"| {row['packing']} | {row['steps']} | {row['tokens_per_second']:,.0f} | "
+            f"{row['real_tokens_per_second']:,.0f} | {row['speedup_vs_padded']:.2f}x | {row['pad_share']:.1%} | "
+            f"{row['held_out_loss']:.4f} ({row['held_out_objective']}) |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

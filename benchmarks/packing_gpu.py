@@ -373,21 +373,12 @@ def markdown(report: dict) -> str:
             lines += [f"## Training speed, {section['family']}, documents: {section['documents']}: failed", "",
                       f"{section['failed']}", ""]  # fmt: skip
             continue
-        lines += [
-            f"## Training speed, {section['family']}, documents: {section['documents']} "
-            f"(rows of {section['block_size']}, preset {report['settings']['preset']}, "
-            f"mixed precision: {report['mixed_precision']})",
-            "",
-            "| packing | steps | tokens/s | real tokens/s | vs padded | pad share | held-out loss |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for row in section["results"]:
-            lines.append(
-                f"| {row['packing']} | {row['steps']} | {row['tokens_per_second']:,.0f} | "
-                f"{row['real_tokens_per_second']:,.0f} | {row['speedup_vs_padded']:.2f}x | {row['pad_share']:.1%} | "
-                f"{row['held_out_loss']:.4f} ({row['held_out_objective']}) |"
-            )
-        lines.append("")
+        heading = (
+            f"## Training speed, {section['family']}, documents: {section['documents']} (rows of "
+            f"{section['block_size']}, preset {report['settings']['preset']}, "
+            f"mixed precision: {report['mixed_precision']})"
+        )
+        lines += [heading, "", *_packing_benchmark().section_table(section), ""]
     return "\n".join(lines)
 
 
