@@ -28,7 +28,10 @@ def test_default_finetuning_tiny_pairs_the_pretrained_encoder_with_random_init_s
 
     report = json.loads((tmp_path / "default_finetuning_tiny.json").read_text())
     assert report["data"] == {"train": 1600, "validation": 400, "labels": ["corrupted", "original"]}
-    assert report["pretraining"]["command"].startswith("coreformer pretrain --family encoder --config ")
+    pretraining = report["pretraining"]
+    assert pretraining["command"].startswith("coreformer pretrain --family encoder --config ")
+    # the --config file is recorded where a preset name would be
+    assert (pretraining["family"], pretraining["preset"], pretraining["steps"]) == ("encoder", "tiny.yaml", 4)
     shapes = report["encoders"]
     assert shapes["random init"] == shapes["pretrained"] and shapes["pretrained"]["hidden_size"] == 32
     assert [(s["flags"], s["seeds"]) for s in report["settings"]] == [("--lr 1e-3", 1), ("", 2)]  # defaults last
