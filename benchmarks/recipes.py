@@ -42,7 +42,6 @@ import json
 import math
 import platform
 import random
-import re
 import shlex
 import sys
 import tempfile
@@ -54,12 +53,11 @@ import torch
 from transformers import AutoTokenizer
 
 import coreformer as cf
-from coreformer.training.corpora import EMBEDDED_PACKAGES, first_paragraph, stdlib_definitions, stdlib_source_files
-from coreformer.training.corpora import read_source as read_file
+from coreformer.training.corpora import first_paragraph, stdlib_definitions
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.pretraining import build_model_config, resolve_arguments, run_pretraining
-from coreformer.training.tasks.sequence_classification import package_docstrings
-from coreformer.training.zero_shot import CORRUPTIONS, candidate_lines, evaluate_folder
+from coreformer.training.tasks.sequence_classification import corrupted_lines, package_docstrings, package_lines
+from coreformer.training.zero_shot import evaluate_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("encoder", "decoder", "seq2seq")
@@ -230,17 +228,10 @@ def family_section(family: str, args, work: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _package_lines(rng: random.Random) -> list[list[str]]:
-    """The distinct lines (three lexemes or more) of each file of the embedded packages, files in a seeded order."""
-    files = [path for package in EMBEDDED_PACKAGES for path in stdlib_source_files(package)]
-    rng.shuffle(files)
-    return [lines for path in files if len(lines := candidate_lines([read_file(path) or ""])) > 2]
-
-
 def next_line_rows(count: int, rng: random.Random) -> list[dict]:
     """Half the rows pair a line with the line after it (label "next"), half with another line of the same file."""
     rows = []
-    for lines in _package_lines(rng):
+    for lines in package_lines(rng):
         for index in range(len(lines) - 1):
             if len(rows) == count:
                 return rows
@@ -252,21 +243,9 @@ def next_line_rows(count: int, rng: random.Random) -> list[dict]:
 
 
 def corrupted_rows(count: int, rng: random.Random) -> list[dict]:
-    """Half the rows are lines as written, half lines with one corruption (zero_shot's CORRUPTIONS, in turn)."""
-    lines = [line for file_lines in _package_lines(rng) for line in file_lines]
-    names = sorted({name for line in lines for name in re.findall(r"[A-Za-z_]\w*", line)})
-    rows, kinds = [], list(CORRUPTIONS)
-    for line in lines:
-        if len(rows) == count:
-            break
-        if len(rows) % 2 == 0:
-            rows.append({"text": line, "label": "original"})
-            continue
-        kind = kinds[(len(rows) // 2) % len(kinds)]
-        candidates = CORRUPTIONS[kind](line, list(re.finditer(r"[A-Za-z_]\w*|\d+|[^\w\s]", line)), rng, names)
-        if candidates:
-            rows.append({"text": candidates[0], "label": "corrupted"})
-    return rows
+    """Half the rows are lines as written, half lines with one corruption: the embedded sequence-classification
+    default's builder (zero_shot's CORRUPTIONS, in turn)."""
+    return corrupted_lines(count, rng)
 
 
 def docstring_rows(count: int, rng: random.Random) -> list[dict]:

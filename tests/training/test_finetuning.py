@@ -250,7 +250,7 @@ def test_predictions_hold_the_input_and_the_gold_answer_of_their_example(runs, t
 def test_classification_labels_come_from_the_data_and_accuracy_is_the_share_of_right_predictions(runs):
     args, metrics, folder = runs["sequence-classification"]
     config = AutoModelForSequenceClassification.from_pretrained(folder).config
-    assert list(config.id2label.values()) == ["asyncio", "email", "logging", "xml"]  # sorted names of column "kind"
+    assert list(config.id2label.values()) == ["corrupted", "original"]  # sorted names of column "kind"
     gold = [json.loads(line)["kind"] for line in Path(args.validation_file).read_text().splitlines()]
     predicted = [row["prediction"] for row in _read_jsonl(folder / "eval_predictions.jsonl")]
     by_hand = sum(p == g for p, g in zip(predicted, gold, strict=False)) / len(predicted)
@@ -504,7 +504,7 @@ def test_converted_minilm_finetunes_for_sequence_classification(converted_minilm
     metrics = run_finetuning(args)
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     assert type(model) is cf.CoreformerEncoderForSequenceClassification
-    assert model.config.num_labels == 4 and model.config.hidden_size == 384  # MiniLM's width, the data's labels
+    assert model.config.num_labels == 2 and model.config.hidden_size == 384  # MiniLM's width, the data's labels
     card = validate_model_card(folder / "README.md")
     assert "fine-tuned" in card.data.tags
     reloaded_metrics, _ = evaluate_folder(folder, args)
@@ -537,15 +537,15 @@ def test_missing_label_column_names_it_the_columns_and_the_flag(bases, local_fil
 
 
 def test_label_count_mismatch_with_the_checkpoint_head_is_refused(bases, tmp_path):
-    checkpoint = tmp_path / "two-label-classifier"
-    model = AutoModelForSequenceClassification.from_pretrained(bases["encoder"], num_labels=2)
+    checkpoint = tmp_path / "three-label-classifier"
+    model = AutoModelForSequenceClassification.from_pretrained(bases["encoder"], num_labels=3)
     model.save_pretrained(checkpoint)
     AutoTokenizer.from_pretrained(bases["encoder"]).save_pretrained(checkpoint)
     args = tiny_args("sequence-classification", checkpoint, tmp_path / "out")
     with pytest.raises(FinetuningError) as error:
-        run_finetuning(args)  # the embedded data has 4 labels
+        run_finetuning(args)  # the embedded data has 2 labels: original, corrupted
     message = str(error.value)
-    assert "head for 2 labels" in message and "the data has 4 labels" in message
+    assert "head for 3 labels" in message and "the data has 2 labels" in message
     assert "--ignore-mismatched-sizes" in message
     assert not (tmp_path / "out").exists()
 

@@ -64,7 +64,7 @@ HELD_OUT_OBJECTIVES = {  # each family's default objective -> what the report ca
     "causal-lm": "causal LM",
     "denoising": f"denoising at {EVAL_MASK_RATIO:.0%} infilling",
 }
-_LEXEME = re.compile(r"[A-Za-z_]\w*|\d+|[^\w\s]")
+LEXEME = re.compile(r"[A-Za-z_]\w*|\d+|[^\w\s]")  # what a corruption moves or replaces: names, numbers, marks
 _KEYWORDS = tuple(keyword.kwlist)
 
 
@@ -116,7 +116,7 @@ def candidate_lines(texts: list[str]) -> list[str]:
     for text in texts:
         for raw in text.splitlines():
             line = raw.strip()
-            if line not in seen and len(_LEXEME.findall(line)) >= 3:
+            if line not in seen and len(LEXEME.findall(line)) >= 3:
                 seen.add(line)
                 lines.append(line)
     return lines
@@ -128,7 +128,7 @@ def _token_count(tokenizer: PreTrainedTokenizerBase, line: str) -> int:
 
 def _corrupt(line: str, turn: int, rng: random.Random, names: list[str], tokenizer) -> Pair | None:
     """The first corruption of `line` that keeps its token count, kinds tried from the one whose turn it is."""
-    kinds, lexemes, length = list(CORRUPTIONS), list(_LEXEME.finditer(line)), _token_count(tokenizer, line)
+    kinds, lexemes, length = list(CORRUPTIONS), list(LEXEME.finditer(line)), _token_count(tokenizer, line)
     for offset in range(len(kinds)):
         kind = kinds[(turn + offset) % len(kinds)]
         for corrupted in CORRUPTIONS[kind](line, lexemes, rng, names):
@@ -141,7 +141,7 @@ def build_pairs(texts: list[str], tokenizer: PreTrainedTokenizerBase, count: int
     """Up to `count` pairs from a seeded sample of the held-out lines of LINE_TOKENS tokens; the kinds take turns
     (the next kind when one does not apply or changes the token count)."""
     lines = candidate_lines(texts)
-    names = sorted({m for line in lines for m in _LEXEME.findall(line) if m[0].isalpha() and m not in _KEYWORDS})
+    names = sorted({m for line in lines for m in LEXEME.findall(line) if m[0].isalpha() and m not in _KEYWORDS})
     rng = random.Random(seed)
     rng.shuffle(lines)
     pairs: list[Pair] = []

@@ -362,9 +362,9 @@ def test_saved_discriminator_fine_tunes_for_sequence_classification(electra_run,
     metrics = run_finetuning(args)
     assert math.isfinite(metrics["eval_accuracy"]) and metrics["train_steps"] == 4
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls")
-    assert type(model) is cf.CoreformerEncoderForSequenceClassification and model.config.num_labels == 4
+    assert type(model) is cf.CoreformerEncoderForSequenceClassification and model.config.num_labels == 2
     pretrained = weights(output_dir)["encoder.layers.0.self_attn.q_proj.weight"]
-    fresh = AutoModelForSequenceClassification.from_pretrained(output_dir, num_labels=4)
+    fresh = AutoModelForSequenceClassification.from_pretrained(output_dir, num_labels=2)
     assert torch.equal(fresh.model.encoder.layers[0].self_attn.q_proj.weight, pretrained)  # the encoder is loaded
 
 

@@ -1,16 +1,68 @@
 """Sequence classification (transformers' run_glue): a text (or a pair) -> one class; accuracy and macro P/R/F1.
 
-Embedded default: first paragraphs of docstrings of four standard-library packages, labelled with the package.
+Embedded default: was this line of Python corrupted? Lines of the standard library's asyncio, email, logging and xml
+packages, half as written ("original"), half with one corruption ("corrupted"): the zero-shot evaluation's
+(zero_shot.CORRUPTIONS: two adjacent tokens swapped, a keyword or a name replaced by another), in turn. A swap keeps
+every token of the line, so word identity alone cannot tell the classes apart: the task measures what an encoder
+learned of Python's context, where a pretrained encoder beats an untrained one of the same shape
+(benchmarks/results/default_finetuning.md). `package_docstrings` (a docstring's first paragraph -> its package) is
+the lexical control: an untrained encoder does as well on it, since random features keep token identity.
+
+    package_lines(rng)               the distinct lines of each file of the embedded packages, files in rng's order
+    corrupted_lines(count, rng)      the default's rows, balanced: {"text": a line, "label": original | corrupted}
+    package_docstrings(per_package)  the lexical control's rows: {"text": a docstring paragraph, "label": its package}
 """
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import datasets
 
 from ...evaluation import classification_metrics
-from ..corpora import EMBEDDED_PACKAGES, first_paragraph, seeded_sample, split_rows, stdlib_definitions
+from ..corpora import (
+    EMBEDDED_PACKAGES,
+    EMBEDDED_SEED,
+    first_paragraph,
+    read_source,
+    seeded_sample,
+    split_rows,
+    stdlib_definitions,
+    stdlib_source_files,
+)
+from ..zero_shot import CORRUPTIONS, LEXEME, candidate_lines
 from .base import Evaluation, Task, logits_of
+
+EMBEDDED_ROWS = 2000  # lines of the embedded default (half corrupted), before its train / validation split
+
+
+def package_lines(rng: random.Random) -> list[list[str]]:
+    """The distinct lines (three lexemes or more) of each file of the embedded packages that has more than two, the
+    files in an order drawn from `rng`."""
+    files = [path for package in EMBEDDED_PACKAGES for path in stdlib_source_files(package)]
+    rng.shuffle(files)
+    return [lines for path in files if len(lines := candidate_lines([read_source(path) or ""])) > 2]
+
+
+def corrupted_lines(count: int | None, rng: random.Random) -> list[dict[str, str]]:
+    """`count` rows (None: as many as the lines make), alternately a line as written ({"text": line, "label":
+    "original"}) and the next line with one corruption ("corrupted"), each of CORRUPTIONS in turn; a line that its
+    turn's corruption cannot change is passed over. Lines come file by file (package_lines), each once."""
+    lines = [line for file_lines in package_lines(rng) for line in file_lines]
+    # the names a replacement draws from: every identifier of the lines, keywords too
+    names = sorted({name for line in lines for name in LEXEME.findall(line) if name[0] == "_" or name[0].isalpha()})
+    rows, kinds = [], list(CORRUPTIONS)
+    for line in lines:
+        if len(rows) == count:
+            break
+        if len(rows) % 2 == 0:
+            rows.append({"text": line, "label": "original"})
+            continue
+        kind = kinds[(len(rows) // 2) % len(kinds)]
+        candidates = CORRUPTIONS[kind](line, list(LEXEME.finditer(line)), rng, names)
+        if candidates:
+            rows.append({"text": candidates[0], "label": "corrupted"})
+    return rows
 
 
 def package_docstrings(per_package: int | None = 100) -> list[dict[str, str]]:
@@ -33,7 +85,17 @@ def package_docstrings(per_package: int | None = 100) -> list[dict[str, str]]:
 
 
 def _embedded_sequence_classification() -> datasets.DatasetDict:
-    return split_rows(package_docstrings(100))
+    """EMBEDDED_ROWS rows drawn from every file's lines, each text once (a line some files share too), original and
+    corrupted alternating, so that the validation split (the last rows) is balanced."""
+    seen: set[str] = set()
+    rows = [
+        row
+        for row in corrupted_lines(None, random.Random(EMBEDDED_SEED))
+        if not (row["text"] in seen or seen.add(row["text"]))
+    ]
+    originals, corrupted = ([row for row in rows if row["label"] == label] for label in ("original", "corrupted"))
+    drawn = zip(seeded_sample(originals, EMBEDDED_ROWS // 2), seeded_sample(corrupted, EMBEDDED_ROWS // 2), strict=True)
+    return split_rows([row for pair in drawn for row in pair])
 
 
 def _classification_features(split, tokenizer, args, max_length: int, label_of: Callable) -> datasets.Dataset:
@@ -70,9 +132,10 @@ SEQUENCE_CLASSIFICATION = SequenceClassification(
     card_task_name="Text Classification",
     label_names=("labels",),
     columns={"text_column": "text", "text_pair_column": "", "label_column": "label"},
-    embedded_description="first paragraphs of docstrings in the standard library's asyncio, email, logging "
-    "and xml packages, labelled with the package they come from (100 per package)",
-    usage='inputs = tokenizer("Return the header value.", return_tensors="pt")\n'
+    embedded_description=f"{EMBEDDED_ROWS:,} lines of Python from the standard library's asyncio, email, logging and "
+    "xml packages, half as written (original) and half with one corruption (two adjacent tokens swapped, a keyword "
+    "or a name replaced: corrupted); it asks what the encoder learned of Python's context",
+    usage='inputs = tokenizer("return self._headers[name]", return_tensors="pt")\n'
     "print(model.config.id2label[model(**inputs).logits.argmax(-1).item()])",
     labels="example",
     shown=(("input", "text_column"), ("input_pair", "text_pair_column"), ("gold", "label_column")),
