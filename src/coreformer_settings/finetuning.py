@@ -83,9 +83,7 @@ class FinetuningSettings(RunSettings):
     batch_size: int = arg(16, "training examples per device and step", aliases=("--per_device_train_batch_size",))
     eval_batch_size: int = arg(32, "evaluation examples per device", aliases=("--per_device_eval_batch_size",))
     grad_accum: int = arg(1, "micro-batches per optimizer step", aliases=("--gradient_accumulation_steps",))
-    # 1e-4 rather than run_glue's 5e-5: on the embedded classification default, the best of those tried for both the
-    # default tiny encoder and all-MiniLM-L6-v2 (benchmarks/results/default_finetuning.md)
-    lr: float = arg(1e-4, "peak learning rate (AdamW)", aliases=("--learning_rate", "--learning-rate"))
+    lr: float = arg(5e-5, "peak learning rate (AdamW)", aliases=("--learning_rate", "--learning-rate"))
     weight_decay: float = arg(0.0, "AdamW weight decay")
     warmup_steps: int = arg(0, "linear warmup steps")
     lr_scheduler_type: str = arg("linear", "transformers scheduler name (linear, cosine, constant, ...)")
