@@ -443,14 +443,14 @@ class ForwardPlanner:
     def check_mask_backend(self, implementation: str | None) -> None:
         """Types defined by their mask need a backend that reads masks, and a mask function registered for it."""
         patterns = sorted(name for name in set(self.layer_types) if LAYER_TYPES[name].overlay is not None)
-        # A window reaches flash as the `sliding_window` argument (as Mistral's does); other patterns cannot.
-        beyond_flash = [name for name in patterns if LAYER_TYPES[name].transformers_window is None]
-        if beyond_flash and implementation is not None and implementation.startswith("flash"):
+        # A window reaches every attention function as its `sliding_window` argument (as Mistral's does); other
+        # patterns only through a mask.
+        beyond_window = [name for name in patterns if LAYER_TYPES[name].transformers_window is None]
+        if beyond_window and is_flash_attention_requested(requested_attention_implementation=implementation):
             raise ValueError(
-                f"{beyond_flash} layers are defined by their mask, which {implementation} ignores: use "
+                f"{beyond_window} layers are defined by their mask, which {implementation} ignores: use "
                 f"attn_implementation='sdpa', 'flex_attention' or 'eager'."
             )
-        beyond_window = [name for name in patterns if LAYER_TYPES[name].transformers_window is None]
         if beyond_window and implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
             raise ValueError(
                 f"{beyond_window} layers are defined by their mask, but the attention function {implementation!r} "
