@@ -39,7 +39,8 @@ def test_electra_vs_mlm_tiny_spends_each_budget_scores_the_gates_and_pairs_the_e
         expected = row["flops_per_token"] * row["tokens_seen"] + row["flops_per_step"] * row["steps"]
         assert row["pretraining_flops"] == pytest.approx(expected)
         assert abs(row["pretraining_flops"] - row["budget"]) <= row["pretraining_flops"] / row["steps"]
-        assert row["mlm_loss"] > 0 and row["gates"]["context_learned"] == (entropy - row["mlm_loss"] >= 1.0)
+        assert row["mlm_loss"] > 0 and row["gates"]["context_learned"] == (entropy - row["mlm_loss_at_masks"] >= 1.0)
+        assert 0 < row["mlm_tokens_at_masks"] < row["mlm_tokens"]  # BERT's 80% of the selected tokens
     masked, quarter, half = runs[0], runs[2], runs[4]
     assert "rtd_auc" not in masked and masked["flops_per_step"] == 0 < quarter["flops_per_step"]
     assert quarter["flops_per_token"] < half["flops_per_token"]  # the wider generator costs more per token
