@@ -21,7 +21,6 @@ Writes results/default_finetuning.json and .md (machine, date and command at the
 
 import argparse
 import datetime
-import importlib.util
 import json
 import platform
 import shlex
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import datasets
 import torch
+from results_files import sibling, write_results
 
 from coreformer import cli
 from coreformer.training.finetuning_data import embedded_dataset
@@ -55,15 +55,7 @@ zero_shot_pairs: 0
 TINY_FINETUNING = ("--max-steps", "3", "--max-train-examples", "32", "--max-eval-examples", "16")
 
 
-def _electra_vs_mlm():
-    """benchmarks/electra_vs_mlm.py as a module: its random encoder and seed pairing are reused, not copied."""
-    spec = importlib.util.spec_from_file_location("electra_vs_mlm", ROOT / "benchmarks" / "electra_vs_mlm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-EVM = _electra_vs_mlm()
+EVM = sibling("electra_vs_mlm")  # its random encoder and seed pairing
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -214,9 +206,8 @@ def markdown(report: dict) -> str:
 
 def write(report: dict, args) -> str:
     name = "default_finetuning_tiny" if args.tiny else "default_finetuning"
-    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
-    (args.output_dir / f"{name}.md").write_text(text)
+    write_results(args.output_dir, name, report, text)
     return text
 
 

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from results_files import write_results
 
 from coreformer.training.zero_shot import evaluate_folder
 
@@ -115,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         for family in args.families:
             report["results"].append(pretrain_and_evaluate(family, args, Path(scratch)))
     name = "default_presets_tiny" if args.tiny else "default_presets"
-    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    (args.output_dir / f"{name}.md").write_text(table)
+    write_results(args.output_dir, name, report, table)
     print(table)
     return 0
 

@@ -48,7 +48,6 @@ MLM loss and discriminator AUC against training FLOPs).
 
 import argparse
 import datetime
-import importlib.util
 import json
 import math
 import platform
@@ -64,6 +63,7 @@ from types import SimpleNamespace
 import datasets
 import torch
 import transformers
+from results_files import sibling, write_results
 from transformers import (
     AutoConfig,
     AutoModelForMaskedLM,
@@ -104,10 +104,7 @@ def _recipes():
     """benchmarks/recipes.py as a module, loaded when first needed: it loads this module at its top, so a load here
     at import time would loop."""
     if "recipes" not in _LOADED:
-        spec = importlib.util.spec_from_file_location("recipes", ROOT / "benchmarks" / "recipes.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _LOADED["recipes"] = module
+        _LOADED["recipes"] = sibling("recipes")
     return _LOADED["recipes"]
 
 
@@ -636,9 +633,8 @@ def write(report: dict, args, name: str) -> str:
     off keeps them); the markdown returned."""
     report["verdicts"] = verdicts(report) if report["tasks"] else []
     rows = [{key: value for key, value in row.items() if key != "folder"} for row in report["runs"]]
-    (args.output_dir / f"{name}.json").write_text(json.dumps({**report, "runs": rows}, indent=2) + "\n")
     table = markdown(report)
-    (args.output_dir / f"{name}.md").write_text(table)
+    write_results(args.output_dir, name, {**report, "runs": rows}, table)
     plot(report, args.output_dir / f"{name}.png")
     return table
 

@@ -30,8 +30,6 @@ results/electra_vs_mlm_gpu.json and, once the fine-tuning ran, .md (machine, dat
 
 import argparse
 import datetime
-import importlib.util
-import json
 import platform
 import re
 import shlex
@@ -42,21 +40,14 @@ from pathlib import Path
 
 import datasets
 import torch
+from results_files import sibling, write_results
 
 from coreformer.training.pretraining import resolve_arguments, run_pretraining
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _module(name: str):
-    """A sibling benchmark as a module (its functions are reused, not copied)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-EVM, RECIPES = _module("electra_vs_mlm"), _module("recipes")
+EVM, RECIPES = sibling("electra_vs_mlm"), sibling("recipes")
 VARIANTS = EVM.VARIANTS  # name -> (objective, its settings): the CPU benchmark's, sources in its docstring
 
 
@@ -200,9 +191,7 @@ def comparisons(finetuning: dict[str, dict]) -> list[dict]:
 
 def write(report: dict, args) -> None:
     name = "electra_vs_mlm_gpu_tiny" if args.tiny else "electra_vs_mlm_gpu"
-    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    if report["comparisons"]:
-        (args.output_dir / f"{name}.md").write_text(markdown(report))
+    write_results(args.output_dir, name, report, markdown(report) if report["comparisons"] else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import datasets
 import torch
+from results_files import write_results
 
 from coreformer.training.batches import GlobalBatches
 from coreformer.training.corpora import read_source, stdlib_source_files
@@ -223,9 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             for family in args.families:
                 report["sections"].append({"family": family, **family_section(family, kind, args, Path(scratch))})
     report["wall_time_s"] = time.perf_counter() - started
-    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    (args.output_dir / f"{name}.md").write_text(table)
+    write_results(args.output_dir, name, report, table)
     print(table)
     return 0
 

@@ -35,7 +35,6 @@ it finished; a speed run that fails is reported with its error.
 
 import argparse
 import datetime
-import importlib.util
 import json
 import platform
 import shlex
@@ -46,6 +45,7 @@ from pathlib import Path
 
 import datasets
 import torch
+from results_files import sibling, write_results
 from torch.nn import functional
 from transformers import AttentionInterface
 
@@ -71,10 +71,7 @@ PARAMETERS = dict(sliding_window=8, stride=5, block_size=16, lsh_bucket_size=8, 
 
 def _packing_benchmark():
     """benchmarks/packing.py as a module (its runs are reused, not copied)."""
-    spec = importlib.util.spec_from_file_location("packing_benchmark", ROOT / "benchmarks" / "packing.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling("packing")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -278,7 +275,7 @@ def exact_cell(family: str, layer_type: str, backend: str, args, device: str) ->
     try:
         result = run(model, family, [packed], [1.0])
         alone_here = run(model, family, alone, weights) if backend == "flash" else None
-    except (ValueError, NotImplementedError) as refusal:
+    except ValueError as refusal:  # the model's one-line refusal of this layer type under this backend
         return {"outcome": "refused", "why": str(refusal).splitlines()[0]}
     difference, where = largest_difference(result, reference)
     cell = {"difference": difference, "at": where, "control": control}
@@ -384,8 +381,7 @@ def markdown(report: dict) -> str:
 
 def write(report: dict, args, part: str) -> None:
     name = f"packing_gpu_{part}" + ("_tiny" if args.tiny else "")
-    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.output_dir / f"{name}.md").write_text(markdown(report))
+    write_results(args.output_dir, name, report, markdown(report))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,12 +12,13 @@ masking rates compare:
     held-out loss      masked LM at 15% masking, causal LM, denoising at 30% infilling (fixed seed)
     minimal pairs      a held-out line against its corruption (swap, keyword, identifier), by (pseudo-)likelihood
 
-and the report gives, per family: held-out loss against FLOPs (one plot per family) beside the held-out text's unigram
-entropy (a loss well below it means context was learned), the FLOPs the modern recipe needs to reach each baseline's
-final held-out loss (interpolated in log-FLOPs between budgets), and minimal-pair accuracy. For encoders it also fine-tunes each recipe's largest-budget encoder and a randomly initialised one
-(the modern recipe's architecture) on tasks built from the embedded text, each with its fine-tuning learning rate
-chosen per encoder on a dev split cut from the training split (seed 0), then --seeds seeds on the whole training
-split, scored on the held-out split and paired seed by seed against random init:
+and the report gives, per family: held-out loss against FLOPs (one plot per family) beside the held-out text's
+unigram entropy (a loss well below it means context was learned), the FLOPs the modern recipe needs to reach each
+baseline's final held-out loss (interpolated in log-FLOPs between budgets), and minimal-pair accuracy. For encoders
+it also fine-tunes each recipe's largest-budget encoder and a randomly initialised one (the modern recipe's
+architecture) on tasks built from the embedded text, each with its fine-tuning learning rate chosen per encoder on a
+dev split cut from the training split (seed 0), then --seeds seeds on the whole training split, scored on the
+held-out split and paired seed by seed against random init:
 
     next-line     does line B follow line A in its file? (negatives: another line of the same file)     context
     corrupted     was this line corrupted (two tokens swapped, a keyword or a name replaced)?           context
@@ -37,7 +38,6 @@ family is run) and recipes_{family}.png.
 
 import argparse
 import datetime
-import importlib.util
 import json
 import math
 import platform
@@ -50,6 +50,7 @@ from pathlib import Path
 
 import datasets
 import torch
+from results_files import sibling, write_results
 from transformers import AutoTokenizer
 
 import coreformer as cf
@@ -85,15 +86,7 @@ TASK_ROWS = 600  # examples built per context task (balanced), before the split
 TEST_SHARE, DEV_SHARE = 0.3, 0.2  # of a task's rows; of its training rows (the learning-rate choice)
 
 
-def _electra_vs_mlm():
-    """benchmarks/electra_vs_mlm.py as a module: its fine-tuning and seed pairing are reused, not copied."""
-    spec = importlib.util.spec_from_file_location("electra_vs_mlm", ROOT / "benchmarks" / "electra_vs_mlm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-EVM = _electra_vs_mlm()
+EVM = sibling("electra_vs_mlm")  # its fine-tuning and seed pairing
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -491,11 +484,10 @@ def main(argv: list[str] | None = None) -> int:
                 row.pop("folder")
             report["families"][family] = section
             plot(family, section, args.output_dir / f"{prefix}_{family}.png")
-            (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")  # each family kept
+            write_results(args.output_dir, name, report, None)  # each family kept
     report["wall_time_s"] = time.perf_counter() - started
-    (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    (args.output_dir / f"{name}.md").write_text(table)
+    write_results(args.output_dir, name, report, table)
     print(table)
     return 0
 

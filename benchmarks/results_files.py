@@ -1,0 +1,30 @@
+"""What the benchmark scripts share: a sibling script as a module, and the results file each writes.
+
+    sibling(name)                                   benchmarks/NAME.py as a module (its functions reused, not copied)
+    write_results(output_dir, name, report, table)  NAME.json (the report) beside NAME.md (its table)
+
+The scripts run as `python benchmarks/NAME.py` (this folder first on sys.path) and are loaded by path in the tests
+(pyproject's pytest `pythonpath` holds this folder), so both find this module by its name.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parent
+
+
+def sibling(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a fresh module: each caller gets its own, so what one patches stays its own."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_results(output_dir: Path, name: str, report: dict, table: str | None) -> None:
+    """The report as NAME.json and, when there is one, its Markdown table as NAME.md."""
+    (output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    if table is not None:
+        (output_dir / f"{name}.md").write_text(table)
