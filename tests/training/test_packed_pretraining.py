@@ -46,12 +46,17 @@ def tokenizers(texts) -> dict:
 
 
 def packed_batch(objective: str, tokenizer, texts: list[str], rows: int = 4, **overrides):
-    """(run arguments, the `rows` packed examples holding the most documents, collated) of `objective` on `texts`."""
+    """(run arguments, a collated batch of `objective` on `texts`): the `rows - 1` packed examples holding the most
+    documents and the shortest one, so that every batch has a padded tail whatever files the interpreter ships."""
     args = args_from(tiny_settings(FAMILY_OF[objective], objective=objective, packing="packed", **overrides), "unused")
     spec = OBJECTIVES[objective]
     examples = spec.examples(datasets.Dataset.from_dict({"text": texts}), tokenizer, args)
-    fullest = sorted(range(len(examples)), key=lambda index: -len(examples[index]["lengths"]))[:rows]
-    return args, spec.collator(tokenizer, args)([examples[index] for index in sorted(fullest)])
+    by_documents = sorted(range(len(examples)), key=lambda index: -len(examples[index]["lengths"]))
+    shortest = min(by_documents[rows - 1 :], key=lambda index: len(examples[index]["input_ids"]))
+    chosen = sorted([*by_documents[: rows - 1], shortest])
+    width = max(len(examples[index]["input_ids"]) for index in chosen)
+    assert len(examples[shortest]["input_ids"]) < width, "the shortest packed row leaves room for padding"
+    return args, spec.collator(tokenizer, args)([examples[index] for index in chosen])
 
 
 def documents(position_ids: torch.Tensor) -> list[tuple[int, int, int]]:
