@@ -415,14 +415,7 @@ def random_encoder(folder: Path, like: Path) -> Path:
 
 def finetuned(encoder: Path, task: str, files: dict, args, work: Path) -> dict:
     """The encoder's learning rate chosen on dev (seed 0), then --seeds seeds on the full training split."""
-    _, classes, pair, _ = _recipes().TASKS[task]
-    dev = {
-        lr: finetune(encoder, args, work, files["dev"], lr=lr, seeds=1, classes=classes, pair=pair, tag=f"-{task}-dev")
-        for lr in args.finetune_lrs
-    }
-    lr = max(args.finetune_lrs, key=lambda value: dev[value]["accuracy_mean"])
-    full = finetune(encoder, args, work, files["full"], lr=lr, classes=classes, pair=pair, tag=f"-{task}-full")
-    return {"lr": lr, "dev_accuracy": {f"{value:g}": dev[value]["accuracy_mean"] for value in dev}, **full}
+    return _recipes().finetuned(encoder, task, files, args, work, splits=("full",))["full"]
 
 
 def comparisons(task: str, results: dict[str, dict], runs: list[dict]) -> list[dict]:

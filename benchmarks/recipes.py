@@ -16,9 +16,10 @@ and the report gives, per family: held-out loss against FLOPs (one plot per fami
 unigram entropy (a loss well below it means context was learned), the FLOPs the modern recipe needs to reach each
 baseline's final held-out loss (interpolated in log-FLOPs between budgets), and minimal-pair accuracy. For encoders
 it also fine-tunes each recipe's largest-budget encoder and a randomly initialised one (the modern recipe's
-architecture) on tasks built from the embedded text, each with its fine-tuning learning rate chosen per encoder on a
-dev split cut from the training split (seed 0), then --seeds seeds on the whole training split, scored on the
-held-out split and paired seed by seed against random init:
+architecture) on tasks built from the embedded text, full-size and few-shot, each setting at a fine-tuning learning
+rate chosen per encoder on a dev split cut from the training split (seed 0; the few-shot one trains on --few-shot
+rows per class, as the few-shot runs do), then --seeds seeds on the whole training split or its few-shot rows, scored
+on the held-out split and paired seed by seed against random init:
 
     next-line     does line B follow line A in its file? (negatives: another line of the same file)     context
     corrupted     was this line corrupted (two tokens swapped, a keyword or a name replaced)?           context
@@ -275,25 +276,30 @@ TASKS = {
 }
 
 
+def per_class(rows: list[dict], count: int) -> list[dict]:
+    """The first `count` rows of each label."""
+    labels = sorted({row["label"] for row in rows})
+    return [row for label in labels for row in [r for r in rows if r["label"] == label][:count]]
+
+
 def task_files(name: str, args, work: Path) -> dict[str, tuple[Path, Path]]:
-    """JSON-lines files of a task: "dev" (train minus dev, dev), "full" (train, test), "few-shot" (--few-shot per
-    class of train, test)."""
+    """JSON-lines files of a task, as (training, evaluation): "full" (train, test) and "few-shot" (--few-shot per
+    class of train, test), and the dev splits that choose each one's learning rate: "dev" (train minus dev, dev) and
+    "few-shot-dev" (--few-shot per class of train minus dev, dev): a few-shot run trains many epochs over few rows,
+    so its learning rate is chosen in the same setting (as Gao et al. 2021, "Making Pre-trained Language Models
+    Better Few-shot Learners", choose theirs)."""
     build, _, _, _ = TASKS[name]
     rows = build(64 if args.tiny else TASK_ROWS, random.Random(0))
     random.Random(1).shuffle(rows)
     test_count = round(len(rows) * TEST_SHARE)
     train, test = rows[test_count:], rows[:test_count]
     dev_count = round(len(train) * DEV_SHARE)
-    few = [
-        row
-        for label in sorted({row["label"] for row in train})
-        for row in [r for r in train if r["label"] == label][: args.few_shot]
-    ]
     files = {}
     for split, (training, evaluation) in {
         "dev": (train[dev_count:], train[:dev_count]),
+        "few-shot-dev": (per_class(train[dev_count:], args.few_shot), train[:dev_count]),
         "full": (train, test),
-        "few-shot": (few, test),
+        "few-shot": (per_class(train, args.few_shot), test),
     }.items():
         paths = work / f"{name}-{split}-train.jsonl", work / f"{name}-{split}-eval.jsonl"
         for path, part in zip(paths, (training, evaluation), strict=True):
@@ -302,21 +308,28 @@ def task_files(name: str, args, work: Path) -> dict[str, tuple[Path, Path]]:
     return files
 
 
-def finetuned(encoder: Path, task: str, files, args, work: Path) -> dict:
-    """The encoder's learning rate chosen on dev (seed 0), then --seeds seeds full-size and few-shot at it."""
+DEV_SPLIT = {"full": "dev", "few-shot": "few-shot-dev"}  # where each setting's learning rate is chosen
+
+
+def finetuned(encoder: Path, task: str, files, args, work: Path, splits: tuple[str, ...] = tuple(DEV_SPLIT)) -> dict:
+    """Each of `splits` ("full", "few-shot") at the encoder's learning rate chosen on that split's dev split (seed 0),
+    --seeds seeds."""
     _, classes, pair, _ = TASKS[task]
-    dev = {
-        lr: EVM.finetune(
-            encoder, args, work, files["dev"], lr=lr, seeds=1, classes=classes, pair=pair, tag=f"-{task}-dev"
-        )
-        for lr in args.finetune_lrs
-    }
-    lr = max(args.finetune_lrs, key=lambda value: dev[value]["accuracy_mean"])
-    result = {"lr": lr, "dev_accuracy": {f"{value:g}": dev[value]["accuracy_mean"] for value in dev}}
-    for split in ("full", "few-shot"):
+    result = {}
+    for split in splits:
+        dev_split = DEV_SPLIT[split]
+        dev = {
+            lr: EVM.finetune(
+                encoder, args, work, files[dev_split], lr=lr, seeds=1, classes=classes, pair=pair,
+                tag=f"-{task}-{dev_split}",
+            )["accuracy_mean"]
+            for lr in args.finetune_lrs
+        }  # fmt: skip
+        lr = max(args.finetune_lrs, key=dev.__getitem__)
         result[split] = EVM.finetune(
             encoder, args, work, files[split], lr=lr, classes=classes, pair=pair, tag=f"-{task}-{split}"
         )
+        result[split].update(lr=lr, dev_accuracy={f"{value:g}": accuracy for value, accuracy in dev.items()})
     return result
 
 
@@ -398,23 +411,23 @@ def tasks_markdown(tasks: dict) -> list[str]:
     lines = [
         "#### encoder fine-tuning (paired by seed against random init)",
         "",
-        "| task | what it measures | encoder | lr (dev) | full-size accuracy | vs random init | few-shot accuracy | "
-        "vs random init |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task | what it measures | encoder | full-size: lr (dev) | accuracy | vs random init | few-shot: lr (dev) | "
+        "accuracy | vs random init |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for task, entry in tasks.items():
         for name, result in entry["encoders"].items():
             cells = []
             for split in ("full", "few-shot"):
                 numbers = result[split]
-                cells.append(f"{numbers['accuracy_mean']:.3f} ± {numbers['accuracy_std']:.3f}")
+                cells.append(f"{numbers['lr']:g} | {numbers['accuracy_mean']:.3f} ± {numbers['accuracy_std']:.3f}")
                 paired = numbers.get("paired_vs_random")
                 cells.append(
                     f"{paired['mean']:+.3f} ± {paired['std']:.3f} ({paired['wins']}/{paired['seeds']})"
                     if paired
                     else "—"
                 )
-            lines.append(f"| {task} | {entry['measures']} | {name} | {result['lr']:g} | {' | '.join(cells)} |")
+            lines.append(f"| {task} | {entry['measures']} | {name} | {' | '.join(cells)} |")
     return lines + [""]
 
 

@@ -229,6 +229,7 @@ def test_recipes_benchmark_tiny_runs_every_family_and_pairs_the_encoders(tmp_pat
     for name, result in tasks["corrupted"]["encoders"].items():
         for split in ("full", "few-shot"):
             assert len(result[split]["accuracies"]) == 1
+            assert result[split]["lr"] == 1e-3 and set(result[split]["dev_accuracy"]) == {"0.001"}  # its own dev
             assert ("paired_vs_random" in result[split]) == (name != "random init")
     text = (tmp_path / "recipes_tiny.md").read_text()
     assert text.startswith("# Faithful architectures against the modern recipes, at equal training FLOPs")
@@ -249,6 +250,26 @@ def test_recipes_benchmark_interpolates_the_flops_to_reach_a_loss_in_log_flops()
     assert recipes.flops_to_reach(rows, 5.0) == pytest.approx(1e11)  # halfway in loss, halfway in log-FLOPs
     assert recipes.flops_to_reach(rows, 6.5) == 1e10  # reached by the first budget: its FLOPs, an upper bound
     assert recipes.flops_to_reach(rows, 2.0) is None
+
+
+def test_recipes_few_shot_learning_rate_is_chosen_on_few_rows_scored_on_dev_rows_it_never_trains_on(tmp_path):
+    from argparse import Namespace
+
+    from results_files import sibling
+
+    recipes = sibling("recipes")
+    files = recipes.task_files("corrupted", Namespace(tiny=True, few_shot=4), tmp_path)
+
+    def rows(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    (dev_train, dev), (few_dev_train, few_dev) = map(rows, files["dev"]), map(rows, files["few-shot-dev"])
+    (full_train, test), (few_train, few_test) = map(rows, files["full"]), map(rows, files["few-shot"])
+    assert few_dev == dev and few_test == test
+    for few, pool in ((few_dev_train, dev_train), (few_train, full_train)):
+        assert all(row in pool for row in few)
+        assert sorted(row["label"] for row in few) == ["corrupted"] * 4 + ["original"] * 4
+    assert not any(row in dev for row in few_dev_train) and not any(row in test for row in few_train)
 
 
 def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_with_masked_lm():
