@@ -180,6 +180,32 @@ def kill_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) 
     child.stderr.close()
 
 
+def run_launch(command: list[str], *, env: dict, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True)` of a multi-process launch, in a session of its own;
+    past `timeout` every Python process of the session prints its stack (faulthandler, on SIGABRT) and the test fails
+    with them: a hung launch says where each process waits."""
+    child = subprocess.Popen(
+        command,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = child.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+        pytest.fail(f"the launch ran past {timeout:g} s; the stacks of its processes then:\n{stderr[-12000:]}")
+    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+
+
 def ctrl_c_as_in_a_terminal() -> None:
     """`preexec_fn` of a child that a test interrupts with SIGINT (`interrupt_at_marker`). A shell starts background
     jobs with SIGINT ignored (so does a CI runner that runs the suite as one), Python then installs no

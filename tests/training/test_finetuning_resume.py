@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker
+from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, run_launch
 from safetensors.torch import load_file
 from test_finetuning import _texts
 from transformers import AutoModelForSequenceClassification, set_seed
@@ -374,7 +374,7 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
 
     reference = tmp_path / "uninterrupted"
     command = launch_two([str(FINETUNE)] + flags(base, reference), tmp_path)
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    result = run_launch(command, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     # Both processes train into one staged folder; only the main one writes and swaps it in, so the folder is
     # complete whichever process finishes last.
@@ -402,7 +402,7 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
         run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
 
     command = launch_two([str(FINETUNE)] + flags(base, folder, resume_from_checkpoint="latest"), tmp_path)
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    result = run_launch(command, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_run(folder, reference)
 

@@ -22,7 +22,7 @@ import datasets
 import pytest
 import torch
 from accelerate.utils.other import clean_state_dict_for_safetensors
-from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, kill_at_marker
+from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, kill_at_marker, run_launch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -285,7 +285,7 @@ def two_processes_and_one(settings: dict, tmp_path: Path) -> tuple[dict, dict]:
     command += [str(PRETRAIN), "--config", str(config)]
     command += cli_flags({**settings, "output_dir": str(two), "grad_accum": 1})
     env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    result = run_launch(command, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     one = run_pretraining(args_from(settings, tmp_path / "one-process", grad_accum=2, tokenizer=str(two)))
     return json.loads((two / "metrics.json").read_text()), one
