@@ -194,7 +194,9 @@ def test_electra_hands_packed_rows_to_generator_and_discriminator_alike(tokenize
             masked = batch["input_ids"][row : row + 1, start:stop]
             generator = model.generator.model(input_ids=masked, attention_mask=mask).last_hidden_state[0]
             torch.testing.assert_close(hidden.last_hidden_state[row, start:stop], generator, rtol=1e-5, atol=1e-5)
-        # The replaced-token loss counts real tokens only: the padded tails are no input.
+        # The replaced-token loss counts real tokens only: the padded tails are no input. (Reseeded: the generator
+        # samples the same replacements as in the forward above.)
+        torch.manual_seed(1)
         terms = OBJECTIVES["electra"].loss_terms(model, batch, 1, input_token_count(batch, tokenizer.pad_token_id))
         real = batch["input_ids"] != tokenizer.pad_token_id
     originals = (outputs["corrupted"] == outputs["original"])[real]
