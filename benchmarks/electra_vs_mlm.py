@@ -48,6 +48,7 @@ MLM loss and discriminator AUC against training FLOPs).
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import platform
@@ -119,8 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the largest)")  # fmt: skip
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per encoder and task")
+    parser.add_argument("--pretraining-seeds", type=int, default=1, help="pretraining runs per variant and "
+                        "budget (seeds 0, 1, ...; one tokenizer): what retraining alone moves")  # fmt: skip
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
-    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--finetune-steps", type=int, default=600)
     parser.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="chosen on dev")
     parser.add_argument("--note", default="", help="how the machine was (e.g. 'under load from other jobs')")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
@@ -147,11 +150,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def pretraining_settings(variant: str, args: argparse.Namespace, output_dir: Path, steps: int, tokenizer):
+def pretraining_settings(
+    variant: str, args: argparse.Namespace, output_dir: Path, steps: int, tokenizer, seed: int = 0
+):
     """The tiny-modern encoder (or its architecture at a tiny size) trained by `variant`, no checkpoints, no
-    zero-shot report (the gates are scored here)."""
+    zero-shot report (the gates are scored here). `seed`: the run's (initialisation, masking, data order and the
+    embedded corpus' split)."""
     objective, extra = VARIANTS[variant]
-    overrides = dict(objective=objective, output_dir=str(output_dir), overwrite=True, max_steps=steps, **extra)
+    overrides = dict(objective=objective, output_dir=str(output_dir), overwrite=True, max_steps=steps, seed=seed)
+    overrides.update(extra)
     overrides.update(save_every=0, eval_every=0, report_to="none", zero_shot_pairs=0, warmup_steps=max(1, steps // 10))
     if tokenizer is not None:
         overrides["tokenizer"] = str(tokenizer)
@@ -176,21 +183,24 @@ def steps_for(budget: float, per_token: float, per_step: float, tokens_per_step:
     return max(2, round(budget / (per_token * tokens_per_step + per_step)))
 
 
-def pretrain(variant: str, budget: float, args, work: Path, tokenizer: Path, tokens_per_step: float) -> dict:
+def pretrain(
+    variant: str, budget: float, args, work: Path, tokenizer: Path, tokens_per_step: float, seed: int = 0
+) -> dict:
     """One run spending `budget` FLOPs and its gates."""
     objective = VARIANTS[variant][0]
     slug = re.sub(r"\W+", "-", variant)  # "electra-1-4-width"
-    folder = work / f"{slug}-{budget:g}"
+    folder = work / f"{slug}-{budget:g}-seed-{seed}"
     per_token, per_step = training_flops(
-        objective, pretraining_settings(variant, args, folder, 1, tokenizer), tokenizer
+        objective, pretraining_settings(variant, args, folder, 1, tokenizer, seed), tokenizer
     )
     steps = steps_for(budget, per_token, per_step, tokens_per_step)
-    settings = pretraining_settings(variant, args, folder, steps, tokenizer)
+    settings = pretraining_settings(variant, args, folder, steps, tokenizer, seed)
     metrics = run_pretraining(settings)
     return {
         "variant": variant,
         "objective": objective,
         "budget": budget,
+        "seed": seed,
         "steps": metrics["steps"],
         "tokens_seen": metrics["tokens_seen"],
         "train_time_s": metrics["train_time_s"],
@@ -356,14 +366,16 @@ def finetune(
     *,
     lr: float | None = None,
     seeds: int | None = None,
+    steps: int | None = None,
     classes: int = CLASSES,
     pair: bool = False,
     tag: str = "",
 ) -> dict:
     """Sequence classification of the rows in `data` (train, evaluation), the same settings for every encoder;
     accuracy per seed (seed s draws the same classifier initialisation and data order for every encoder: the seeds
-    pair up). `pair`: the rows hold a second text ("text_pair"); `lr` and `seeds` default to the run's."""
+    pair up). `pair`: the rows hold a second text ("text_pair"); `lr`, `seeds` and `steps` default to the run's."""
     newly_initialised = load_report(folder, classes)
+    steps = args.finetune_steps if steps is None else steps
     accuracies = []
     for seed in range(args.seeds if seeds is None else seeds):
         finetuning = FinetuningArguments.resolve(
@@ -376,8 +388,8 @@ def finetune(
                 validation_file=str(data[1]),
                 text_pair_column="text_pair" if pair else None,
                 max_eval_examples=TINY_HELD_OUT if args.tiny else None,
-                max_steps=args.finetune_steps,
-                warmup_steps=args.finetune_steps // 10,
+                max_steps=steps,
+                warmup_steps=steps // 10,
                 batch_size=16,
                 lr=args.finetune_lr if lr is None else lr,
                 max_length=128 if pair else 64,
@@ -420,26 +432,56 @@ def finetuned(encoder: Path, task: str, files: dict, args, work: Path) -> dict:
 
 
 def comparisons(task: str, results: dict[str, dict], runs: list[dict]) -> list[dict]:
-    """Every pretrained encoder against random init, and each ELECTRA against masked LM at the same budget."""
-    rows, encoders = [], {name_of(run): run for run in runs if name_of(run) in results}
-    for name, run in encoders.items():
+    """Every pretrained encoder against random init, and each ELECTRA against masked LM of the same budget and
+    pretraining seed: paired by fine-tuning seed."""
+    rows = []
+    for run in (run for run in runs if name_of(run) in results):
         references = ["random init"]
-        masked = f"masked-lm {run['budget']:g}"
-        if run["objective"] == "electra" and masked in results:
-            references.append(masked)
+        if run["objective"] == "electra" and opponent(run) in results:
+            references.append(opponent(run))
         for reference in references:
             rows.append(
                 {
                     "task": task,
-                    "what": f"{name} - {reference}",
-                    **paired(results[name]["accuracies"], results[reference]["accuracies"]),
+                    "what": f"{name_of(run)} - {reference}",
+                    **paired(results[name_of(run)]["accuracies"], results[reference]["accuracies"]),
                 }
             )
     return rows
 
 
-def name_of(run: dict) -> str:
+def across_pretraining_seeds(task: str, results: dict[str, dict], runs: list[dict]) -> list[dict]:
+    """Per variant and budget, each pretraining seed's mean accuracy (over the fine-tuning seeds) against random
+    init's, and each ELECTRA's against masked LM's of the same budget: paired by pretraining seed, so the spread is
+    what retraining moves."""
+    groups: dict[str, list[dict]] = {}  # "variant budget" -> its runs, by seed
+    for run in (run for run in runs if name_of(run) in results):
+        groups.setdefault(group_of(run), []).append(run)
+    rows = []
+    for group, members in groups.items():
+        means = [results[name_of(run)]["accuracy_mean"] for run in members]
+        references = {"random init": [results["random init"]["accuracy_mean"]] * len(means)}
+        masked = group_of({**members[0], "variant": "masked-lm"})
+        if members[0]["objective"] == "electra" and masked in groups:
+            references[masked] = [results[name_of(run)]["accuracy_mean"] for run in groups[masked]]
+        for reference, reference_means in references.items():
+            rows.append({"task": task, "what": f"{group} - {reference}", **paired(means, reference_means)})
+    return rows
+
+
+def group_of(run: dict) -> str:
+    """ "masked-lm 2.4e+13": a run's variant and budget, every pretraining seed."""
     return f"{run['variant']} {run['budget']:g}"
+
+
+def name_of(run: dict) -> str:
+    """ "masked-lm 2.4e+13, seed 0": one pretraining run."""
+    return f"{group_of(run)}, seed {run['seed']}"
+
+
+def opponent(run: dict) -> str:
+    """The masked-LM run an ELECTRA run is judged against: the same budget and pretraining seed."""
+    return name_of({**run, "variant": "masked-lm"})
 
 
 def downstream(report: dict, args, work: Path, tokenizer: Path, name: str) -> None:
@@ -455,6 +497,7 @@ def downstream(report: dict, args, work: Path, tokenizer: Path, name: str) -> No
             "measures": recipes.TASKS[task][3],
             "encoders": results,
             "paired": comparisons(task, results, runs),
+            "across_pretraining_seeds": across_pretraining_seeds(task, results, runs),
         }
         print(f"{task}: " + ", ".join(f"{n} {r['accuracy_mean']:.3f}" for n, r in results.items()), file=sys.stderr)
         write(report, args, name)
@@ -478,15 +521,15 @@ def runs_markdown(report: dict) -> list[str]:
         f"discriminator: ROC AUC on held-out replacements at least {AUC_GATE:g} and RTD loss below the constant "
         "answer's (replacements detected).",
         "",
-        "| variant | budget (FLOPs) | steps | tokens | training FLOPs | held-out MLM loss at 15%, all selected "
-        "(ELECTRA: generator) | at [MASK] | at [MASK]: below unigram by | context learned | RTD AUC | RTD loss / "
-        "constant's | RTD accuracy / base rate | replacements detected | training time (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| variant | budget (FLOPs) | pretraining seed | steps | tokens | training FLOPs | held-out MLM loss at 15%, "
+        "all selected (ELECTRA: generator) | at [MASK] | at [MASK]: below unigram by | context learned | RTD AUC | "
+        "RTD loss / constant's | RTD accuracy / base rate | replacements detected | training time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["runs"]:
         electra = "rtd_auc" in row
         lines.append(
-            f"| {row['variant']} | {row['budget']:g} | {row['steps']} | {row['tokens_seen']:,} | "
+            f"| {row['variant']} | {row['budget']:g} | {row['seed']} | {row['steps']} | {row['tokens_seen']:,} | "
             f"{row['pretraining_flops']:.3g} | {row['mlm_loss']:.4f} | {row['mlm_loss_at_masks']:.4f} | "
             f"{entropy - row['mlm_loss_at_masks']:+.3f} | "
             f"{_pass(row['gates']['context_learned'])} | "
@@ -518,31 +561,47 @@ def tasks_markdown(report: dict) -> list[str]:
             f"| {entry_task} | {c['what']} | {c['mean']:+.3f} ± {c['std']:.3f} | {c['wins']} / {c['seeds']} |"
             for c in entry["paired"]
         ]
+    lines += [
+        "",
+        "Across pretraining seeds (each pretraining run's mean over the fine-tuning seeds, paired by pretraining seed: "
+        "the spread is what retraining moves):",
+        "",
+        "| task | paired by pretraining seed | difference (mean ± std) | pretraining seeds where > 0 |",
+        "|---|---|---|---|",
+    ]
+    for entry_task, entry in report["tasks"].items():
+        lines += [
+            f"| {entry_task} | {c['what']} | {c['mean']:+.3f} ± {c['std']:.3f} | {c['wins']} / {c['seeds']} |"
+            for c in entry["across_pretraining_seeds"]
+        ]
     return lines + [""]
 
 
 def verdicts(report: dict) -> list[dict]:
-    """Per ELECTRA encoder fine-tuned: its gates and its masked-LM opponent's, and on the context tasks (every task
-    but the lexical control) whether its mean paired difference against masked LM is >= 0 on each."""
-    runs = {name_of(run): run for run in report["runs"]}
+    """Per ELECTRA variant and budget fine-tuned: whether the gates of its runs and of masked LM's pass, and on the
+    context tasks (every task but the lexical control) whether its difference against masked LM, averaged over the
+    pretraining seeds, is >= 0 on each."""
+    groups: dict[str, list[dict]] = {}
+    for run in report["runs"]:
+        if run["budget"] in report["settings"]["finetune_budgets"]:
+            groups.setdefault(group_of(run), []).append(run)
     rows = []
-    for name, run in runs.items():
-        masked = runs.get(f"masked-lm {run['budget']:g}")
-        if (
-            run["objective"] != "electra"
-            or masked is None
-            or run["budget"] not in report["settings"]["finetune_budgets"]
-        ):
+    for group, members in groups.items():
+        masked = groups.get(group_of({**members[0], "variant": "masked-lm"}))
+        if members[0]["objective"] != "electra" or masked is None:
             continue
         differences = {
-            task: next(c["mean"] for c in entry["paired"] if c["what"] == f"{name} - {name_of(masked)}")
+            task: next(
+                c["mean"] for c in entry["across_pretraining_seeds"] if c["what"] == f"{group} - {group_of(masked[0])}"
+            )
             for task, entry in report["tasks"].items()
             if task != "package"
         }
         rows.append(
             {
-                "electra": name,
-                "gates_pass": all(run["gates"].values()) and all(masked["gates"].values()),
+                "electra": group,
+                "pretraining_seeds": len(members),
+                "gates_pass": all(all(run["gates"].values()) for run in members + masked),
                 "context_tasks_at_least_matched": sum(value >= 0 for value in differences.values()),
                 "context_tasks": len(differences),
                 "mean_difference_vs_masked_lm": statistics.fmean(differences.values()) if differences else None,
@@ -556,14 +615,15 @@ def verdict_markdown(report: dict) -> list[str]:
         "ELECTRA against masked LM at equal FLOPs, on the context tasks (the package task is the lexical control and "
         "is left out):",
         "",
-        "| ELECTRA encoder | gates of both pass | context tasks where its mean paired difference vs masked LM >= 0 | "
-        "mean of those differences |",
-        "|---|---|---|---|",
+        "| ELECTRA | pretraining seeds | gates of every run of both pass | context tasks where its difference vs "
+        "masked LM (mean over pretraining seeds) >= 0 | mean of those differences |",
+        "|---|---|---|---|---|",
     ]
     for row in report["verdicts"]:
         mean = row["mean_difference_vs_masked_lm"]
         lines.append(
-            f"| {row['electra']} | {'yes' if row['gates_pass'] else 'no'} | {row['context_tasks_at_least_matched']} "
+            f"| {row['electra']} | {row['pretraining_seeds']} | {'yes' if row['gates_pass'] else 'no'} | "
+            f"{row['context_tasks_at_least_matched']} "
             f"/ {row['context_tasks']} | {'—' if mean is None else format(mean, '+.3f')} |"
         )
     return lines + [""]
@@ -656,13 +716,13 @@ def main(argv: list[str] | None = None) -> int:
         first = run_pretraining(first_settings)
         tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
         report["unigram_entropy"] = unigram_entropy(tokenizer, first_settings)
-        for variant in args.variants:
-            for budget in args.flops_budgets:
-                row = pretrain(variant, budget, args, work, tokenizer, tokens_per_step)
-                row["gates"] = gate_verdicts(row, report["unigram_entropy"])
-                report["runs"].append(row)
-                print(f"{name_of(row)}: {json.dumps({k: v for k, v in row.items() if k != 'folder'})}", file=sys.stderr)
-                write(report, args, name)
+        seeds = range(args.pretraining_seeds)
+        for variant, budget, seed in itertools.product(args.variants, args.flops_budgets, seeds):
+            row = pretrain(variant, budget, args, work, tokenizer, tokens_per_step, seed)
+            row["gates"] = gate_verdicts(row, report["unigram_entropy"])
+            report["runs"].append(row)
+            print(f"{name_of(row)}: {json.dumps({k: v for k, v in row.items() if k != 'folder'})}", file=sys.stderr)
+            write(report, args, name)
         downstream(report, args, work, tokenizer, name)
     report["wall_time_s"] = time.perf_counter() - started
     print(write(report, args, name))

@@ -39,6 +39,7 @@ family is run) and recipes_{family}.png.
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import platform
@@ -83,7 +84,8 @@ TINY_MODELS = {  # --tiny: each recipe's architecture at a tiny size
     "decoder": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
     "seq2seq": dict(hidden_size=32, encoder_layers=1, decoder_layers=1, num_attention_heads=4, intermediate_size=64),
 }
-TASK_ROWS = 600  # examples built per context task (balanced), before the split
+TASK_ROWS = 6000  # rows drawn per task (the docstring task has about 1,000, the package task about 700)
+FILE = "file"  # a context task row's source file: rows of one file stay in one split
 TEST_SHARE, DEV_SHARE = 0.3, 0.2  # of a task's rows; of its training rows (the learning-rate choice)
 
 
@@ -97,7 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), help="recipes run (default: per family)")
     parser.add_argument("--pairs", type=int, default=200, help="minimal pairs per folder")
     parser.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per encoder and task")
-    parser.add_argument("--finetune-steps", type=int, default=200)
+    parser.add_argument("--finetune-steps", type=int, default=600, help="full-size runs (about 2.3 epochs)")
+    parser.add_argument("--few-shot-steps", type=int, default=200, help="few-shot runs")
     parser.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="chosen on dev")
     parser.add_argument("--few-shot", type=int, default=32, help="examples per class of the few-shot runs")
     parser.add_argument("--tasks", nargs="+", default=["next-line", "corrupted", "docstring", "package"])
@@ -108,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.command = "python benchmarks/recipes.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.tiny:
         args.flops_budgets = args.flops_budgets or list(TINY_BUDGETS)
-        args.pairs, args.seeds, args.finetune_steps, args.finetune_lrs = 16, 1, 4, [1e-3]
+        args.pairs, args.seeds, args.finetune_steps, args.few_shot_steps, args.finetune_lrs = 16, 1, 4, 4, [1e-3]
         args.tasks, args.few_shot = args.tasks[:1] if args.tasks != parser.get_default("tasks") else ["corrupted"], 4
     args.flops_budgets = sorted(args.flops_budgets or BUDGETS)
     args.finetune_lr = args.finetune_lrs[0]  # what electra_vs_mlm.finetune reads when no lr is given
@@ -222,27 +225,27 @@ def family_section(family: str, args, work: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def next_line_rows(count: int, rng: random.Random) -> list[dict]:
+def next_line_rows(rng: random.Random) -> list[dict]:
     """Half the rows pair a line with the line after it (label "next"), half with another line of the same file."""
     rows = []
-    for lines in package_lines(rng):
+    for file, lines in enumerate(package_lines(rng)):
         for index in range(len(lines) - 1):
-            if len(rows) == count:
-                return rows
             follows = len(rows) % 2 == 0
             other = rng.choice([line for line in lines if line != lines[index + 1]])
             second = lines[index + 1] if follows else other
-            rows.append({"text": lines[index], "text_pair": second, "label": "next" if follows else "other"})
+            rows.append(
+                {"text": lines[index], "text_pair": second, "label": "next" if follows else "other", FILE: file}
+            )
     return rows
 
 
-def corrupted_rows(count: int, rng: random.Random) -> list[dict]:
+def corrupted_rows(rng: random.Random) -> list[dict]:
     """Half the rows are lines as written, half lines with one corruption: the embedded sequence-classification
     default's builder (zero_shot's CORRUPTIONS, in turn)."""
-    return corrupted_lines(count, rng)
+    return corrupted_lines(None, rng, file_column=FILE)
 
 
-def docstring_rows(count: int, rng: random.Random) -> list[dict]:
+def docstring_rows(rng: random.Random) -> list[dict]:
     """A docstring's first paragraph and the code of its own definition (label "documents"), or of another
     definition of the same file ("other"): the candidates share the file's vocabulary."""
     by_file: dict[str, list] = {}
@@ -252,23 +255,22 @@ def docstring_rows(count: int, rng: random.Random) -> list[dict]:
     definitions = [d for group in by_file.values() if len(group) > 1 for d in group]
     rng.shuffle(definitions)
     rows = []
-    for definition in definitions[:count]:
+    for definition in definitions:
         own = len(rows) % 2 == 0
         code = definition if own else rng.choice([d for d in by_file[definition.path] if d is not definition])
         text_pair = code.source_without_doc[:400]
-        rows.append(
-            {"text": first_paragraph(definition.doc), "text_pair": text_pair, "label": "documents" if own else "other"}
-        )
+        label = "documents" if own else "other"
+        rows.append({"text": first_paragraph(definition.doc), "text_pair": text_pair, "label": label, FILE: code.path})
     return rows
 
 
-# name -> (build rows(count, rng), classes, pair of texts, what it measures)
+# name -> (build every row(rng), classes, pair of texts, what it measures)
 TASKS = {
     "next-line": (next_line_rows, 2, True, "context: does line B follow line A"),
     "corrupted": (corrupted_rows, 2, False, "context: was the line corrupted"),
     "docstring": (docstring_rows, 2, True, "context: does the docstring document this code (shared vocabulary)"),
     "package": (
-        lambda count, rng: package_docstrings(per_package=None),
+        lambda rng: package_docstrings(per_package=None),
         4,
         False,
         "lexical control: docstring -> package",
@@ -276,10 +278,41 @@ TASKS = {
 }
 
 
-def per_class(rows: list[dict], count: int) -> list[dict]:
-    """The first `count` rows of each label."""
-    labels = sorted({row["label"] for row in rows})
-    return [row for label in labels for row in [r for r in rows if r["label"] == label][:count]]
+def per_class(rows: list[dict], count: int | None = None) -> list[dict]:
+    """The first `count` rows of each label (None: as many as the rarest label has, so that chance is 1 / labels)."""
+    by_label: dict[str, list[dict]] = {}
+    for row in rows:
+        by_label.setdefault(row["label"], []).append(row)
+    count = min(map(len, by_label.values())) if count is None else count
+    return [row for label in sorted(by_label) for row in by_label[label][:count]]
+
+
+def spread(rows: list[dict], count: int, rng: random.Random) -> list[dict]:
+    """`count` rows taken from every file in turn (each file's rows in `rng`'s order), so that a task's rows come
+    from many files and a split by file can hold any share of them."""
+    by_file: dict = {}
+    for index, row in enumerate(rows):
+        by_file.setdefault(row.get(FILE, ("row", index)), []).append(row)
+    for file_rows in by_file.values():
+        rng.shuffle(file_rows)
+    turns = itertools.zip_longest(*by_file.values())
+    return [row for turn in turns for row in turn if row is not None][:count]
+
+
+def split_by_file(rows: list[dict], share: float, rng: random.Random) -> tuple[list[dict], list[dict]]:
+    """(rest, taken): whole files' rows, files in `rng`'s order, taken until they hold `share` of the rows, so that no
+    line, definition or file is seen in training and scored too (the context tasks reuse a file's lines across its
+    rows: a line is one row's next line and another's negative, where a model that memorises lines answers the
+    opposite label). Rows without a FILE (the lexical control) are split one by one."""
+    files: dict = {}
+    for index, row in enumerate(rows):
+        files.setdefault(row.get(FILE, ("row", index)), []).append(row)
+    order = list(files)
+    rng.shuffle(order)
+    rest, taken = [], []
+    for file in order:
+        (taken if len(taken) < share * len(rows) else rest).extend(files[file])
+    return rest, taken
 
 
 def task_files(name: str, args, work: Path) -> dict[str, tuple[Path, Path]]:
@@ -289,21 +322,20 @@ def task_files(name: str, args, work: Path) -> dict[str, tuple[Path, Path]]:
     so its learning rate is chosen in the same setting (as Gao et al. 2021, "Making Pre-trained Language Models
     Better Few-shot Learners", choose theirs)."""
     build, _, _, _ = TASKS[name]
-    rows = build(64 if args.tiny else TASK_ROWS, random.Random(0))
-    random.Random(1).shuffle(rows)
-    test_count = round(len(rows) * TEST_SHARE)
-    train, test = rows[test_count:], rows[:test_count]
-    dev_count = round(len(train) * DEV_SHARE)
+    rows = spread(build(random.Random(0)), 64 if args.tiny else TASK_ROWS, random.Random(1))
+    train, test = split_by_file(rows, TEST_SHARE, random.Random(2))
+    train_minus_dev, dev = split_by_file(train, DEV_SHARE, random.Random(3))
+    train, test, train_minus_dev, dev = map(per_class, (train, test, train_minus_dev, dev))  # balanced
     files = {}
     for split, (training, evaluation) in {
-        "dev": (train[dev_count:], train[:dev_count]),
-        "few-shot-dev": (per_class(train[dev_count:], args.few_shot), train[:dev_count]),
+        "dev": (train_minus_dev, dev),
+        "few-shot-dev": (per_class(train_minus_dev, args.few_shot), dev),
         "full": (train, test),
         "few-shot": (per_class(train, args.few_shot), test),
     }.items():
         paths = work / f"{name}-{split}-train.jsonl", work / f"{name}-{split}-eval.jsonl"
         for path, part in zip(paths, (training, evaluation), strict=True):
-            path.write_text("".join(json.dumps(row) + "\n" for row in part))
+            path.write_text("".join(json.dumps({k: v for k, v in row.items() if k != FILE}) + "\n" for row in part))
         files[split] = paths
     return files
 
@@ -317,17 +349,17 @@ def finetuned(encoder: Path, task: str, files, args, work: Path, splits: tuple[s
     _, classes, pair, _ = TASKS[task]
     result = {}
     for split in splits:
-        dev_split = DEV_SPLIT[split]
+        dev_split, steps = DEV_SPLIT[split], args.finetune_steps if split == "full" else args.few_shot_steps
         dev = {
             lr: EVM.finetune(
-                encoder, args, work, files[dev_split], lr=lr, seeds=1, classes=classes, pair=pair,
+                encoder, args, work, files[dev_split], lr=lr, seeds=1, steps=steps, classes=classes, pair=pair,
                 tag=f"-{task}-{dev_split}",
             )["accuracy_mean"]
             for lr in args.finetune_lrs
         }  # fmt: skip
         lr = max(args.finetune_lrs, key=dev.__getitem__)
         result[split] = EVM.finetune(
-            encoder, args, work, files[split], lr=lr, classes=classes, pair=pair, tag=f"-{task}-{split}"
+            encoder, args, work, files[split], lr=lr, steps=steps, classes=classes, pair=pair, tag=f"-{task}-{split}"
         )
         result[split].update(lr=lr, dev_accuracy={f"{value:g}": accuracy for value, accuracy in dev.items()})
     return result

@@ -32,7 +32,7 @@ def test_electra_vs_mlm_tiny_spends_each_budget_scores_the_gates_and_pairs_the_e
     report = json.loads((tmp_path / "electra_vs_mlm_tiny.json").read_text())
     budgets, variants = [3e8, 6e8], ["masked-lm", "electra, 1/4 width", "electra, 1/2 width"]
     runs = report["runs"]
-    assert [(r["variant"], r["budget"]) for r in runs] == [(v, b) for v in variants for b in budgets]
+    assert [(r["variant"], r["budget"], r["seed"]) for r in runs] == [(v, b, 0) for v in variants for b in budgets]
     entropy = report["unigram_entropy"]
     assert 3.0 < entropy < math.log(384)  # below the uniform distribution over the tiny vocabulary
     for row in runs:  # each run's steps spend its budget: within one step of it
@@ -51,22 +51,32 @@ def test_electra_vs_mlm_tiny_spends_each_budget_scores_the_gates_and_pairs_the_e
         detected = electra["rtd_auc"] >= 0.6 and electra["rtd_loss"] < electra["rtd_constant_loss"]
         assert electra["gates"]["replacements_detected"] == detected
     task = report["tasks"]["corrupted"]
-    assert list(task["encoders"]) == ["random init"] + [f"{v} 6e+08" for v in variants]  # the largest budget
+    assert list(task["encoders"]) == ["random init"] + [f"{v} 6e+08, seed 0" for v in variants]  # the largest budget
     for result in task["encoders"].values():
         assert result["newly_initialised"] == ["classifier.dense", "classifier.out_proj"]  # the encoder loaded
         assert len(result["accuracies"]) == 2 and result["lr"] in (1e-4, 3e-4)
     assert [c["what"] for c in task["paired"]] == [
+        "masked-lm 6e+08, seed 0 - random init",
+        "electra, 1/4 width 6e+08, seed 0 - random init",
+        "electra, 1/4 width 6e+08, seed 0 - masked-lm 6e+08, seed 0",
+        "electra, 1/2 width 6e+08, seed 0 - random init",
+        "electra, 1/2 width 6e+08, seed 0 - masked-lm 6e+08, seed 0",
+    ]
+    assert [c["what"] for c in task["across_pretraining_seeds"]] == [
         "masked-lm 6e+08 - random init",
         "electra, 1/4 width 6e+08 - random init",
         "electra, 1/4 width 6e+08 - masked-lm 6e+08",
         "electra, 1/2 width 6e+08 - random init",
         "electra, 1/2 width 6e+08 - masked-lm 6e+08",
     ]
-    assert [v["electra"] for v in report["verdicts"]] == [f"{v} 6e+08" for v in variants[1:]]
+    assert [(v["electra"], v["pretraining_seeds"]) for v in report["verdicts"]] == [
+        (f"{v} 6e+08", 1) for v in variants[1:]
+    ]
     table = (tmp_path / "electra_vs_mlm_tiny.md").read_text()
     assert table.startswith("# ELECTRA against masked LM at equal training FLOPs")
     assert "(under load)" in table and "- command: `python benchmarks/electra_vs_mlm.py --tiny" in table
     assert table.count("| electra, 1/2 width | ") == 2 and "| corrupted | electra, 1/4 width 6e+08 - masked-lm" in table
+    assert "| corrupted | electra, 1/4 width 6e+08, seed 0 - masked-lm 6e+08, seed 0 |" in table
     assert (tmp_path / "electra_vs_mlm_tiny.png").stat().st_size > 10_000
 
 
@@ -105,6 +115,35 @@ def test_paired_differences_are_seed_by_seed():
     assert (difference["wins"], difference["seeds"]) == (2, 3)
     with pytest.raises(ValueError):
         benchmark.paired([0.5], [0.4, 0.8])  # unpaired seeds are refused, not truncated
+
+
+def test_pretraining_seeds_pair_each_electra_run_with_the_masked_lm_run_of_its_seed():
+    benchmark = load_benchmark()
+    runs = [
+        {"variant": variant, "objective": objective, "budget": 1e13, "seed": seed}
+        for variant, objective in (("masked-lm", "masked-lm"), ("electra, 1/4 width", "electra"))
+        for seed in (0, 1)
+    ]
+
+    def result(*accuracies):
+        return {"accuracies": list(accuracies), "accuracy_mean": sum(accuracies) / len(accuracies)}
+
+    results = {
+        "random init": result(0.5, 0.5),
+        "masked-lm 1e+13, seed 0": result(0.6, 0.8),  # mean 0.7
+        "masked-lm 1e+13, seed 1": result(0.5, 0.7),  # mean 0.6
+        "electra, 1/4 width 1e+13, seed 0": result(0.7, 0.7),  # mean 0.7: ties its masked LM
+        "electra, 1/4 width 1e+13, seed 1": result(0.8, 0.8),  # mean 0.8: +0.3, +0.1 on its masked LM
+    }
+    by_seed = {row["what"]: row for row in benchmark.comparisons("t", results, runs)}
+    seed_one = by_seed["electra, 1/4 width 1e+13, seed 1 - masked-lm 1e+13, seed 1"]
+    assert seed_one["mean"] == pytest.approx(0.2) and seed_one["wins"] == 2  # fine-tuning seed by seed
+    assert "electra, 1/4 width 1e+13, seed 1 - masked-lm 1e+13, seed 0" not in by_seed  # never across seeds
+    across = {row["what"]: row for row in benchmark.across_pretraining_seeds("t", results, runs)}
+    electra = across["electra, 1/4 width 1e+13 - masked-lm 1e+13"]  # per-seed means: 0.7 - 0.7, 0.8 - 0.6
+    assert electra["mean"] == pytest.approx(0.1) and electra["std"] == pytest.approx(0.1)
+    assert (electra["wins"], electra["seeds"]) == (1, 2)
+    assert across["masked-lm 1e+13 - random init"]["mean"] == pytest.approx(0.15)
 
 
 def load_probe():

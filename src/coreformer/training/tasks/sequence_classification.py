@@ -44,24 +44,34 @@ def package_lines(rng: random.Random) -> list[list[str]]:
     return [lines for path in files if len(lines := candidate_lines([read_source(path) or ""])) > 2]
 
 
-def corrupted_lines(count: int | None, rng: random.Random) -> list[dict[str, str]]:
+def corrupted_lines(count: int | None, rng: random.Random, file_column: str | None = None) -> list[dict]:
     """`count` rows (None: as many as the lines make), alternately a line as written ({"text": line, "label":
     "original"}) and the next line with one corruption ("corrupted"), each of CORRUPTIONS in turn; a line that its
-    turn's corruption cannot change is passed over. Lines come file by file (package_lines), each once."""
-    lines = [line for file_lines in package_lines(rng) for line in file_lines]
+    turn's corruption cannot change is passed over. Lines come file by file (package_lines), each once.
+    `file_column`: each row also holds the index of its line's file under that key (to split rows by file)."""
+    files = package_lines(rng)
     # the names a replacement draws from: every identifier of the lines, keywords too
-    names = sorted({name for line in lines for name in LEXEME.findall(line) if name[0] == "_" or name[0].isalpha()})
+    names = sorted(
+        {
+            name
+            for lines in files
+            for line in lines
+            for name in LEXEME.findall(line)
+            if name[0] == "_" or name[0].isalpha()
+        }
+    )
     rows, kinds = [], list(CORRUPTIONS)
-    for line in lines:
+    for file, line in ((file, line) for file, lines in enumerate(files) for line in lines):
         if len(rows) == count:
             break
+        row = {} if file_column is None else {file_column: file}
         if len(rows) % 2 == 0:
-            rows.append({"text": line, "label": "original"})
+            rows.append({"text": line, "label": "original", **row})
             continue
         kind = kinds[(len(rows) // 2) % len(kinds)]
         candidates = CORRUPTIONS[kind](line, list(LEXEME.finditer(line)), rng, names)
         if candidates:
-            rows.append({"text": candidates[0], "label": "corrupted"})
+            rows.append({"text": candidates[0], "label": "corrupted", **row})
     return rows
 
 
