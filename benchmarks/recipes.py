@@ -27,7 +27,10 @@ on the held-out split and paired seed by seed against random init:
                   file, so the candidates share vocabulary)                                             context
     package       which package's docstring is this? (asyncio, email, logging, xml)                      lexical control
 
-each full-size and few-shot (--few-shot examples per class). The tasks and settings are fixed before any result.
+each full-size (TASK_ROWS rows drawn from every file in turn, --finetune-steps) and few-shot (--few-shot rows per
+class of the training split, --few-shot-steps). A context task's rows are split by source file (test, then dev from
+the rest), so no line, definition or file is both trained on and scored, and every split is balanced (chance is one
+over the classes). The tasks and settings are fixed before any result.
 
 Writes results/recipes.json and recipes.md (machine, date and command at the top; recipes_{family}.json/.md when one
 family is run) and recipes_{family}.png.

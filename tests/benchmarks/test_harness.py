@@ -272,6 +272,30 @@ def test_recipes_few_shot_learning_rate_is_chosen_on_few_rows_scored_on_dev_rows
     assert not any(row in dev for row in few_dev_train) and not any(row in test for row in few_train)
 
 
+def test_recipes_context_tasks_keep_each_file_in_one_split_and_balance_every_split(tmp_path):
+    import random
+    from argparse import Namespace
+
+    from results_files import sibling
+
+    recipes = sibling("recipes")
+    rows = [{"text": f"{file}-{i}", "label": "ab"[i % 2], recipes.FILE: file} for file in range(12) for i in range(5)]
+    rest, taken = recipes.split_by_file(rows, 0.3, random.Random(0))
+    assert len(taken) >= 0.3 * len(rows) and len(rest) + len(taken) == len(rows)
+    assert not {row[recipes.FILE] for row in rest} & {row[recipes.FILE] for row in taken}  # whole files
+    drawn = recipes.spread(rows, 24, random.Random(0))
+    assert len({row[recipes.FILE] for row in drawn}) == 12  # every file in turn, not the first few
+    unfiled = [{"text": str(i), "label": "a"} for i in range(10)]  # the lexical control: row by row
+    assert len(recipes.split_by_file(unfiled, 0.3, random.Random(0))[1]) == 3
+
+    files = recipes.task_files("next-line", Namespace(tiny=True, few_shot=4), tmp_path)
+    for split, paths in files.items():
+        for path in paths:
+            labels = [json.loads(line)["label"] for line in path.read_text().splitlines()]
+            assert labels.count("next") == labels.count("other") > 0, (split, path.name)
+            assert recipes.FILE not in json.loads(path.read_text().splitlines()[0])
+
+
 def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_with_masked_lm():
     import importlib.util
 
