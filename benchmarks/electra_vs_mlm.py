@@ -454,10 +454,7 @@ def across_pretraining_seeds(task: str, results: dict[str, dict], runs: list[dic
     """Per variant and budget, each pretraining seed's mean accuracy (over the fine-tuning seeds) against random
     init's, and each ELECTRA's against masked LM's of the same budget: paired by pretraining seed, so the spread is
     what retraining moves."""
-    groups: dict[str, list[dict]] = {}  # "variant budget" -> its runs, by seed
-    for run in (run for run in runs if name_of(run) in results):
-        groups.setdefault(group_of(run), []).append(run)
-    rows = []
+    groups, rows = by_group(run for run in runs if name_of(run) in results), []
     for group, members in groups.items():
         means = [results[name_of(run)]["accuracy_mean"] for run in members]
         references = {"random init": [results["random init"]["accuracy_mean"]] * len(means)}
@@ -467,6 +464,14 @@ def across_pretraining_seeds(task: str, results: dict[str, dict], runs: list[dic
         for reference, reference_means in references.items():
             rows.append({"task": task, "what": f"{group} - {reference}", **paired(means, reference_means)})
     return rows
+
+
+def by_group(runs) -> dict[str, list[dict]]:
+    """ "variant budget" -> its runs, in seed order."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(group_of(run), []).append(run)
+    return groups
 
 
 def group_of(run: dict) -> str:
@@ -581,11 +586,8 @@ def verdicts(report: dict) -> list[dict]:
     """Per ELECTRA variant and budget fine-tuned: whether the gates of its runs and of masked LM's pass, and on the
     context tasks (every task but the lexical control) whether its difference against masked LM, averaged over the
     pretraining seeds, is >= 0 on each."""
-    groups: dict[str, list[dict]] = {}
-    for run in report["runs"]:
-        if run["budget"] in report["settings"]["finetune_budgets"]:
-            groups.setdefault(group_of(run), []).append(run)
-    rows = []
+    budgets = report["settings"]["finetune_budgets"]
+    groups, rows = by_group(run for run in report["runs"] if run["budget"] in budgets), []
     for group, members in groups.items():
         masked = groups.get(group_of({**members[0], "variant": "masked-lm"}))
         if members[0]["objective"] != "electra" or masked is None:

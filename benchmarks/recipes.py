@@ -263,7 +263,9 @@ def docstring_rows(rng: random.Random) -> list[dict]:
         code = definition if own else rng.choice([d for d in by_file[definition.path] if d is not definition])
         text_pair = code.source_without_doc[:400]
         label = "documents" if own else "other"
-        rows.append({"text": first_paragraph(definition.doc), "text_pair": text_pair, "label": label, FILE: code.path})
+        rows.append(
+            {"text": first_paragraph(definition.doc), "text_pair": text_pair, "label": label, FILE: definition.path}
+        )
     return rows
 
 
@@ -290,15 +292,21 @@ def per_class(rows: list[dict], count: int | None = None) -> list[dict]:
     return [row for label in sorted(by_label) for row in by_label[label][:count]]
 
 
+def by_file(rows: list[dict]) -> dict:
+    """Rows grouped by their FILE, in order of first appearance; a row without one (the lexical control) alone."""
+    files: dict = {}
+    for index, row in enumerate(rows):
+        files.setdefault(row.get(FILE, ("row", index)), []).append(row)
+    return files
+
+
 def spread(rows: list[dict], count: int, rng: random.Random) -> list[dict]:
     """`count` rows taken from every file in turn (each file's rows in `rng`'s order), so that a task's rows come
     from many files and a split by file can hold any share of them."""
-    by_file: dict = {}
-    for index, row in enumerate(rows):
-        by_file.setdefault(row.get(FILE, ("row", index)), []).append(row)
-    for file_rows in by_file.values():
+    files = by_file(rows)
+    for file_rows in files.values():
         rng.shuffle(file_rows)
-    turns = itertools.zip_longest(*by_file.values())
+    turns = itertools.zip_longest(*files.values())
     return [row for turn in turns for row in turn if row is not None][:count]
 
 
@@ -307,9 +315,7 @@ def split_by_file(rows: list[dict], share: float, rng: random.Random) -> tuple[l
     line, definition or file is seen in training and scored too (the context tasks reuse a file's lines across its
     rows: a line is one row's next line and another's negative, where a model that memorises lines answers the
     opposite label). Rows without a FILE (the lexical control) are split one by one."""
-    files: dict = {}
-    for index, row in enumerate(rows):
-        files.setdefault(row.get(FILE, ("row", index)), []).append(row)
+    files = by_file(rows)
     order = list(files)
     rng.shuffle(order)
     rest, taken = [], []

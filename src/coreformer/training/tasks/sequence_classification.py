@@ -49,19 +49,11 @@ def corrupted_lines(count: int | None, rng: random.Random, file_column: str | No
     "original"}) and the next line with one corruption ("corrupted"), each of CORRUPTIONS in turn; a line that its
     turn's corruption cannot change is passed over. Lines come file by file (package_lines), each once.
     `file_column`: each row also holds the index of its line's file under that key (to split rows by file)."""
-    files = package_lines(rng)
+    placed = [(file, line) for file, lines in enumerate(package_lines(rng)) for line in lines]
     # the names a replacement draws from: every identifier of the lines, keywords too
-    names = sorted(
-        {
-            name
-            for lines in files
-            for line in lines
-            for name in LEXEME.findall(line)
-            if name[0] == "_" or name[0].isalpha()
-        }
-    )
+    names = sorted({name for _, line in placed for name in LEXEME.findall(line) if name[0] == "_" or name[0].isalpha()})
     rows, kinds = [], list(CORRUPTIONS)
-    for file, line in ((file, line) for file, lines in enumerate(files) for line in lines):
+    for file, line in placed:
         if len(rows) == count:
             break
         row = {} if file_column is None else {file_column: file}
