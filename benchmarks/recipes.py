@@ -324,17 +324,31 @@ def split_by_file(rows: list[dict], share: float, rng: random.Random) -> tuple[l
     return rest, taken
 
 
+def task_splits(name: str, tiny: bool = False) -> dict[str, list[dict]]:
+    """A task's rows, split by file and balanced: "train" and "test", and "train minus dev" and "dev" cut from train
+    (where settings are chosen)."""
+    build, _, _, _ = TASKS[name]
+    rows = spread(build(random.Random(0)), 64 if tiny else TASK_ROWS, random.Random(1))
+    train, test = split_by_file(rows, TEST_SHARE, random.Random(2))
+    train_minus_dev, dev = split_by_file(train, DEV_SHARE, random.Random(3))
+    splits = {"train": train, "test": test, "train minus dev": train_minus_dev, "dev": dev}
+    return {split: per_class(part) for split, part in splits.items()}
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """Rows as a JSON-lines file for the fine-tuning command (their FILE left out)."""
+    path.write_text("".join(json.dumps({k: v for k, v in row.items() if k != FILE}) + "\n" for row in rows))
+    return path
+
+
 def task_files(name: str, args, work: Path) -> dict[str, tuple[Path, Path]]:
     """JSON-lines files of a task, as (training, evaluation): "full" (train, test) and "few-shot" (--few-shot per
     class of train, test), and the dev splits that choose each one's learning rate: "dev" (train minus dev, dev) and
     "few-shot-dev" (--few-shot per class of train minus dev, dev): a few-shot run trains many epochs over few rows,
     so its learning rate is chosen in the same setting (as Gao et al. 2021, "Making Pre-trained Language Models
     Better Few-shot Learners", choose theirs)."""
-    build, _, _, _ = TASKS[name]
-    rows = spread(build(random.Random(0)), 64 if args.tiny else TASK_ROWS, random.Random(1))
-    train, test = split_by_file(rows, TEST_SHARE, random.Random(2))
-    train_minus_dev, dev = split_by_file(train, DEV_SHARE, random.Random(3))
-    train, test, train_minus_dev, dev = map(per_class, (train, test, train_minus_dev, dev))  # balanced
+    splits = task_splits(name, args.tiny)
+    train, test, train_minus_dev, dev = (splits[split] for split in ("train", "test", "train minus dev", "dev"))
     files = {}
     for split, (training, evaluation) in {
         "dev": (train_minus_dev, dev),
@@ -342,10 +356,10 @@ def task_files(name: str, args, work: Path) -> dict[str, tuple[Path, Path]]:
         "full": (train, test),
         "few-shot": (per_class(train, args.few_shot), test),
     }.items():
-        paths = work / f"{name}-{split}-train.jsonl", work / f"{name}-{split}-eval.jsonl"
-        for path, part in zip(paths, (training, evaluation), strict=True):
-            path.write_text("".join(json.dumps({k: v for k, v in row.items() if k != FILE}) + "\n" for row in part))
-        files[split] = paths
+        files[split] = (
+            write_rows(work / f"{name}-{split}-train.jsonl", training),
+            write_rows(work / f"{name}-{split}-eval.jsonl", evaluation),
+        )
     return files
 
 
@@ -448,6 +462,11 @@ def _described(name: str, entry: dict) -> str:
     return f"`{name}` = preset `{entry['preset']}`" + (f" with {overrides}" if overrides else "")
 
 
+def paired_cell(paired: dict | None) -> str:
+    """A paired difference as "mean ± std (wins/seeds)"; "—" for the reference itself."""
+    return f"{paired['mean']:+.3f} ± {paired['std']:.3f} ({paired['wins']}/{paired['seeds']})" if paired else "—"
+
+
 def tasks_markdown(tasks: dict) -> list[str]:
     lines = [
         "#### encoder fine-tuning (paired by seed against random init)",
@@ -462,12 +481,7 @@ def tasks_markdown(tasks: dict) -> list[str]:
             for split in ("full", "few-shot"):
                 numbers = result[split]
                 cells.append(f"{numbers['lr']:g} | {numbers['accuracy_mean']:.3f} ± {numbers['accuracy_std']:.3f}")
-                paired = numbers.get("paired_vs_random")
-                cells.append(
-                    f"{paired['mean']:+.3f} ± {paired['std']:.3f} ({paired['wins']}/{paired['seeds']})"
-                    if paired
-                    else "—"
-                )
+                cells.append(paired_cell(numbers.get("paired_vs_random")))
             lines.append(f"| {task} | {entry['measures']} | {name} | {' | '.join(cells)} |")
     return lines + [""]
 

@@ -5,6 +5,8 @@
     build_pairs(texts, tokenizer, count, seed) -> [Pair]   held-out lines against corrupted copies
     line_scores(model, tokenizer, family, lines) -> (N,)   log-likelihood (decoder, seq2seq) or pseudo-log-likelihood
                                                            (encoder) of each line
+    masked_token_log_probs(model, tokenizer, texts, contexts)   an encoder's per-token terms of it, optionally with
+                                                           each text after a context segment
     pair_accuracy(pairs, original, corrupted) -> dict      ties count as wrong
     load_language_model(folder) / held_out_texts(folder, data)   what is scored, on which text
     render_report(report) / zero_shot_line(report)         the command's table; one sentence for a run and its card
@@ -217,30 +219,45 @@ def _seq2seq_scores(model, tokenizer, lines: list[str], batch_size: int) -> torc
 
 
 @torch.no_grad()
-def _pseudo_scores(model, tokenizer, lines: list[str], batch_size: int) -> torch.Tensor:
-    """Pseudo-log-likelihood: for every token between [CLS] and [SEP], log p(token | the line with it masked);
-    the masked copies of all lines are batched ENCODER_ROWS at a time."""
+def masked_token_log_probs(
+    model, tokenizer, texts: list[str], contexts: list[str] | None = None, max_length: int | None = None
+) -> list[torch.Tensor]:
+    """Pseudo-log-likelihood's terms (Salazar et al. 2020): for each text, a (tokens,) float64 tensor of log p(token |
+    everything else, that token masked), one token masked at a time. With `contexts`, each text is the second segment
+    after its context ([CLS] context [SEP] text [SEP], as pairs are fine-tuned) and only the text's tokens are
+    masked, so the terms say how much the context helps predict the text. `max_length` truncates each input (the
+    longer segment first). Only input ids and the attention mask are passed: masked-LM pretraining never set a
+    segment type. The masked copies of all texts are batched ENCODER_ROWS at a time, like lengths together."""
     rows, owners, positions, targets = [], [], [], []
-    for index, line in enumerate(lines):
-        ids = torch.tensor(tokenizer(line)["input_ids"])
-        for position in range(1, len(ids) - 1):
-            rows.append(ids.clone())
-            rows[-1][position] = tokenizer.mask_token_id
-            owners.append(index)
-            positions.append(position)
-            targets.append(int(ids[position]))
+    for index, text in enumerate(texts):
+        pair = (contexts[index], text) if contexts is not None else (text,)
+        encoded = tokenizer(*pair, truncation=max_length is not None, max_length=max_length)
+        ids = torch.tensor(encoded["input_ids"])
+        scored = 1 if contexts is not None else 0  # the sequence id of the text's tokens
+        for position, sequence in enumerate(encoded.sequence_ids()):
+            if sequence == scored:
+                rows.append(ids.clone())
+                rows[-1][position] = tokenizer.mask_token_id
+                owners.append(index)
+                positions.append(position)
+                targets.append(int(ids[position]))
     order = sorted(range(len(rows)), key=lambda index: len(rows[index]))  # chunks of like lengths: little padding
-    rows, owners, positions, targets = ([values[i] for i in order] for values in (rows, owners, positions, targets))
-    scores = torch.zeros(len(lines), dtype=torch.float64)
-    for start in range(0, len(rows), ENCODER_ROWS):
-        chunk = slice(start, start + ENCODER_ROWS)
-        input_ids = pad_sequences(rows[chunk], tokenizer.pad_token_id).to(model.device)  # (R, T)
-        mask = pad_sequences([torch.ones_like(row) for row in rows[chunk]], 0).to(model.device)  # (R, T)
+    terms: list[list[float]] = [[] for _ in texts]
+    for start in range(0, len(order), ENCODER_ROWS):
+        chunk = order[start : start + ENCODER_ROWS]
+        input_ids = pad_sequences([rows[i] for i in chunk], tokenizer.pad_token_id).to(model.device)  # (R, T)
+        mask = pad_sequences([torch.ones_like(rows[i]) for i in chunk], 0).to(model.device)  # (R, T)
         logits = model(input_ids=input_ids, attention_mask=mask).logits  # (R, T, V)
-        at_mask = logits[torch.arange(len(input_ids)), torch.tensor(positions[chunk])]  # (R, V)
-        log_probs = _token_log_probs(at_mask, torch.tensor(targets[chunk], device=model.device)).cpu()  # (R,)
-        scores.index_add_(0, torch.tensor(owners[chunk]), log_probs.double())
-    return scores
+        at_mask = logits[torch.arange(len(chunk)), torch.tensor([positions[i] for i in chunk])]  # (R, V)
+        log_probs = _token_log_probs(at_mask, torch.tensor([targets[i] for i in chunk], device=model.device))  # (R,)
+        for i, value in zip(chunk, log_probs.tolist(), strict=True):
+            terms[owners[i]].append(value)
+    return [torch.tensor(values, dtype=torch.float64) for values in terms]
+
+
+def _pseudo_scores(model, tokenizer, lines: list[str], batch_size: int) -> torch.Tensor:
+    """Pseudo-log-likelihood: the sum of each line's masked_token_log_probs."""
+    return torch.stack([terms.sum() for terms in masked_token_log_probs(model, tokenizer, lines)])
 
 
 # family -> (how a line is scored, the name the report gives it)
