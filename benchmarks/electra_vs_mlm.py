@@ -78,7 +78,7 @@ from coreformer.training.finetuning import FinetuningArguments, run_finetuning
 from coreformer.training.objectives import OBJECTIVES as REGISTRY
 from coreformer.training.objectives.electra import DISCRIMINATOR_DIR, GENERATOR_DIR
 from coreformer.training.pretraining import resolve_arguments, run_pretraining
-from coreformer.training.zero_shot import EVAL_MLM_PROBABILITY, held_out_loss, held_out_texts
+from coreformer.training.zero_shot import EVAL_MLM_PROBABILITY, held_out_texts
 from coreformer.training.zero_shot import unigram_entropy as text_unigram_entropy
 from coreformer_settings.objectives import objective_settings
 
@@ -302,29 +302,37 @@ def held_out_gates(
     language_model = folder / GENERATOR_DIR if objective == "electra" else folder
     tokenizer = AutoTokenizer.from_pretrained(language_model)
     model = AutoModelForMaskedLM.from_pretrained(language_model).eval().to(device)
-    loss = held_out_loss(
-        model, tokenizer, "encoder", texts, block_size=block_size, batches=batches, batch_size=EVAL_BATCH_SIZE,
-        seed=EVAL_SEED,
-    )  # fmt: skip
-    at_masks = loss_at_masks(model, tokenizer, texts, block_size, batches, device)
-    gates = {"mlm_loss": loss["loss"], "mlm_tokens": loss["tokens"], **at_masks}
+    gates = masked_lm_losses(model, tokenizer, texts, block_size, batches, device)
     if objective == "electra":
         gates.update(replaced_token_detection(folder, texts, block_size, batches, device))
     return gates
 
 
 @torch.no_grad()
-def loss_at_masks(model, tokenizer, texts: list[str], block_size: int, batches: int, device: str) -> dict:
-    """The masked LM's held-out loss at the [MASK] tokens only of BERT's masking at 15% (the tokens it must predict
-    from their context alone): {"mlm_loss_at_masks", "mlm_tokens_at_masks"}, a token mean."""
-    total, count = 0.0, 0
+def masked_lm_losses(model, tokenizer, texts: list[str], block_size: int, batches: int, device: str) -> dict:
+    """The masked LM's held-out loss over one pass of BERT's masking at 15% (zero_shot.held_out_loss's batches): at
+    every selected token ("mlm_loss": masked, kept or replaced at random, as `coreformer evaluate` reports it) and at
+    the [MASK] tokens only ("mlm_loss_at_masks": the tokens it must predict from their context alone); token means,
+    with their token counts."""
+    totals = {"selected": 0.0, "at_masks": 0.0}
+    counts = {"selected": 0, "at_masks": 0}
     for batch in eval_batches(texts, tokenizer, "masked-lm", block_size, batches, EVAL_SEED):
         batch = {key: value.to(device) for key, value in batch.items()}
-        at_masks = (batch["labels"] != -100) & (batch["input_ids"] == tokenizer.mask_token_id)  # (B, T)
+        selected = batch["labels"] != -100  # (B, T)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)
-        loss = torch.nn.functional.cross_entropy(logits[at_masks].float(), batch["labels"][at_masks], reduction="sum")
-        total, count = total + float(loss), count + int(at_masks.sum())
-    return {"mlm_loss_at_masks": total / count, "mlm_tokens_at_masks": count}
+        labels = batch["labels"][selected]  # (selected,)
+        losses = torch.nn.functional.cross_entropy(logits[selected].float(), labels, reduction="none")
+        at_masks = (batch["input_ids"] == tokenizer.mask_token_id)[selected]  # (selected,)
+        totals["selected"] += float(losses.sum())
+        totals["at_masks"] += float(losses[at_masks].sum())
+        counts["selected"] += int(selected.sum())
+        counts["at_masks"] += int(at_masks.sum())
+    return {
+        "mlm_loss": totals["selected"] / counts["selected"],
+        "mlm_tokens": counts["selected"],
+        "mlm_loss_at_masks": totals["at_masks"] / counts["at_masks"],
+        "mlm_tokens_at_masks": counts["at_masks"],
+    }
 
 
 def gate_verdicts(row: dict, entropy: float) -> dict:

@@ -1,6 +1,7 @@
 """The zero-shot evaluation (coreformer.training.zero_shot, `coreformer evaluate`): a pair of identical lines is a
 tie and counts wrong, a model that memorised a tiny text prefers its lines to their corruptions, an untrained model
-sits near chance, and the --json report keeps its schema."""
+sits near chance, and the --json report keeps its schema; an encoder's per-token pseudo-log-likelihood terms score
+only the text after a context, and one that memorised which line follows which scores a line higher after its own."""
 
 import json
 import math
@@ -22,6 +23,7 @@ from coreformer.training.zero_shot import (
     evaluate_folder,
     line_scores,
     main,
+    masked_token_log_probs,
     pair_accuracy,
     unigram_entropy,
 )
@@ -216,3 +218,47 @@ def test_a_run_reports_why_its_folder_was_not_scored_instead_of_failing(tmp_path
         evaluate_folder(decoder)
     assert str(error.value).startswith(f"Cannot load the run's training text '{tmp_path}/moved.txt'")
     assert run_zero_shot(decoder, PretrainingArguments(family="decoder", zero_shot_pairs=0), [stdlib_text]) is None
+
+
+def test_masked_token_log_probs_score_only_the_text_and_sum_to_its_pseudo_log_likelihood(stdlib_text):
+    tokenizer = train_tokenizer("encoder", [stdlib_text], 320)
+    model = tiny_model("encoder", tokenizer).eval()
+    alone = masked_token_log_probs(model, tokenizer, LINES[:3])
+    assert [len(terms) for terms in alone] == [
+        len(tokenizer(line, add_special_tokens=False)["input_ids"]) for line in LINES[:3]
+    ]
+    assert (
+        torch.stack([terms.sum() for terms in alone]).tolist()
+        == line_scores(model, tokenizer, "encoder", LINES[:3]).tolist()
+    )
+    after = masked_token_log_probs(model, tokenizer, LINES[:3], contexts=LINES[3:6], max_length=64)
+    assert [len(terms) for terms in after] == [len(terms) for terms in alone]  # the context's tokens are not scored
+    truncated = masked_token_log_probs(model, tokenizer, [LINES[0]], contexts=[LINES[1]], max_length=12)
+    assert 0 < len(truncated[0]) < len(alone[0]) and len(truncated[0]) <= 12 - 3  # [CLS], [SEP], [SEP] kept
+
+
+@pytest.mark.slow
+def test_an_encoder_that_memorised_which_line_follows_which_scores_the_true_next_line_higher_after_its_line(
+    stdlib_text,
+):
+    tokenizer = train_tokenizer("encoder", [stdlib_text, *LINES], 320)
+    model = tiny_model("encoder", tokenizer).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    collator = MaskedLMCollator.from_tokenizer(tokenizer, mlm_probability=0.3, seed=0)
+    pairs = [
+        {"input_ids": tokenizer(first, second, truncation=True, max_length=64)["input_ids"]}
+        for first, second in zip(LINES, LINES[1:])
+    ]
+    for _ in range(200):
+        loss = model(**collator(pairs)).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    texts = LINES[1:]
+    after_own = masked_token_log_probs(model, tokenizer, texts, contexts=LINES[:-1], max_length=64)
+    others = LINES[-1:] + LINES[:-2]  # each text after another line than its own
+    after_other = masked_token_log_probs(model, tokenizer, texts, contexts=others, max_length=64)
+    for own, other in zip(after_own, after_other, strict=True):
+        kept = min(len(own), len(other))  # the tokens both inputs kept after truncation
+        assert own[:kept].mean() > other[:kept].mean()  # the line before it tells the model more
