@@ -64,7 +64,7 @@ from types import SimpleNamespace
 import datasets
 import torch
 import transformers
-from results_files import sibling, write_results
+from results_files import results_header, sibling, write_results
 from transformers import (
     AutoConfig,
     AutoModelForMaskedLM,
@@ -641,12 +641,7 @@ def verdict_markdown(report: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     header = [
-        "# ELECTRA against masked LM at equal training FLOPs (modern encoder recipe)",
-        "",
-        f"- machine: {report['machine']['platform']}, {report['machine']['threads']} threads"
-        + (f" ({report['note']})" if report["note"] else ""),
-        f"- date: {report['date']}",
-        f"- command: `{report['command']}`",
+        *results_header("ELECTRA against masked LM at equal training FLOPs (modern encoder recipe)", report),
         "- variants (encoder-tiny-modern backbone): "
         + "; ".join(
             f"{name}: " + ", ".join(f"{k} {v:g}" for k, v in kept.items()) for name, kept in report["variants"].items()

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from results_files import sibling, write_results
+from results_files import results_header, sibling, write_results
 from transformers import AutoConfig, AutoTokenizer
 
 import coreformer as cf
@@ -274,14 +274,12 @@ def run(args, work: Path) -> dict:
     return {"pretraining": section["results"], "tasks": tasks}
 
 
+TITLE = "Few-shot: pretrained encoders fine-tuned, or scored by their masked-LM head, against random init"
+
+
 def markdown(report: dict) -> str:
     lines = [
-        "# Few-shot: pretrained encoders fine-tuned, or scored by their masked-LM head, against random init",
-        "",
-        f"- machine: {report['machine']['platform']}, {report['machine']['threads']} threads"
-        + (f" ({report['note']})" if report["note"] else ""),
-        f"- date: {report['date']}",
-        f"- command: `{report['command']}`",
+        *results_header(TITLE, report),
         "",
         "Pretraining (benchmarks/recipes.py's runs, scored by `coreformer evaluate`):",
         "",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from results_files import write_results
+from results_files import results_header, write_results
 
 from coreformer.training.batches import GlobalBatches
 from coreformer.training.corpora import read_source, stdlib_source_files
@@ -175,12 +175,7 @@ def family_section(family: str, kind: str, args, work: Path) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [
-        "# Packed against padded pretraining, at equal real tokens",
-        "",
-        f"- machine: {report['machine']['platform']}, {report['machine']['threads']} threads"
-        + (f" ({report['note']})" if report["note"] else ""),
-        f"- date: {report['date']}",
-        f"- command: `{report['command']}`",
+        *results_header("Packed against padded pretraining, at equal real tokens", report),
         f"- budget: {report['settings']['budget']:,} real (non-pad) tokens per run",
         "",
     ]

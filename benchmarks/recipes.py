@@ -55,7 +55,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from results_files import sibling, write_results
+from results_files import results_header, sibling, write_results
 from transformers import AutoTokenizer
 
 import coreformer as cf
@@ -488,12 +488,7 @@ def tasks_markdown(tasks: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     header = [
-        "# Faithful architectures against the modern recipes, at equal training FLOPs",
-        "",
-        f"- machine: {report['machine']['platform']}, {report['machine']['threads']} threads"
-        + (f" ({report['note']})" if report["note"] else ""),
-        f"- date: {report['date']}",
-        f"- command: `{report['command']}`",
+        *results_header("Faithful architectures against the modern recipes, at equal training FLOPs", report),
         "",
     ]
     body = []

@@ -2,6 +2,7 @@
 
     sibling(name)                                   benchmarks/NAME.py as a module (its functions reused, not copied)
     write_results(output_dir, name, report, table)  NAME.json (the report) beside NAME.md (its table)
+    results_header(title, report)                   a CPU results file's first lines: title, machine, date, command
 
 The scripts run as `python benchmarks/NAME.py` (this folder first on sys.path) and are loaded by path in the tests
 (pyproject's pytest `pythonpath` holds this folder), so both find this module by its name.
@@ -28,3 +29,16 @@ def write_results(output_dir: Path, name: str, report: dict, table: str | None) 
     (output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     if table is not None:
         (output_dir / f"{name}.md").write_text(table)
+
+
+def results_header(title: str, report: dict) -> list[str]:
+    """The Markdown lines a CPU benchmark's results file starts with: its title, the machine (platform, threads and the
+    run's note on how the machine was), the date and the command."""
+    return [
+        f"# {title}",
+        "",
+        f"- machine: {report['machine']['platform']}, {report['machine']['threads']} threads"
+        + (f" ({report['note']})" if report["note"] else ""),
+        f"- date: {report['date']}",
+        f"- command: `{report['command']}`",
+    ]
