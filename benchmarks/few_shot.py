@@ -64,7 +64,8 @@ BUDGET = 2.4e13  # training FLOPs: recipes.py's largest encoder budget, about th
 TINY_BUDGET = 3e8
 POSITIVE = {"next-line": "next", "corrupted": "corrupted", "docstring": "documents"}  # the label a score predicts
 MAX_LENGTH = {True: 128, False: 64}  # tokens of a pair of texts, of one text: as the fine-tuning runs truncate them
-# score -> the features a logistic regression reads (FEATURES' names); pairs only where a feature needs a first text
+# score -> the features (`features`' names) its logistic regression reads; a score reading one of PAIR_FEATURES is
+# for pairs of texts only
 SCORES = {
     "mean log-prob": ("mean",),
     "lowest log-prob": ("lowest",),
@@ -106,8 +107,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def draw(rows: list[dict], shots: int, seed: int) -> list[dict]:
     """`shots` rows of each label, drawn at random (seed), in label order."""
     rng = random.Random(seed)
-    labels = sorted({row["label"] for row in rows})
-    return [row for label in labels for row in rng.sample([r for r in rows if r["label"] == label], shots)]
+    by_label = {label: [row for row in rows if row["label"] == label] for label in sorted({r["label"] for r in rows})}
+    for label, pool in by_label.items():
+        if len(pool) < shots:
+            raise ValueError(f"--shots {shots}: the split holds only {len(pool)} rows labelled {label!r}; draw fewer.")
+    return [row for pool in by_label.values() for row in rng.sample(pool, shots)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

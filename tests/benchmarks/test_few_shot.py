@@ -32,6 +32,8 @@ def test_a_draw_takes_the_same_count_of_every_label_and_its_seed_fixes_which():
     assert first == benchmark.draw(pool, 4, seed=0)
     assert first != benchmark.draw(pool, 4, seed=1)
     assert all(row in pool for row in first) and len({row["text"] for row in first}) == 8
+    with pytest.raises(ValueError, match="--shots 21: the split holds only 20 rows labelled 'as written'"):
+        benchmark.draw(pool, 21, seed=0)
 
 
 def test_the_likelihood_classifier_learns_the_direction_of_a_score_and_stays_at_chance_without_one():
