@@ -5,8 +5,8 @@
     build_pairs(texts, tokenizer, count, seed) -> [Pair]   held-out lines against corrupted copies
     line_scores(model, tokenizer, family, lines) -> (N,)   log-likelihood (decoder, seq2seq) or pseudo-log-likelihood
                                                            (encoder) of each line
-    masked_token_log_probs(model, tokenizer, texts, contexts)   an encoder's per-token terms of it, optionally with
-                                                           each text after a context segment
+    masked_token_log_probs(model, tokenizer, texts, contexts)   an encoder's pseudo-log-likelihood per token, each
+                                                           text alone or after its context
     pair_accuracy(pairs, original, corrupted) -> dict      ties count as wrong
     load_language_model(folder) / held_out_texts(folder, data)   what is scored, on which text
     render_report(report) / zero_shot_line(report)         the command's table; one sentence for a run and its card
@@ -225,9 +225,10 @@ def masked_token_log_probs(
     """Pseudo-log-likelihood's terms (Salazar et al. 2020): for each text, a (tokens,) float64 tensor of log p(token |
     everything else, that token masked), one token masked at a time. With `contexts`, each text is the second segment
     after its context ([CLS] context [SEP] text [SEP], as pairs are fine-tuned) and only the text's tokens are
-    masked, so the terms say how much the context helps predict the text. `max_length` truncates each input (the
-    longer segment first). Only input ids and the attention mask are passed: masked-LM pretraining never set a
-    segment type. The masked copies of all texts are batched ENCODER_ROWS at a time, like lengths together."""
+    masked: against the text's terms alone, they say how much the context helps predict it. `max_length` truncates
+    each input (the longer segment first; the tokenizer's sequence ids say which tokens are the text's). Only input
+    ids and the attention mask are passed: masked-LM pretraining never set a segment type. The masked copies of all
+    texts are batched ENCODER_ROWS at a time, like lengths together."""
     rows, owners, positions, targets = [], [], [], []
     for index, text in enumerate(texts):
         pair = (contexts[index], text) if contexts is not None else (text,)
