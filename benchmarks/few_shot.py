@@ -178,6 +178,7 @@ def likelihood_accuracy(table: dict, score: str, training: list[dict], evaluatio
 
 
 def scores_for(pair: bool) -> list[str]:
+    """The SCORES a task of pairs (or of single texts) chooses from."""
     return [name for name, needed in SCORES.items() if pair or not PAIR_FEATURES & set(needed)]
 
 
@@ -249,6 +250,7 @@ def pretrained(args, work: Path) -> tuple[dict, dict[str, Path]]:
 
 
 def run(args, work: Path) -> dict:
+    """Pretrain, then every task: the same draws for every encoder, fine-tuned and by likelihood, paired."""
     section, folders = pretrained(args, work)
     encoders = {"random init": random_language_model(work / "random-init", folders["tiny-modern"]), **folders}
     tasks = {}
