@@ -47,11 +47,9 @@ MLM loss and discriminator AUC against training FLOPs).
 """
 
 import argparse
-import datetime
 import itertools
 import json
 import math
-import platform
 import re
 import shlex
 import statistics
@@ -64,7 +62,7 @@ from types import SimpleNamespace
 import datasets
 import torch
 import transformers
-from results_files import results_header, sibling, write_results
+from results_files import report_head, results_header, sibling, write_results
 from transformers import (
     AutoConfig,
     AutoModelForMaskedLM,
@@ -705,11 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "electra_vs_mlm_tiny" if args.tiny else "electra_vs_mlm"
     started = time.perf_counter()
     report = {
-        "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": args.command,
-        "note": args.note,
-        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        **report_head(args),
         "variants": {variant: VARIANTS[variant][1] for variant in args.variants},
         "runs": [],
         "tasks": {},

@@ -37,9 +37,7 @@ Writes results/few_shot.json and few_shot.md (machine, date and command at the t
 """
 
 import argparse
-import datetime
 import json
-import platform
 import random
 import shlex
 import statistics
@@ -50,7 +48,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from results_files import results_header, sibling, write_results
+from results_files import report_head, results_header, sibling, write_results
 from transformers import AutoConfig, AutoTokenizer
 
 import coreformer as cf
@@ -329,11 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     report = {
-        "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": args.command,
-        "note": args.note,
-        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        **report_head(args),
     }
     with tempfile.TemporaryDirectory() as scratch:
         report.update(run(args, Path(scratch)))

@@ -22,10 +22,8 @@ Writes results/packing.json and packing.md (machine, date and command at the top
 """
 
 import argparse
-import datetime
 import json
 import math
-import platform
 import shlex
 import sys
 import tempfile
@@ -34,7 +32,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from results_files import results_header, write_results
+from results_files import report_head, results_header, write_results
 
 from coreformer.training.batches import GlobalBatches
 from coreformer.training.corpora import read_source, stdlib_source_files
@@ -207,11 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "packing_tiny" if args.tiny else "packing"
     started = time.perf_counter()
     report = {
-        "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": args.command,
-        "note": args.note,
-        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        **report_head(args),
         "sections": [],
     }
     with tempfile.TemporaryDirectory() as scratch:

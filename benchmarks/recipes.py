@@ -41,11 +41,9 @@ family is run) and recipes_{family}.png.
 """
 
 import argparse
-import datetime
 import itertools
 import json
 import math
-import platform
 import random
 import shlex
 import sys
@@ -55,7 +53,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from results_files import results_header, sibling, write_results
+from results_files import report_head, results_header, sibling, write_results
 from transformers import AutoTokenizer
 
 import coreformer as cf
@@ -530,11 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     name = f"{prefix}_{args.families[0]}" if len(args.families) == 1 else prefix
     started = time.perf_counter()
     report = {
-        "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": args.command,
-        "note": args.note,
-        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        **report_head(args),
         "families": {},
     }
     with tempfile.TemporaryDirectory() as scratch:

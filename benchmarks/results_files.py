@@ -2,16 +2,22 @@
 
     sibling(name)                                   benchmarks/NAME.py as a module (its functions reused, not copied)
     write_results(output_dir, name, report, table)  NAME.json (the report) beside NAME.md (its table)
+    report_head(args)                               a CPU report's first keys: machine, date, command, note, settings
     results_header(title, report)                   a CPU results file's first lines: title, machine, date, command
 
 The scripts run as `python benchmarks/NAME.py` (this folder first on sys.path) and are loaded by path in the tests
 (pyproject's pytest `pythonpath` holds this folder), so both find this module by its name.
 """
 
+import argparse
+import datetime
 import importlib.util
 import json
+import platform
 from pathlib import Path
 from types import ModuleType
+
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parent
 
@@ -29,6 +35,18 @@ def write_results(output_dir: Path, name: str, report: dict, table: str | None) 
     (output_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     if table is not None:
         (output_dir / f"{name}.md").write_text(table)
+
+
+def report_head(args: argparse.Namespace) -> dict:
+    """What every CPU benchmark's report starts with: the machine (platform, processor, torch's threads), the date, the
+    command and the run's note (args.command, args.note), and every setting (paths as text)."""
+    return {
+        "machine": {"platform": platform.platform(), "cpu": platform.processor(), "threads": torch.get_num_threads()},
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": args.command,
+        "note": args.note,
+        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+    }
 
 
 def results_header(title: str, report: dict) -> list[str]:
