@@ -422,12 +422,13 @@ def paired(accuracies: list[float], reference: list[float]) -> dict:
     }
 
 
-def random_encoder(folder: Path, like: Path) -> Path:
-    """An untrained encoder of the same config and tokenizer as the folder `like` (compute 0): the baseline."""
+def random_encoder(folder: Path, like: Path, model_class: type | None = None) -> Path:
+    """An untrained encoder of the same config and tokenizer as the folder `like` (compute 0): the baseline.
+    `model_class`: what is saved (default the bare encoder; a masked LM for a baseline scored by its head)."""
     import coreformer as cf
 
     torch.manual_seed(0)
-    cf.CoreformerEncoderModel(AutoConfig.from_pretrained(like)).save_pretrained(folder)
+    (model_class or cf.CoreformerEncoderModel)(AutoConfig.from_pretrained(like)).save_pretrained(folder)
     AutoTokenizer.from_pretrained(like).save_pretrained(folder)
     return folder
 

@@ -49,14 +49,13 @@ from pathlib import Path
 import datasets
 import torch
 from results_files import report_head, results_header, sibling, write_results
-from transformers import AutoConfig, AutoTokenizer
 
 import coreformer as cf
 from coreformer.training.zero_shot import load_language_model, masked_token_log_probs
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sibling("recipes")  # the tasks, the pretraining runs and the few-shot fine-tuning
-EVM = RECIPES.EVM  # paired differences
+EVM = RECIPES.EVM  # paired differences and the random-init baseline
 TASKS = ("next-line", "corrupted", "docstring")  # recipes.py's binary context tasks
 BUDGET = 2.4e13  # training FLOPs: recipes.py's largest encoder budget, about the default preset's training
 TINY_BUDGET = 3e8
@@ -196,25 +195,32 @@ def by_likelihood(folder: Path, task: str, splits: dict, draws: list[list[dict]]
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def by_finetuning(folder: Path, task: str, splits, draws, dev_draw, args, work: Path) -> dict:
+def finetuning_files(task: str, splits: dict, draws, dev_draw, work: Path) -> dict:
+    """The task's JSON-lines files, written once for every encoder: (training, evaluation) of the dev choice and of
+    each draw."""
+    test = RECIPES.write_rows(work / f"{task}-test.jsonl", splits["test"])
+    return {
+        "dev": (
+            RECIPES.write_rows(work / f"{task}-dev-draw.jsonl", dev_draw),
+            RECIPES.write_rows(work / f"{task}-dev.jsonl", splits["dev"]),
+        ),
+        "draws": [
+            (RECIPES.write_rows(work / f"{task}-draw-{index}.jsonl", rows), test) for index, rows in enumerate(draws)
+        ],
+    }
+
+
+def by_finetuning(folder: Path, task: str, files: dict, args, work: Path) -> dict:
     """The learning rate chosen on dev, then a fine-tuning run (seed 0) on every draw, scored on the test split."""
     _, classes, pair, _ = RECIPES.TASKS[task]
-    test = RECIPES.write_rows(work / f"{task}-test.jsonl", splits["test"])
-    dev_files = (
-        RECIPES.write_rows(work / f"{task}-dev-draw.jsonl", dev_draw),
-        RECIPES.write_rows(work / f"{task}-dev.jsonl", splits["dev"]),
-    )
 
-    def accuracy(files, lr: float, tag: str) -> float:
-        run = EVM.finetune(folder, args, work, files, lr=lr, seeds=1, classes=classes, pair=pair, tag=f"-{task}-{tag}")
+    def accuracy(data, lr: float, tag: str) -> float:
+        run = EVM.finetune(folder, args, work, data, lr=lr, seeds=1, classes=classes, pair=pair, tag=f"-{task}-{tag}")
         return run["accuracy_mean"]
 
-    dev = {f"{lr:g}": accuracy(dev_files, lr, "dev") for lr in args.finetune_lrs}
+    dev = {f"{lr:g}": accuracy(files["dev"], lr, "dev") for lr in args.finetune_lrs}
     lr = max(args.finetune_lrs, key=lambda value: dev[f"{value:g}"])
-    accuracies = [
-        accuracy((RECIPES.write_rows(work / f"{task}-draw-{index}.jsonl", rows), test), lr, f"draw-{index}")
-        for index, rows in enumerate(draws)
-    ]
+    accuracies = [accuracy(data, lr, f"draw-{index}") for index, data in enumerate(files["draws"])]
     return {"lr": lr, "dev_accuracy": dev, **summary(accuracies)}
 
 
@@ -231,14 +237,6 @@ def summary(accuracies: list[float]) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def random_language_model(folder: Path, like: Path) -> Path:
-    """An untrained masked LM (encoder and head) of `like`'s config and tokenizer: the baseline of both methods."""
-    torch.manual_seed(0)
-    cf.CoreformerEncoderForMaskedLM(AutoConfig.from_pretrained(like)).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(like).save_pretrained(folder)
-    return folder
-
-
 def pretrained(args, work: Path) -> tuple[dict, dict[str, Path]]:
     """recipes.py's encoder pretraining at the budget (one tokenizer for every recipe, each scored zero-shot): its
     rows, and each recipe's folder."""
@@ -250,15 +248,18 @@ def pretrained(args, work: Path) -> tuple[dict, dict[str, Path]]:
 def run(args, work: Path) -> dict:
     """Pretrain, then every task: the same draws for every encoder, fine-tuned and by likelihood, paired."""
     section, folders = pretrained(args, work)
-    encoders = {"random init": random_language_model(work / "random-init", folders["tiny-modern"]), **folders}
+    # random init: the modern recipe's architecture, with a random masked-LM head for the likelihood scores
+    random_init = EVM.random_encoder(work / "random-init", folders["tiny-modern"], cf.CoreformerEncoderForMaskedLM)
+    encoders = {"random init": random_init, **folders}
     tasks = {}
     for task in args.tasks:
         splits = RECIPES.task_splits(task, args.tiny)
         draws = [draw(splits["train"], args.shots, seed) for seed in range(args.draws)]
         dev_draw = draw(splits["train minus dev"], args.shots, 0)
+        files = finetuning_files(task, splits, draws, dev_draw, work)
         results = {
             name: {
-                "fine-tuned": by_finetuning(folder, task, splits, draws, dev_draw, args, work),
+                "fine-tuned": by_finetuning(folder, task, files, args, work),
                 "likelihood": by_likelihood(folder, task, splits, draws, dev_draw),
             }
             for name, folder in encoders.items()

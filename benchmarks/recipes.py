@@ -52,11 +52,9 @@ import time
 from pathlib import Path
 
 import datasets
-import torch
 from results_files import report_head, results_header, sibling, write_results
 from transformers import AutoTokenizer
 
-import coreformer as cf
 from coreformer.training.corpora import first_paragraph, stdlib_definitions
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.pretraining import build_model_config, resolve_arguments, run_pretraining
@@ -386,20 +384,12 @@ def finetuned(encoder: Path, task: str, files, args, work: Path, splits: tuple[s
     return result
 
 
-def random_encoder(folder: Path, like: Path) -> Path:
-    """An untrained encoder of `like`'s config and tokenizer (the modern recipe's architecture): the baseline."""
-    torch.manual_seed(0)
-    cf.CoreformerEncoderModel(cf.CoreformerEncoderConfig.from_pretrained(like)).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(like).save_pretrained(folder)
-    return folder
-
-
 def encoder_tasks(section: dict, args, work: Path) -> dict:
     """Each recipe's largest-budget encoder and random init on every task, paired by seed against random init."""
     largest = {
         row["recipe"]: Path(row["folder"]) for row in section["results"] if row["budget"] == args.flops_budgets[-1]
     }
-    encoders = {"random init": random_encoder(work / "random-init", largest["tiny-modern"]), **largest}
+    encoders = {"random init": EVM.random_encoder(work / "random-init", largest["tiny-modern"]), **largest}
     tasks = {}
     for task in args.tasks:
         files = task_files(task, args, work)

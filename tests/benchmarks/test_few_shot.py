@@ -3,21 +3,15 @@ regression on masked-LM scores) by hand on scores with a known answer; --tiny en
 methods on the same draws, paired against random init, the settings chosen on dev, the JSON and the markdown
 written."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
+from results_files import sibling
 
 
 def load_benchmark():
-    spec = importlib.util.spec_from_file_location("few_shot", ROOT / "benchmarks" / "few_shot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling("few_shot")
 
 
 def rows(count: int) -> list[dict]:
