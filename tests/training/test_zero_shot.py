@@ -227,12 +227,26 @@ def test_masked_token_log_probs_score_only_the_text_and_sum_to_its_pseudo_log_li
     assert [len(terms) for terms in alone] == [
         len(tokenizer(line, add_special_tokens=False)["input_ids"]) for line in LINES[:3]
     ]
-    assert (
-        torch.stack([terms.sum() for terms in alone]).tolist()
-        == line_scores(model, tokenizer, "encoder", LINES[:3]).tolist()
-    )
+    ids = torch.tensor(tokenizer(LINES[0])["input_ids"])
+    by_hand = []  # each token of the line masked in turn, one forward each
+    for position in range(1, len(ids) - 1):
+        masked = ids.clone()
+        masked[position] = tokenizer.mask_token_id
+        with torch.no_grad():
+            logits = model(input_ids=masked[None]).logits[0, position]
+        by_hand.append(torch.log_softmax(logits.float(), -1)[ids[position]].item())
+    assert alone[0].tolist() == pytest.approx(by_hand, abs=1e-5)
+    assert line_scores(model, tokenizer, "encoder", LINES[:1]).item() == pytest.approx(sum(by_hand), abs=1e-4)
     after = masked_token_log_probs(model, tokenizer, LINES[:3], contexts=LINES[3:6], max_length=64)
     assert [len(terms) for terms in after] == [len(terms) for terms in alone]  # the context's tokens are not scored
+    context_ids = tokenizer(LINES[3], LINES[0], truncation=True, max_length=64)["input_ids"]
+    first = len(context_ids) - len(ids) + 1  # where the line's first token sits after [CLS] context [SEP]
+    masked = torch.tensor(context_ids)
+    masked[first] = tokenizer.mask_token_id
+    with torch.no_grad():
+        logits = model(input_ids=masked[None]).logits[0, first]
+    assert after[0][0].item() != pytest.approx(alone[0][0].item(), abs=1e-3)  # the context changes the term
+    assert after[0][0].item() == pytest.approx(torch.log_softmax(logits.float(), -1)[ids[1]].item(), abs=1e-5)
     truncated = masked_token_log_probs(model, tokenizer, [LINES[0]], contexts=[LINES[1]], max_length=12)
     assert 0 < len(truncated[0]) < len(alone[0]) and len(truncated[0]) <= 12 - 3  # [CLS], [SEP], [SEP] kept
 
