@@ -1,12 +1,12 @@
-"""Few-shot: what pretrained encoders show from a few examples per class, fine-tuned or scored by their own masked-LM
-head, paired against random init.
+"""Few-shot: what pretrained encoders show from a few examples per class, fine-tuned with a new classifier, scored by
+their own masked-LM head, or fine-tuned through it, paired against random init.
 
 benchmarks/recipes.py fine-tunes a fresh classifier on every encoder; at 32 examples per class that leaves every
 encoder, pretrained or not, near chance on the context tasks: the classifier cannot learn from 64 rows what the
 encoder knows. Few-shot methods for masked LMs use the pretrained head instead (Schick & Schütze 2021, PET; Gao et al.
-2021, LM-BFF). This benchmark measures both on the same rows, for the pretrained encoders of benchmarks/recipes.py's
-recipes at one FLOPs budget and for a randomly initialised one of the modern recipe's architecture (with a random
-masked-LM head):
+2021, LM-BFF). This benchmark measures three ways on the same rows, for the pretrained encoders of
+benchmarks/recipes.py's recipes at one FLOPs budget and for a randomly initialised one of the modern recipe's
+architecture (with a random masked-LM head):
 
     fine-tuned    recipes.py's few-shot fine-tuning (a new classifier on the encoder, --few-shot-steps steps), its
                   learning rate chosen per encoder on the dev split
@@ -23,9 +23,17 @@ masked-LM head):
                                (pointwise mutual information; Holtzman et al. 2021 score choices this way)
         all                    every one of the above, together
 
+    head-tuned    the encoder and its masked-LM head fine-tuned through the likelihood classifier (PET's way of
+                  fine-tuning a masked LM through its pretraining head): the logistic regression on one score (mean
+                  log-prob for single texts, mutual information for pairs) fitted to the untrained encoder, then the
+                  encoder, the head and the regression trained together on the few examples (--tuned-steps
+                  full-batch steps, TUNED_POSITIONS tokens of each text drawn afresh per step); the regression is
+                  refitted to the tuned scores, each from at most SCORED_POSITIONS tokens of the text. The learning
+                  rate is chosen per encoder on the dev split
+
 Rows are recipes.py's (task_splits: split by source file, every split balanced, so chance is 0.5). Draw d takes
 --shots rows per class from the training split at random (seed d) and is scored on the whole test split; every
-encoder and both methods get the same draws, so the report pairs them draw by draw against random init (mean ± std
+encoder and every method gets the same draws, so the report pairs them draw by draw against random init (mean ± std
 of the differences, and on how many draws the encoder is ahead). Settings are chosen on one draw of --shots per class
 from the training split minus dev, scored on dev. Only the binary context tasks: the lexical control has four
 classes and no text whose likelihood answers it.
@@ -44,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -51,7 +60,14 @@ import torch
 from results_files import report_head, results_header, sibling, write_results
 
 import coreformer as cf
-from coreformer.training.zero_shot import load_language_model, masked_token_log_probs
+from coreformer.training.data import pad_sequences
+from coreformer.training.zero_shot import (
+    ENCODER_ROWS,
+    MaskedCopy,
+    load_language_model,
+    masked_copies,
+    masked_token_log_probs,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sibling("recipes")  # the tasks, the pretraining runs and the few-shot fine-tuning
@@ -70,6 +86,11 @@ SCORES = {
     "all": ("mean", "lowest", "mutual information"),
 }
 PAIR_FEATURES = frozenset({"mutual information"})
+TUNED_FEATURE = {False: "mean", True: "mutual information"}  # what head-tuning trains through: texts, pairs
+TUNED_POSITIONS = 8  # tokens of each text scored per head-tuning step, drawn afresh every step
+SCORED_POSITIONS = 32  # at most this many tokens of each text score a head-tuned encoder (drawn once, seeded)
+METHODS = {"fine-tuned": "lr", "likelihood": "score", "head-tuned": "lr"}  # method -> the setting chosen on dev
+REGRESSION_LR = 1e-2  # the head-tuned classifier's logistic regression (two numbers) learns at this rate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,6 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--draws", type=int, default=5, help="draws of the examples (paired across encoders)")
     parser.add_argument("--few-shot-steps", type=int, default=200, help="fine-tuning steps (recipes.py's few-shot)")
     parser.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="chosen on dev")
+    parser.add_argument("--tuned-steps", type=int, default=40, help="head-tuning's full-batch steps")
+    parser.add_argument("--tuned-lrs", type=float, nargs="+", default=[3e-5, 1e-4], help="chosen on dev")
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     parser.add_argument("--note", default="", help="how the machine was (e.g. 'under load from other jobs')")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
@@ -91,6 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.flops_budget = args.flops_budget or (TINY_BUDGET if args.tiny else BUDGET)
     if args.tiny:
         args.shots, args.draws, args.few_shot_steps, args.finetune_lrs = 4, 2, 4, [1e-3]
+        args.tuned_steps, args.tuned_lrs = 2, [1e-3]
     # what recipes.py's and electra_vs_mlm.py's fine-tuning read
     args.seeds, args.finetune_steps, args.finetune_lr = 1, args.few_shot_steps, args.finetune_lrs[0]
     return args
@@ -139,9 +163,26 @@ def row_key(row: dict) -> tuple:
     return row["text"], row.get("text_pair")
 
 
-def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-2):
-    """A logistic regression on standardised features (L2 `l2`, L-BFGS in float64: deterministic); returns the
-    function (M, F) features -> (M,) bool predictions."""
+@dataclass(frozen=True)
+class Logistic:
+    """A fitted logistic regression on standardised features."""
+
+    mean: torch.Tensor  # (F,)
+    std: torch.Tensor  # (F,)
+    weights: torch.Tensor  # (F + 1,): the last is the bias
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """(M, F) features -> (M,) logits."""
+        return ((features - self.mean) / self.std) @ self.weights[:-1] + self.weights[-1]
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        """(M, F) features -> (M,) bool predictions."""
+        return self.logits(features) > 0
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-2) -> Logistic:
+    """A logistic regression on standardised features (L2 `l2`, L-BFGS in float64: deterministic), fitted to (N, F)
+    features `x` and (N,) labels `y`."""
     mean, std = x.mean(0), x.std(0, unbiased=False).clamp(min=1e-9)
     z = (x - mean) / std  # (N, F)
     weights = torch.zeros(x.shape[1] + 1, dtype=torch.float64, requires_grad=True)  # (F + 1,): the last is the bias
@@ -156,8 +197,12 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-2):
 
     with torch.enable_grad():
         optimiser.step(closure)
-    fitted = weights.detach()
-    return lambda features: ((features - mean) / std) @ fitted[:-1] + fitted[-1] > 0
+    return Logistic(mean, std, weights.detach())
+
+
+def truth(rows: list[dict], positive: str) -> torch.Tensor:
+    """(N,) whether each row is labelled `positive`."""
+    return torch.tensor([row["label"] == positive for row in rows])
 
 
 def likelihood_accuracy(table: dict, score: str, training: list[dict], evaluation: list[dict], positive: str) -> float:
@@ -167,11 +212,8 @@ def likelihood_accuracy(table: dict, score: str, training: list[dict], evaluatio
         values = [[table[row_key(row)][name] for name in SCORES[score]] for row in rows]
         return torch.tensor(values, dtype=torch.float64)
 
-    def truth(rows):  # (N,)
-        return torch.tensor([row["label"] == positive for row in rows])
-
-    predict = fit_logistic(matrix(training), truth(training).double())
-    return (predict(matrix(evaluation)) == truth(evaluation)).double().mean().item()
+    predict = fit_logistic(matrix(training), truth(training, positive).double())
+    return (predict(matrix(evaluation)) == truth(evaluation, positive)).double().mean().item()
 
 
 def scores_for(pair: bool) -> list[str]:
@@ -188,6 +230,116 @@ def by_likelihood(folder: Path, task: str, splits: dict, draws: list[list[dict]]
     score = max(dev, key=dev.__getitem__)
     accuracies = [likelihood_accuracy(table, score, rows, splits["test"], positive) for rows in draws]
     return {"score": score, "dev_accuracy": dev, **summary(accuracies)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Head-tuned: the encoder and its masked-LM head fine-tuned through the likelihood classifier
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowCopies:
+    """A row's text with one token masked at a time: after the row's first text (pairs) and alone."""
+
+    given: list[MaskedCopy]  # the text's tokens, in order (after the first text, for pairs)
+    alone: list[MaskedCopy] | None  # pairs: the same tokens of the text alone; None for single texts
+
+
+def row_copies(tokenizer, rows: list[dict], pair: bool) -> list[RowCopies]:
+    """Every row's masked copies, truncated as `features` truncates them."""
+    texts = [row["text_pair"] if pair else row["text"] for row in rows]
+    given = masked_copies(tokenizer, texts, [row["text"] for row in rows] if pair else None, MAX_LENGTH[pair])
+    alone = masked_copies(tokenizer, texts, max_length=MAX_LENGTH[pair]) if pair else [None] * len(rows)
+    copies = []
+    for row, own, single in zip(rows, given, alone, strict=True):
+        if not own:
+            raise ValueError(f"A row has no text to score after truncation: {row!r}")
+        copies.append(RowCopies(own, None if single is None else single[: len(own)]))
+    return copies
+
+
+def head_log_probs(model, copies: list[MaskedCopy], pad_token_id: int) -> torch.Tensor:
+    """(R,) float32 log p(target | its masked copy), differentiable. The masked-LM head reads the masked position
+    only: projecting every other position onto the vocabulary would cost more than the encoder and go unused."""
+    order = sorted(range(len(copies)), key=lambda index: len(copies[index].input_ids))  # like lengths: little padding
+    values = []
+    for start in range(0, len(order), ENCODER_ROWS):
+        chunk = [copies[index] for index in order[start : start + ENCODER_ROWS]]
+        input_ids = pad_sequences([copy.input_ids for copy in chunk], pad_token_id)  # (R, T)
+        mask = pad_sequences([torch.ones_like(copy.input_ids) for copy in chunk], 0)  # (R, T)
+        hidden = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # (R, T, H)
+        at_mask = hidden[torch.arange(len(chunk)), torch.tensor([copy.position for copy in chunk])]  # (R, H)
+        if model.lm_head_transform is not None:
+            at_mask = model.lm_head_transform(at_mask)
+        log_probs = torch.log_softmax(model.lm_head(at_mask).float(), dim=-1)  # (R, V)
+        values.append(log_probs[torch.arange(len(chunk)), torch.tensor([copy.target for copy in chunk])])
+    in_order = torch.empty(len(copies))
+    return in_order.index_put((torch.tensor(order),), torch.cat(values))
+
+
+def tuned_feature(model, pad_token_id: int, rows: list[RowCopies], count: int, rng: random.Random) -> torch.Tensor:
+    """(N,) each row's TUNED_FEATURE from at most `count` of its text's tokens (drawn by `rng`; all of a shorter
+    text's): the mean log-prob of a single text, the mutual information of a pair's second text (`features`')."""
+    given, alone, owners = [], [], []
+    for index, row in enumerate(rows):
+        picked = sorted(rng.sample(range(len(row.given)), min(count, len(row.given))))
+        given += [row.given[token] for token in picked]
+        alone += [row.alone[token] for token in picked] if row.alone is not None else []
+        owners += [index] * len(picked)
+    terms = head_log_probs(model, given, pad_token_id)  # (R,)
+    if alone:
+        terms = terms - head_log_probs(model, alone, pad_token_id)
+    owners = torch.tensor(owners)
+    return torch.zeros(len(rows)).index_add(0, owners, terms) / torch.bincount(owners, minlength=len(rows))
+
+
+def head_tuned_accuracy(
+    folder: Path, task: str, training: list[dict], evaluation: list[dict], lr: float, args
+) -> float:
+    """Accuracy on `evaluation` after tuning the folder's masked LM on `training`: the likelihood classifier on
+    TUNED_FEATURE (a logistic regression fitted to the untrained encoder's feature) is the starting point; the encoder,
+    its head and the regression are then trained together on the classifier's loss for --tuned-steps full-batch steps
+    (AdamW, constant `lr`; the regression at REGRESSION_LR), each step scoring TUNED_POSITIONS tokens of every text
+    drawn afresh. The regression is refitted to the tuned feature of `training`, as the likelihood classifier is."""
+    _, _, pair, _ = RECIPES.TASKS[task]
+    model, tokenizer, _ = load_language_model(folder)
+    pad = tokenizer.pad_token_id
+    labels = truth(training, POSITIVE[task]).double()
+    copies = row_copies(tokenizer, training, pair)
+    torch.manual_seed(0)  # dropout, where the recipe has it
+    with torch.no_grad():
+        start = fit_logistic(
+            tuned_feature(model.eval(), pad, copies, SCORED_POSITIONS, random.Random(0))[:, None].double(), labels
+        )
+    # the fitted regression as a function of the raw feature: weight / std * feature + (bias - weight * mean / std)
+    scale = torch.nn.Parameter((start.weights[0] / start.std[0]).float())
+    bias = torch.nn.Parameter((start.weights[1] - start.weights[0] * start.mean[0] / start.std[0]).float())
+    optimiser = torch.optim.AdamW(
+        [{"params": model.parameters(), "lr": lr}, {"params": [scale, bias], "lr": REGRESSION_LR}], weight_decay=0.0
+    )
+    rng = random.Random(0)
+    model.train()
+    for _ in range(args.tuned_steps):
+        logits = scale * tuned_feature(model, pad, copies, TUNED_POSITIONS, rng) + bias  # (N,)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels.float())
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    model.eval()
+    with torch.no_grad():
+        fitted = tuned_feature(model, pad, copies, SCORED_POSITIONS, random.Random(0))[:, None].double()
+        scored = row_copies(tokenizer, evaluation, pair)
+        tested = tuned_feature(model, pad, scored, SCORED_POSITIONS, random.Random(0))[:, None].double()
+    predict = fit_logistic(fitted, labels)
+    return (predict(tested) == truth(evaluation, POSITIVE[task])).double().mean().item()
+
+
+def by_head_tuning(folder: Path, task: str, splits: dict, draws: list[list[dict]], dev_draw: list[dict], args) -> dict:
+    """The learning rate chosen on dev, then the accuracy on the test split of the encoder tuned on every draw."""
+    dev = {f"{lr:g}": head_tuned_accuracy(folder, task, dev_draw, splits["dev"], lr, args) for lr in args.tuned_lrs}
+    lr = max(args.tuned_lrs, key=lambda value: dev[f"{value:g}"])
+    accuracies = [head_tuned_accuracy(folder, task, rows, splits["test"], lr, args) for rows in draws]
+    return {"lr": lr, "dev_accuracy": dev, **summary(accuracies)}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -261,6 +413,7 @@ def run(args, work: Path) -> dict:
             name: {
                 "fine-tuned": by_finetuning(folder, task, files, args, work),
                 "likelihood": by_likelihood(folder, task, splits, draws, dev_draw),
+                "head-tuned": by_head_tuning(folder, task, splits, draws, dev_draw, args),
             }
             for name, folder in encoders.items()
         }
@@ -279,7 +432,7 @@ def run(args, work: Path) -> dict:
     return {"pretraining": section["results"], "tasks": tasks}
 
 
-TITLE = "Few-shot: pretrained encoders fine-tuned, or scored by their masked-LM head, against random init"
+TITLE = "Few-shot: pretrained encoders against random init, three ways (a new classifier, the masked-LM head, tuned)"
 
 
 def markdown(report: dict) -> str:
@@ -302,19 +455,22 @@ def markdown(report: dict) -> str:
         f"Each of {settings['draws']} draws: {settings['shots']} training rows per class; accuracy on the whole test "
         "split (balanced: chance 0.5); paired draw by draw against random init.",
         "",
-        "| task | what it measures | encoder | fine-tuned: lr (dev) | accuracy | vs random init | likelihood: score "
-        "(dev) | accuracy | vs random init |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | encoder | "
+        + " | ".join(f"{method} ({chosen}, on dev) | vs random init" for method, chosen in METHODS.items())
+        + " |",
+        "|---|---|" + "---|---|" * len(METHODS),
     ]
     for task, entry in report["tasks"].items():
         for name, methods in entry["encoders"].items():
             cells = []
-            for method, chosen in (("fine-tuned", "lr"), ("likelihood", "score")):
+            for method, chosen in METHODS.items():
                 result = methods[method]
                 setting = f"{result[chosen]:g}" if chosen == "lr" else result[chosen]
-                cells.append(f"{setting} | {result['accuracy_mean']:.3f} ± {result['accuracy_std']:.3f}")
+                cells.append(f"{result['accuracy_mean']:.3f} ± {result['accuracy_std']:.3f} ({setting})")
                 cells.append(RECIPES.paired_cell(result.get("paired_vs_random")))
-            lines.append(f"| {task} | {entry['measures']} | {name} | {' | '.join(cells)} |")
+            lines.append(f"| {task} | {name} | {' | '.join(cells)} |")
+    lines += ["", "What each task measures:", ""]
+    lines += [f"- {task}: {entry['measures']}" for task, entry in report["tasks"].items()]
     rows = "; ".join(
         f"{task} {entry['rows']['train']:,} training / {entry['rows']['test']:,} test"
         for task, entry in report["tasks"].items()

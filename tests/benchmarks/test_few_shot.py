@@ -1,13 +1,30 @@
 """benchmarks/few_shot.py: draws of a few rows per class, seeded and balanced; the likelihood classifier (a logistic
-regression on masked-LM scores) by hand on scores with a known answer; --tiny end to end: every encoder and both
-methods on the same draws, paired against random init, the settings chosen on dev, the JSON and the markdown
-written."""
+regression on masked-LM scores) by hand on scores with a known answer; head-tuning starts from the likelihood
+classifier's own feature and learns its few examples; --tiny end to end: every encoder and every method on the same
+draws, paired against random init, the settings chosen on dev, the JSON and the markdown written."""
 
+import argparse
 import json
+import random
 
 import pytest
 import torch
 from results_files import sibling
+
+import coreformer as cf
+from coreformer.training.corpora import read_source, stdlib_root
+from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
+
+LINES = [  # four lines as written, four corrupted (two adjacent names swapped)
+    ("def add(first, second): return first + second", "as written"),
+    ("for item in sorted(values): print(item)", "as written"),
+    ("if name is None: raise ValueError(message)", "as written"),
+    ("with open(path) as handle: data = handle.read()", "as written"),
+    ("def add(second, first): return first + second", "corrupted"),
+    ("for item in values(sorted): print(item)", "corrupted"),
+    ("if None is name: raise ValueError(message)", "corrupted"),
+    ("with open(handle) as path: data = handle.read()", "corrupted"),
+]
 
 
 def load_benchmark():
@@ -42,6 +59,56 @@ def test_the_likelihood_classifier_learns_the_direction_of_a_score_and_stays_at_
     assert benchmark.likelihood_accuracy(table, "lowest log-prob", training, evaluation, "corrupted") == 0.5
 
 
+def untrained_masked_lm(folder):
+    """A tiny randomly initialised masked LM and its tokenizer, saved as the benchmark's encoders are."""
+    text = "\n".join(read_source(stdlib_root() / name) for name in ("textwrap.py", "shlex.py"))
+    tokenizer = train_tokenizer("encoder", [text], 320)
+    torch.manual_seed(0)
+    config = cf.CoreformerEncoderConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=160,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        **token_config_kwargs(tokenizer, "encoder"),
+    )
+    cf.CoreformerEncoderForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_the_head_tuned_feature_of_an_untuned_encoder_is_the_likelihood_feature(tmp_path):
+    benchmark = load_benchmark()
+    folder = untrained_masked_lm(tmp_path / "encoder")
+    model, tokenizer, _ = benchmark.load_language_model(folder)
+    singles = [{"text": text, "label": label} for text, label in LINES]
+    pairs = [{"text": LINES[i][0], "text_pair": LINES[i + 1][0], "label": "next"} for i in range(7)]
+    for rows, pair in ((singles, False), (pairs, True)):
+        table = benchmark.features(folder, rows, pair)  # every token, full logits: the library's way
+        copies = benchmark.row_copies(tokenizer, rows, pair)
+        with torch.no_grad():
+            every_token = benchmark.tuned_feature(model.eval(), tokenizer.pad_token_id, copies, 10**6, random.Random(0))
+            some = benchmark.tuned_feature(model, tokenizer.pad_token_id, copies, 3, random.Random(0))
+        expected = [table[benchmark.row_key(row)][benchmark.TUNED_FEATURE[pair]] for row in rows]
+        assert every_token.tolist() == pytest.approx(expected, abs=1e-5)
+        assert not torch.allclose(some, every_token)  # three tokens of each text: another estimate of the mean
+
+
+def test_head_tuning_learns_its_few_examples(tmp_path):
+    benchmark = load_benchmark()
+    folder = untrained_masked_lm(tmp_path / "encoder")
+    rows = [{"text": text, "label": label} for text, label in LINES]
+
+    def accuracy(steps: int) -> float:
+        args = argparse.Namespace(tuned_steps=steps)
+        return benchmark.head_tuned_accuracy(folder, "corrupted", rows, rows, lr=3e-3, args=args)
+
+    assert accuracy(0) < 1.0  # the untrained encoder's scores do not separate the rows
+    assert accuracy(30) == 1.0  # tuned through its head on them, it tells them apart
+
+
 def test_pair_tasks_may_choose_mutual_information_and_single_texts_may_not():
     benchmark = load_benchmark()
     assert benchmark.scores_for(pair=False) == ["mean log-prob", "lowest log-prob"]
@@ -51,7 +118,7 @@ def test_pair_tasks_may_choose_mutual_information_and_single_texts_may_not():
 
 
 @pytest.mark.slow
-def test_few_shot_tiny_scores_every_encoder_both_ways_on_the_same_draws(tmp_path):
+def test_few_shot_tiny_scores_every_encoder_every_way_on_the_same_draws(tmp_path):
     benchmark = load_benchmark()
     assert benchmark.main(["--tiny", "--tasks", "corrupted", "next-line", "--output-dir", str(tmp_path)]) == 0
 
@@ -62,20 +129,22 @@ def test_few_shot_tiny_scores_every_encoder_both_ways_on_the_same_draws(tmp_path
         encoders = entry["encoders"]
         assert list(encoders) == ["random init", "tiny-faithful", "tiny-modern"]
         for name, methods in encoders.items():
-            finetuned, likelihood = methods["fine-tuned"], methods["likelihood"]
-            assert finetuned["lr"] == 1e-3 and list(finetuned["dev_accuracy"]) == ["0.001"]
+            assert list(methods) == list(benchmark.METHODS)
+            for tuned in (methods["fine-tuned"], methods["head-tuned"]):
+                assert tuned["lr"] == 1e-3 and list(tuned["dev_accuracy"]) == ["0.001"]
+            likelihood = methods["likelihood"]
             assert likelihood["score"] in benchmark.scores_for(pair=task == "next-line")
             assert likelihood["dev_accuracy"][likelihood["score"]] == max(likelihood["dev_accuracy"].values())
-            for result in (finetuned, likelihood):
+            for method, result in methods.items():
                 assert len(result["accuracies"]) == 2 and all(0.0 <= a <= 1.0 for a in result["accuracies"])
                 if name == "random init":
                     assert "paired_vs_random" not in result
                     continue
-                baseline = encoders["random init"]["fine-tuned" if result is finetuned else "likelihood"]
+                baseline = encoders["random init"][method]
                 differences = [a - b for a, b in zip(result["accuracies"], baseline["accuracies"], strict=True)]
                 assert result["paired_vs_random"]["mean"] == pytest.approx(sum(differences) / 2)
                 assert result["paired_vs_random"]["wins"] == sum(d > 0 for d in differences)
     text = (tmp_path / "few_shot_tiny.md").read_text()
-    assert text.startswith("# Few-shot: pretrained encoders fine-tuned, or scored by their masked-LM head")
+    assert text.startswith("# Few-shot: pretrained encoders against random init, three ways")
     assert "- command: `python benchmarks/few_shot.py --tiny --tasks corrupted next-line" in text
-    assert "| corrupted | context: was the line corrupted | tiny-modern |" in text
+    assert "| corrupted | tiny-modern |" in text and "- corrupted: context: was the line corrupted" in text

@@ -218,41 +218,59 @@ def _seq2seq_scores(model, tokenizer, lines: list[str], batch_size: int) -> torc
     return torch.cat(scores)
 
 
-@torch.no_grad()
-def masked_token_log_probs(
-    model, tokenizer, texts: list[str], contexts: list[str] | None = None, max_length: int | None = None
-) -> list[torch.Tensor]:
-    """Pseudo-log-likelihood's terms (Salazar et al. 2020): for each text, a (tokens,) float64 tensor of log p(token |
-    everything else, that token masked), one token masked at a time. With `contexts`, each text is the second segment
-    after its context ([CLS] context [SEP] text [SEP], as pairs are fine-tuned) and only the text's tokens are
-    masked: against the text's terms alone, they say how much the context helps predict it. `max_length` truncates
-    each input (the longer segment first; the tokenizer's sequence ids say which tokens are the text's). Only input
-    ids and the attention mask are passed: masked-LM pretraining never set a segment type. The masked copies of all
-    texts are batched ENCODER_ROWS at a time, like lengths together."""
-    rows, owners, positions, targets = [], [], [], []
+@dataclass(frozen=True)
+class MaskedCopy:
+    """One token of a text masked: the input a masked-LM head predicts that token from."""
+
+    owner: int  # the text's index
+    input_ids: torch.Tensor  # (T,): the text's tokens (after its context, if any), one of them the mask token
+    position: int  # where the mask is
+    target: int  # the token it hides
+
+
+def masked_copies(
+    tokenizer, texts: list[str], contexts: list[str] | None = None, max_length: int | None = None
+) -> list[list[MaskedCopy]]:
+    """For each text, one MaskedCopy per token of the text, in the text's order. With `contexts`, each text is the
+    second segment after its context ([CLS] context [SEP] text [SEP], as pairs are fine-tuned) and only the text's
+    tokens are masked. `max_length` truncates each input (the longer segment first; the tokenizer's sequence ids say
+    which tokens are the text's)."""
+    copies = []
     for index, text in enumerate(texts):
         pair = (contexts[index], text) if contexts is not None else (text,)
         encoded = tokenizer(*pair, truncation=max_length is not None, max_length=max_length)
         ids = torch.tensor(encoded["input_ids"])
         scored = 1 if contexts is not None else 0  # the sequence id of the text's tokens
+        copies.append([])
         for position, sequence in enumerate(encoded.sequence_ids()):
             if sequence == scored:
-                rows.append(ids.clone())
-                rows[-1][position] = tokenizer.mask_token_id
-                owners.append(index)
-                positions.append(position)
-                targets.append(int(ids[position]))
-    order = sorted(range(len(rows)), key=lambda index: len(rows[index]))  # chunks of like lengths: little padding
+                masked = ids.clone()
+                masked[position] = tokenizer.mask_token_id
+                copies[-1].append(MaskedCopy(index, masked, position, int(ids[position])))
+    return copies
+
+
+@torch.no_grad()
+def masked_token_log_probs(
+    model, tokenizer, texts: list[str], contexts: list[str] | None = None, max_length: int | None = None
+) -> list[torch.Tensor]:
+    """Pseudo-log-likelihood's terms (Salazar et al. 2020): for each text, a (tokens,) float64 tensor of log p(token |
+    everything else, that token masked), one token masked at a time (masked_copies: with `contexts`, only the text's
+    tokens after its context are masked; against the text's terms alone, they say how much the context helps predict
+    it; `max_length` truncates). Only input ids and the attention mask are passed: masked-LM pretraining never set a
+    segment type. The masked copies of all texts are batched ENCODER_ROWS at a time, like lengths together."""
+    copies = [copy for per_text in masked_copies(tokenizer, texts, contexts, max_length) for copy in per_text]
+    order = sorted(range(len(copies)), key=lambda index: len(copies[index].input_ids))  # like lengths: little padding
     terms: list[list[float]] = [[] for _ in texts]
     for start in range(0, len(order), ENCODER_ROWS):
-        chunk = order[start : start + ENCODER_ROWS]
-        input_ids = pad_sequences([rows[i] for i in chunk], tokenizer.pad_token_id).to(model.device)  # (R, T)
-        mask = pad_sequences([torch.ones_like(rows[i]) for i in chunk], 0).to(model.device)  # (R, T)
+        chunk = [copies[i] for i in order[start : start + ENCODER_ROWS]]
+        input_ids = pad_sequences([c.input_ids for c in chunk], tokenizer.pad_token_id).to(model.device)  # (R, T)
+        mask = pad_sequences([torch.ones_like(c.input_ids) for c in chunk], 0).to(model.device)  # (R, T)
         logits = model(input_ids=input_ids, attention_mask=mask).logits  # (R, T, V)
-        at_mask = logits[torch.arange(len(chunk)), torch.tensor([positions[i] for i in chunk])]  # (R, V)
-        log_probs = _token_log_probs(at_mask, torch.tensor([targets[i] for i in chunk], device=model.device))  # (R,)
-        for i, value in zip(chunk, log_probs.tolist(), strict=True):
-            terms[owners[i]].append(value)
+        at_mask = logits[torch.arange(len(chunk)), torch.tensor([c.position for c in chunk])]  # (R, V)
+        log_probs = _token_log_probs(at_mask, torch.tensor([c.target for c in chunk], device=model.device))  # (R,)
+        for copy, value in zip(chunk, log_probs.tolist(), strict=True):
+            terms[copy.owner].append(value)
     return [torch.tensor(values, dtype=torch.float64) for values in terms]
 
 
