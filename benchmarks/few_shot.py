@@ -24,12 +24,12 @@ architecture (with a random masked-LM head):
         all                    every one of the above, together
 
     head-tuned    the encoder and its masked-LM head fine-tuned through the likelihood classifier (PET's way of
-                  fine-tuning a masked LM through its pretraining head): the logistic regression on one score (mean
-                  log-prob for single texts, mutual information for pairs) fitted to the untrained encoder, then the
-                  encoder, the head and the regression trained together on the few examples (--tuned-steps
-                  full-batch steps, TUNED_POSITIONS tokens of each text drawn afresh per step); the regression is
-                  refitted to the tuned scores, each from at most SCORED_POSITIONS tokens of the text. The learning
-                  rate is chosen per encoder on the dev split
+                  fine-tuning a masked LM through its pretraining head): the likelihood classifier on one score (mean
+                  log-prob for single texts, mutual information for pairs, whose second term, the text alone, stays
+                  the untuned encoder's) is the start; the encoder, the head and the regression are trained together
+                  on the few examples (--tuned-steps full-batch steps, TUNED_POSITIONS tokens of each text drawn
+                  afresh per step); the regression is refitted to the tuned scores, each from at most
+                  SCORED_POSITIONS tokens of the text. The learning rate is chosen per encoder on the dev split
 
 Rows are recipes.py's (task_splits: split by source file, every split balanced, so chance is 0.5). Draw d takes
 --shots rows per class from the training split at random (seed d) and is scored on the whole test split; every
@@ -87,7 +87,7 @@ SCORES = {
 }
 PAIR_FEATURES = frozenset({"mutual information"})
 TUNED_FEATURE = {False: "mean", True: "mutual information"}  # what head-tuning trains through: texts, pairs
-TUNED_POSITIONS = 8  # tokens of each text scored per head-tuning step, drawn afresh every step
+TUNED_POSITIONS = 4  # tokens of each text scored per head-tuning step, drawn afresh every step
 SCORED_POSITIONS = 32  # at most this many tokens of each text score a head-tuned encoder (drawn once, seeded)
 METHODS = {"fine-tuned": "lr", "likelihood": "score", "head-tuned": "lr"}  # method -> the setting chosen on dev
 REGRESSION_LR = 1e-2  # the head-tuned classifier's logistic regression (two numbers) learns at this rate
@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--few-shot-steps", type=int, default=200, help="fine-tuning steps (recipes.py's few-shot)")
     parser.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="chosen on dev")
     parser.add_argument("--tuned-steps", type=int, default=40, help="head-tuning's full-batch steps")
-    parser.add_argument("--tuned-lrs", type=float, nargs="+", default=[3e-5, 1e-4], help="chosen on dev")
+    parser.add_argument("--tuned-lrs", type=float, nargs="+", default=[1e-5, 3e-5], help="chosen on dev")
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     parser.add_argument("--note", default="", help="how the machine was (e.g. 'under load from other jobs')")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
@@ -140,8 +140,16 @@ def draw(rows: list[dict], shots: int, seed: int) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def features(folder: Path, rows: list[dict], pair: bool) -> dict[tuple, dict[str, float]]:
-    """Each distinct row's features (row_key -> {feature: value}) from the folder's masked-LM head."""
+@dataclass(frozen=True)
+class Terms:
+    """A row's pseudo-log-likelihood terms from one masked-LM head (zero_shot.masked_token_log_probs)."""
+
+    given: torch.Tensor  # (tokens,): the text's tokens (a pair's second text, after the first)
+    alone: torch.Tensor | None  # (tokens,): pairs: the same tokens of the second text alone; None for single texts
+
+
+def row_terms(folder: Path, rows: list[dict], pair: bool) -> dict[tuple, Terms]:
+    """Each distinct row's Terms (row_key -> Terms) from the folder's masked-LM head, without training it."""
     model, tokenizer, _ = load_language_model(folder)
     distinct = list({row_key(row): row for row in rows}.values())
     texts = [row["text_pair"] if pair else row["text"] for row in distinct]
@@ -152,11 +160,17 @@ def features(folder: Path, rows: list[dict], pair: bool) -> dict[tuple, dict[str
     for row, terms, own in zip(distinct, given, alone, strict=True):
         if len(terms) == 0:
             raise ValueError(f"A row has no text to score after truncation: {row!r}")
-        values = {"mean": terms.mean().item(), "lowest": terms.min().item()}
-        if pair:  # the same tokens: the pair's truncation may have cut the second text's tail
-            values["mutual information"] = terms.mean().item() - own[: len(terms)].mean().item()
-        table[row_key(row)] = values
+        # the same tokens: the pair's truncation may have cut the second text's tail
+        table[row_key(row)] = Terms(terms, own[: len(terms)] if pair else None)
     return table
+
+
+def features(terms: Terms) -> dict[str, float]:
+    """A row's features (`SCORES`' names) from its terms."""
+    values = {"mean": terms.given.mean().item(), "lowest": terms.given.min().item()}
+    if terms.alone is not None:
+        values["mutual information"] = terms.given.mean().item() - terms.alone.mean().item()
+    return values
 
 
 def row_key(row: dict) -> tuple:
@@ -221,11 +235,11 @@ def scores_for(pair: bool) -> list[str]:
     return [name for name, needed in SCORES.items() if pair or not PAIR_FEATURES & set(needed)]
 
 
-def by_likelihood(folder: Path, task: str, splits: dict, draws: list[list[dict]], dev_draw: list[dict]) -> dict:
+def by_likelihood(terms: dict[tuple, Terms], task: str, splits: dict, draws: list[list[dict]], dev_draw) -> dict:
     """The score chosen on dev, then its accuracy on the test split for every draw."""
     _, _, pair, _ = RECIPES.TASKS[task]
     positive = POSITIVE[task]
-    table = features(folder, [row for rows in (*draws, dev_draw, splits["dev"], splits["test"]) for row in rows], pair)
+    table = {key: features(row) for key, row in terms.items()}
     dev = {score: likelihood_accuracy(table, score, dev_draw, splits["dev"], positive) for score in scores_for(pair)}
     score = max(dev, key=dev.__getitem__)
     accuracies = [likelihood_accuracy(table, score, rows, splits["test"], positive) for rows in draws]
@@ -237,24 +251,14 @@ def by_likelihood(folder: Path, task: str, splits: dict, draws: list[list[dict]]
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RowCopies:
-    """A row's text with one token masked at a time: after the row's first text (pairs) and alone."""
-
-    given: list[MaskedCopy]  # the text's tokens, in order (after the first text, for pairs)
-    alone: list[MaskedCopy] | None  # pairs: the same tokens of the text alone; None for single texts
-
-
-def row_copies(tokenizer, rows: list[dict], pair: bool) -> list[RowCopies]:
-    """Every row's masked copies, truncated as `features` truncates them."""
+def row_copies(tokenizer, rows: list[dict], pair: bool) -> list[list[MaskedCopy]]:
+    """Every row's text with one token masked at a time (a pair's second text after the first), truncated as
+    `row_terms` truncates it."""
     texts = [row["text_pair"] if pair else row["text"] for row in rows]
-    given = masked_copies(tokenizer, texts, [row["text"] for row in rows] if pair else None, MAX_LENGTH[pair])
-    alone = masked_copies(tokenizer, texts, max_length=MAX_LENGTH[pair]) if pair else [None] * len(rows)
-    copies = []
-    for row, own, single in zip(rows, given, alone, strict=True):
+    copies = masked_copies(tokenizer, texts, [row["text"] for row in rows] if pair else None, MAX_LENGTH[pair])
+    for row, own in zip(rows, copies, strict=True):
         if not own:
             raise ValueError(f"A row has no text to score after truncation: {row!r}")
-        copies.append(RowCopies(own, None if single is None else single[: len(own)]))
     return copies
 
 
@@ -277,68 +281,80 @@ def head_log_probs(model, copies: list[MaskedCopy], pad_token_id: int) -> torch.
     return in_order.index_put((torch.tensor(order),), torch.cat(values))
 
 
-def tuned_feature(model, pad_token_id: int, rows: list[RowCopies], count: int, rng: random.Random) -> torch.Tensor:
+def tuned_feature(
+    model, pad_token_id: int, copies: list[list[MaskedCopy]], references: list[Terms], count: int, rng: random.Random
+) -> torch.Tensor:
     """(N,) each row's TUNED_FEATURE from at most `count` of its text's tokens (drawn by `rng`; all of a shorter
-    text's): the mean log-prob of a single text, the mutual information of a pair's second text (`features`')."""
-    given, alone, owners = [], [], []
-    for index, row in enumerate(rows):
-        picked = sorted(rng.sample(range(len(row.given)), min(count, len(row.given))))
-        given += [row.given[token] for token in picked]
-        alone += [row.alone[token] for token in picked] if row.alone is not None else []
+    text's): the mean log-prob of a single text; for a pair, the mean over those tokens of log p(token | the first
+    text, the rest) - the untuned encoder's log p(token | the rest) from `references` (the row's Terms), the mutual
+    information of `features` before any tuning."""
+    chosen, owners, alone = [], [], []
+    for index, (row, reference) in enumerate(zip(copies, references, strict=True)):
+        picked = sorted(rng.sample(range(len(row)), min(count, len(row))))
+        chosen += [row[token] for token in picked]
         owners += [index] * len(picked)
-    terms = head_log_probs(model, given, pad_token_id)  # (R,)
-    if alone:
-        terms = terms - head_log_probs(model, alone, pad_token_id)
+        alone += reference.alone[picked].tolist() if reference.alone is not None else [0.0] * len(picked)
+    terms = head_log_probs(model, chosen, pad_token_id) - torch.tensor(alone, dtype=torch.float32)  # (R,)
     owners = torch.tensor(owners)
-    return torch.zeros(len(rows)).index_add(0, owners, terms) / torch.bincount(owners, minlength=len(rows))
+    return torch.zeros(len(copies)).index_add(0, owners, terms) / torch.bincount(owners, minlength=len(copies))
 
 
 def head_tuned_accuracy(
-    folder: Path, task: str, training: list[dict], evaluation: list[dict], lr: float, args
+    folder: Path,
+    terms: dict[tuple, Terms],
+    task: str,
+    training: list[dict],
+    evaluation: list[dict],
+    lr: float,
+    args: argparse.Namespace,
 ) -> float:
-    """Accuracy on `evaluation` after tuning the folder's masked LM on `training`: the likelihood classifier on
-    TUNED_FEATURE (a logistic regression fitted to the untrained encoder's feature) is the starting point; the encoder,
-    its head and the regression are then trained together on the classifier's loss for --tuned-steps full-batch steps
-    (AdamW, constant `lr`; the regression at REGRESSION_LR), each step scoring TUNED_POSITIONS tokens of every text
-    drawn afresh. The regression is refitted to the tuned feature of `training`, as the likelihood classifier is."""
+    """Accuracy on `evaluation` after tuning the folder's masked LM on `training`. The likelihood classifier on
+    TUNED_FEATURE (a logistic regression on the untuned encoder's feature, from its `terms`) is the starting point;
+    the encoder, its head and the regression are then trained together on the classifier's loss for --tuned-steps
+    full-batch steps (AdamW at a constant `lr`, the regression at REGRESSION_LR), each step scoring TUNED_POSITIONS
+    tokens of every text drawn afresh. The regression is then refitted to the tuned feature of `training`, as the
+    likelihood classifier is, and the tuned feature of `evaluation` classified."""
     _, _, pair, _ = RECIPES.TASKS[task]
+    positive, feature = POSITIVE[task], TUNED_FEATURE[pair]
     model, tokenizer, _ = load_language_model(folder)
     pad = tokenizer.pad_token_id
-    labels = truth(training, POSITIVE[task]).double()
-    copies = row_copies(tokenizer, training, pair)
-    torch.manual_seed(0)  # dropout, where the recipe has it
-    with torch.no_grad():
-        start = fit_logistic(
-            tuned_feature(model.eval(), pad, copies, SCORED_POSITIONS, random.Random(0))[:, None].double(), labels
-        )
+    labels = truth(training, positive).double()
+    references = [terms[row_key(row)] for row in training]
+    start = fit_logistic(torch.tensor([[features(row)[feature]] for row in references], dtype=torch.float64), labels)
     # the fitted regression as a function of the raw feature: weight / std * feature + (bias - weight * mean / std)
     scale = torch.nn.Parameter((start.weights[0] / start.std[0]).float())
     bias = torch.nn.Parameter((start.weights[1] - start.weights[0] * start.mean[0] / start.std[0]).float())
     optimiser = torch.optim.AdamW(
         [{"params": model.parameters(), "lr": lr}, {"params": [scale, bias], "lr": REGRESSION_LR}], weight_decay=0.0
     )
+    copies = row_copies(tokenizer, training, pair)
+    torch.manual_seed(0)  # dropout, where the recipe has it
     rng = random.Random(0)
     model.train()
     for _ in range(args.tuned_steps):
-        logits = scale * tuned_feature(model, pad, copies, TUNED_POSITIONS, rng) + bias  # (N,)
+        logits = scale * tuned_feature(model, pad, copies, references, TUNED_POSITIONS, rng) + bias  # (N,)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels.float())
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
     model.eval()
-    with torch.no_grad():
-        fitted = tuned_feature(model, pad, copies, SCORED_POSITIONS, random.Random(0))[:, None].double()
-        scored = row_copies(tokenizer, evaluation, pair)
-        tested = tuned_feature(model, pad, scored, SCORED_POSITIONS, random.Random(0))[:, None].double()
-    predict = fit_logistic(fitted, labels)
-    return (predict(tested) == truth(evaluation, POSITIVE[task])).double().mean().item()
+
+    def scored(rows: list[dict]) -> torch.Tensor:  # (N, 1)
+        copies, references = row_copies(tokenizer, rows, pair), [terms[row_key(row)] for row in rows]
+        with torch.no_grad():
+            return tuned_feature(model, pad, copies, references, SCORED_POSITIONS, random.Random(0))[:, None].double()
+
+    predict = fit_logistic(scored(training), labels)
+    return (predict(scored(evaluation)) == truth(evaluation, positive)).double().mean().item()
 
 
-def by_head_tuning(folder: Path, task: str, splits: dict, draws: list[list[dict]], dev_draw: list[dict], args) -> dict:
+def by_head_tuning(folder: Path, terms: dict, task: str, splits: dict, draws: list[list[dict]], dev_draw, args) -> dict:
     """The learning rate chosen on dev, then the accuracy on the test split of the encoder tuned on every draw."""
-    dev = {f"{lr:g}": head_tuned_accuracy(folder, task, dev_draw, splits["dev"], lr, args) for lr in args.tuned_lrs}
+    dev = {
+        f"{lr:g}": head_tuned_accuracy(folder, terms, task, dev_draw, splits["dev"], lr, args) for lr in args.tuned_lrs
+    }
     lr = max(args.tuned_lrs, key=lambda value: dev[f"{value:g}"])
-    accuracies = [head_tuned_accuracy(folder, task, rows, splits["test"], lr, args) for rows in draws]
+    accuracies = [head_tuned_accuracy(folder, terms, task, rows, splits["test"], lr, args) for rows in draws]
     return {"lr": lr, "dev_accuracy": dev, **summary(accuracies)}
 
 
@@ -409,14 +425,15 @@ def run(args, work: Path) -> dict:
         draws = [draw(splits["train"], args.shots, seed) for seed in range(args.draws)]
         dev_draw = draw(splits["train minus dev"], args.shots, 0)
         files = finetuning_files(task, splits, draws, dev_draw, work)
-        results = {
-            name: {
+        scored = [row for rows in (*draws, dev_draw, splits["dev"], splits["test"]) for row in rows]
+        results = {}
+        for name, folder in encoders.items():
+            terms = row_terms(folder, scored, pair=RECIPES.TASKS[task][2])  # the untuned head's, once per encoder
+            results[name] = {
                 "fine-tuned": by_finetuning(folder, task, files, args, work),
-                "likelihood": by_likelihood(folder, task, splits, draws, dev_draw),
-                "head-tuned": by_head_tuning(folder, task, splits, draws, dev_draw, args),
+                "likelihood": by_likelihood(terms, task, splits, draws, dev_draw),
+                "head-tuned": by_head_tuning(folder, terms, task, splits, draws, dev_draw, args),
             }
-            for name, folder in encoders.items()
-        }
         for name in folders:
             for method, result in results[name].items():
                 baseline = results["random init"][method]["accuracies"]

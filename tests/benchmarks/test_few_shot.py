@@ -86,12 +86,15 @@ def test_the_head_tuned_feature_of_an_untuned_encoder_is_the_likelihood_feature(
     singles = [{"text": text, "label": label} for text, label in LINES]
     pairs = [{"text": LINES[i][0], "text_pair": LINES[i + 1][0], "label": "next"} for i in range(7)]
     for rows, pair in ((singles, False), (pairs, True)):
-        table = benchmark.features(folder, rows, pair)  # every token, full logits: the library's way
+        terms = benchmark.row_terms(folder, rows, pair)  # every token, full logits: the library's way
+        references = [terms[benchmark.row_key(row)] for row in rows]
         copies = benchmark.row_copies(tokenizer, rows, pair)
         with torch.no_grad():
-            every_token = benchmark.tuned_feature(model.eval(), tokenizer.pad_token_id, copies, 10**6, random.Random(0))
-            some = benchmark.tuned_feature(model, tokenizer.pad_token_id, copies, 3, random.Random(0))
-        expected = [table[benchmark.row_key(row)][benchmark.TUNED_FEATURE[pair]] for row in rows]
+            every_token = benchmark.tuned_feature(
+                model.eval(), tokenizer.pad_token_id, copies, references, 10**6, random.Random(0)
+            )
+            some = benchmark.tuned_feature(model, tokenizer.pad_token_id, copies, references, 3, random.Random(0))
+        expected = [benchmark.features(row)[benchmark.TUNED_FEATURE[pair]] for row in references]
         assert every_token.tolist() == pytest.approx(expected, abs=1e-5)
         assert not torch.allclose(some, every_token)  # three tokens of each text: another estimate of the mean
 
@@ -100,10 +103,11 @@ def test_head_tuning_learns_its_few_examples(tmp_path):
     benchmark = load_benchmark()
     folder = untrained_masked_lm(tmp_path / "encoder")
     rows = [{"text": text, "label": label} for text, label in LINES]
+    terms = benchmark.row_terms(folder, rows, pair=False)
 
     def accuracy(steps: int) -> float:
         args = argparse.Namespace(tuned_steps=steps)
-        return benchmark.head_tuned_accuracy(folder, "corrupted", rows, rows, lr=3e-3, args=args)
+        return benchmark.head_tuned_accuracy(folder, terms, "corrupted", rows, rows, lr=3e-3, args=args)
 
     assert accuracy(0) < 1.0  # the untrained encoder's scores do not separate the rows
     assert accuracy(30) == 1.0  # tuned through its head on them, it tells them apart
