@@ -60,10 +60,9 @@ import torch
 from results_files import report_head, results_header, sibling, write_results
 
 import coreformer as cf
-from coreformer.training.data import pad_sequences
 from coreformer.training.zero_shot import (
-    ENCODER_ROWS,
     MaskedCopy,
+    batched_copies,
     load_language_model,
     masked_copies,
     masked_token_log_probs,
@@ -265,20 +264,17 @@ def row_copies(tokenizer, rows: list[dict], pair: bool) -> list[list[MaskedCopy]
 def head_log_probs(model, copies: list[MaskedCopy], pad_token_id: int) -> torch.Tensor:
     """(R,) float32 log p(target | its masked copy), differentiable. The masked-LM head reads the masked position
     only: projecting every other position onto the vocabulary would cost more than the encoder and go unused."""
-    order = sorted(range(len(copies)), key=lambda index: len(copies[index].input_ids))  # like lengths: little padding
-    values = []
-    for start in range(0, len(order), ENCODER_ROWS):
-        chunk = [copies[index] for index in order[start : start + ENCODER_ROWS]]
-        input_ids = pad_sequences([copy.input_ids for copy in chunk], pad_token_id)  # (R, T)
-        mask = pad_sequences([torch.ones_like(copy.input_ids) for copy in chunk], 0)  # (R, T)
+    values, order = [], []
+    for indices, input_ids, mask in batched_copies(copies, pad_token_id):
+        chunk = [copies[index] for index in indices]
         hidden = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # (R, T, H)
         at_mask = hidden[torch.arange(len(chunk)), torch.tensor([copy.position for copy in chunk])]  # (R, H)
         if model.lm_head_transform is not None:
             at_mask = model.lm_head_transform(at_mask)
         log_probs = torch.log_softmax(model.lm_head(at_mask).float(), dim=-1)  # (R, V)
         values.append(log_probs[torch.arange(len(chunk)), torch.tensor([copy.target for copy in chunk])])
-    in_order = torch.empty(len(copies))
-    return in_order.index_put((torch.tensor(order),), torch.cat(values))
+        order += indices
+    return torch.empty(len(copies)).index_put((torch.tensor(order),), torch.cat(values))
 
 
 def tuned_feature(

@@ -37,7 +37,7 @@ import math
 import random
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -258,20 +258,30 @@ def masked_token_log_probs(
     everything else, that token masked), one token masked at a time (masked_copies: with `contexts`, only the text's
     tokens after its context are masked; against the text's terms alone, they say how much the context helps predict
     it; `max_length` truncates). Only input ids and the attention mask are passed: masked-LM pretraining never set a
-    segment type. The masked copies of all texts are batched ENCODER_ROWS at a time, like lengths together."""
+    segment type. The masked copies of all texts are scored in `batched_copies`' chunks."""
     copies = [copy for per_text in masked_copies(tokenizer, texts, contexts, max_length) for copy in per_text]
-    order = sorted(range(len(copies)), key=lambda index: len(copies[index].input_ids))  # like lengths: little padding
     terms: list[list[float]] = [[] for _ in texts]
-    for start in range(0, len(order), ENCODER_ROWS):
-        chunk = [copies[i] for i in order[start : start + ENCODER_ROWS]]
-        input_ids = pad_sequences([c.input_ids for c in chunk], tokenizer.pad_token_id).to(model.device)  # (R, T)
-        mask = pad_sequences([torch.ones_like(c.input_ids) for c in chunk], 0).to(model.device)  # (R, T)
-        logits = model(input_ids=input_ids, attention_mask=mask).logits  # (R, T, V)
+    for indices, input_ids, mask in batched_copies(copies, tokenizer.pad_token_id):
+        chunk = [copies[index] for index in indices]
+        logits = model(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device)).logits  # (R, T, V)
         at_mask = logits[torch.arange(len(chunk)), torch.tensor([c.position for c in chunk])]  # (R, V)
         log_probs = _token_log_probs(at_mask, torch.tensor([c.target for c in chunk], device=model.device))  # (R,)
         for copy, value in zip(chunk, log_probs.tolist(), strict=True):
             terms[copy.owner].append(value)
     return [torch.tensor(values, dtype=torch.float64) for values in terms]
+
+
+def batched_copies(
+    copies: list[MaskedCopy], pad_token_id: int
+) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """`copies` ENCODER_ROWS at a time, like lengths together (little padding): each chunk's indices into `copies`,
+    its (R, T) input ids and its (R, T) attention mask. Every copy of one text has the text's length, so a text's
+    copies keep their order."""
+    order = sorted(range(len(copies)), key=lambda index: len(copies[index].input_ids))
+    for start in range(0, len(order), ENCODER_ROWS):
+        chunk = order[start : start + ENCODER_ROWS]
+        input_ids = pad_sequences([copies[index].input_ids for index in chunk], pad_token_id)  # (R, T)
+        yield chunk, input_ids, pad_sequences([torch.ones_like(copies[index].input_ids) for index in chunk], 0)
 
 
 def _pseudo_scores(model, tokenizer, lines: list[str], batch_size: int) -> torch.Tensor:
