@@ -151,8 +151,7 @@ def row_terms(folder: Path, rows: list[dict], pair: bool) -> dict[tuple, Terms]:
     """Each distinct row's Terms (row_key -> Terms) from the folder's masked-LM head, without training it."""
     model, tokenizer, _ = load_language_model(folder)
     distinct = list({row_key(row): row for row in rows}.values())
-    texts = [row["text_pair"] if pair else row["text"] for row in distinct]
-    contexts = [row["text"] for row in distinct] if pair else None
+    texts, contexts = scored_texts(distinct, pair)
     given = masked_token_log_probs(model, tokenizer, texts, contexts, max_length=MAX_LENGTH[pair])
     alone = masked_token_log_probs(model, tokenizer, texts, max_length=MAX_LENGTH[pair]) if pair else given
     table = {}
@@ -162,6 +161,13 @@ def row_terms(folder: Path, rows: list[dict], pair: bool) -> dict[tuple, Terms]:
         # the same tokens: the pair's truncation may have cut the second text's tail
         table[row_key(row)] = Terms(terms, own[: len(terms)] if pair else None)
     return table
+
+
+def scored_texts(rows: list[dict], pair: bool) -> tuple[list[str], list[str] | None]:
+    """The texts the masked-LM head scores (a pair's second text) and their contexts (a pair's first; None)."""
+    if pair:
+        return [row["text_pair"] for row in rows], [row["text"] for row in rows]
+    return [row["text"] for row in rows], None
 
 
 def features(terms: Terms) -> dict[str, float]:
@@ -252,13 +258,8 @@ def by_likelihood(terms: dict[tuple, Terms], task: str, splits: dict, draws: lis
 
 def row_copies(tokenizer, rows: list[dict], pair: bool) -> list[list[MaskedCopy]]:
     """Every row's text with one token masked at a time (a pair's second text after the first), truncated as
-    `row_terms` truncates it."""
-    texts = [row["text_pair"] if pair else row["text"] for row in rows]
-    copies = masked_copies(tokenizer, texts, [row["text"] for row in rows] if pair else None, MAX_LENGTH[pair])
-    for row, own in zip(rows, copies, strict=True):
-        if not own:
-            raise ValueError(f"A row has no text to score after truncation: {row!r}")
-    return copies
+    `row_terms` truncates it (which has checked that each row keeps a token to score)."""
+    return masked_copies(tokenizer, *scored_texts(rows, pair), MAX_LENGTH[pair])
 
 
 def head_log_probs(model, copies: list[MaskedCopy], pad_token_id: int) -> torch.Tensor:
