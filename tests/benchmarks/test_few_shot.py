@@ -15,15 +15,23 @@ import coreformer as cf
 from coreformer.training.corpora import read_source, stdlib_root
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
-LINES = [  # four lines as written, four corrupted (two adjacent names swapped)
+LINES = [  # eight lines as written, eight corrupted (two adjacent names swapped)
     ("def add(first, second): return first + second", "as written"),
     ("for item in sorted(values): print(item)", "as written"),
     ("if name is None: raise ValueError(message)", "as written"),
     ("with open(path) as handle: data = handle.read()", "as written"),
+    ("while queue: handle(queue.pop())", "as written"),
+    ("class Point(object): pass", "as written"),
+    ("return [line.strip() for line in lines]", "as written"),
+    ("except KeyError as error: log(error)", "as written"),
     ("def add(second, first): return first + second", "corrupted"),
     ("for item in values(sorted): print(item)", "corrupted"),
     ("if None is name: raise ValueError(message)", "corrupted"),
     ("with open(handle) as path: data = handle.read()", "corrupted"),
+    ("while handle: queue(queue.pop())", "corrupted"),
+    ("class object(Point): pass", "corrupted"),
+    ("return [strip.line() for line in lines]", "corrupted"),
+    ("except error as KeyError: log(error)", "corrupted"),
 ]
 
 
@@ -84,7 +92,7 @@ def test_the_head_tuned_feature_of_an_untuned_encoder_is_the_likelihood_feature(
     folder = untrained_masked_lm(tmp_path / "encoder")
     model, tokenizer, _ = benchmark.load_language_model(folder)
     singles = [{"text": text, "label": label} for text, label in LINES]
-    pairs = [{"text": LINES[i][0], "text_pair": LINES[i + 1][0], "label": "next"} for i in range(7)]
+    pairs = [{"text": LINES[i][0], "text_pair": LINES[i + 1][0], "label": "next"} for i in range(len(LINES) - 1)]
     for rows, pair in ((singles, False), (pairs, True)):
         terms = benchmark.row_terms(folder, rows, pair)  # every token, full logits: the library's way
         references = [terms[benchmark.row_key(row)] for row in rows]
@@ -109,8 +117,10 @@ def test_head_tuning_learns_its_few_examples(tmp_path):
         args = argparse.Namespace(tuned_steps=steps)
         return benchmark.head_tuned_accuracy(folder, terms, "corrupted", rows, rows, lr=3e-3, args=args)
 
+    # the trained tokenizer's ids (and so the untrained scores) vary from process to process: with 8 rows per label a
+    # random score separates them about once in 6,000 tries, and tuning's margin holds from about 30 steps
     assert accuracy(0) < 1.0  # the untrained encoder's scores do not separate the rows
-    assert accuracy(30) == 1.0  # tuned through its head on them, it tells them apart
+    assert accuracy(80) == 1.0  # tuned through its head on them, it tells them apart
 
 
 def test_pair_tasks_may_choose_mutual_information_and_single_texts_may_not():
