@@ -117,8 +117,9 @@ def test_head_tuning_learns_its_few_examples(tmp_path):
         args = argparse.Namespace(tuned_steps=steps)
         return benchmark.head_tuned_accuracy(folder, terms, "corrupted", rows, rows, lr=3e-3, args=args)
 
-    # the trained tokenizer's ids (and so the untrained scores) vary from process to process: with 8 rows per label a
-    # random score separates them about once in 6,000 tries, and tuning's margin holds from about 30 steps
+    # the trained tokenizer and the seeded model are the same in every process, but a change to either redraws the
+    # untrained scores: with 8 rows per label a random score separates them about once in 6,000 draws, and tuning's
+    # margin holds from about 30 steps
     assert accuracy(0) < 1.0  # the untrained encoder's scores do not separate the rows
     assert accuracy(80) == 1.0  # tuned through its head on them, it tells them apart
 

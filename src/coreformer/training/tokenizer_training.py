@@ -21,7 +21,7 @@ The families' tokens, tokenizer kinds and templates come from `families.TRAINING
 modeling files: a tokenizer is built before any model exists.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -40,23 +40,56 @@ def _facts(family: str) -> TrainingFacts:
     return TRAINING_FACTS[family]
 
 
-def _wordpiece(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
-    """BERT-cased: keep case and accents (code is case-sensitive), split on whitespace and punctuation."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token=facts.special_tokens["unk_token"], max_input_chars_per_word=100))
+def _wordpiece(facts: TrainingFacts, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """BERT-cased: keep case and accents (code is case-sensitive), split on whitespace and punctuation.
+
+    Trained twice so that every process keeps the same pieces under the same ids. tokenizers' WordPieceTrainer (its BPE
+    trainer with a `##` prefix) numbers the `##c` symbols in the order it meets words in a hash map seeded per process
+    (bpe/trainer.rs, `tokenize_words`) and breaks ties between equally frequent merges by the lower ids, so the pieces
+    kept differ too, not only their ids. A first pass with no merges lists the `##c` symbols; the second takes them,
+    sorted, as extra special tokens, which the trainer numbers first in the order given. The result is rebuilt around
+    the trained vocabulary so that only the family's special tokens stay special. The price: the texts are read twice.
+    """
+    texts = list(texts)
+    continuations = sorted(token for token in _train_wordpiece(facts, texts, 0).get_vocab() if token.startswith("##"))
+    trained = _train_wordpiece(facts, texts, vocab_size, continuations)
+    tokenizer = _untrained_wordpiece(facts, trained.get_vocab(with_added_tokens=False))
+    tokenizer.add_special_tokens(_specials(facts))
+    return tokenizer
+
+
+def _train_wordpiece(
+    facts: TrainingFacts, texts: list[str], vocab_size: int, continuations: Sequence[str] = ()
+) -> Tokenizer:
+    """One WordPieceTrainer run; `vocab_size` 0 stops before the first merge (special tokens, alphabet, `##c`)."""
+    tokenizer = _untrained_wordpiece(facts)
+    extra = [AddedToken(token, normalized=False, special=True) for token in continuations]
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=_specials(facts) + extra,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def _untrained_wordpiece(facts: TrainingFacts, vocab: dict[str, int] | None = None) -> Tokenizer:
+    tokenizer = Tokenizer(
+        models.WordPiece(vocab, unk_token=facts.special_tokens["unk_token"], max_input_chars_per_word=100)
+    )
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False
     )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece(prefix="##")
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=_specials(facts), continuing_subword_prefix="##", show_progress=False
-    )
-    return tokenizer, trainer
+    return tokenizer
 
 
-def _byte_level_bpe(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+def _byte_level_bpe(facts: TrainingFacts, texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Byte-level BPE (GPT-2 / BART): every byte is in the alphabet, so any text encodes without <unk> and decodes
-    back exactly. No prefix space: a document's first word is encoded as it is written."""
+    back exactly. No prefix space: a document's first word is encoded as it is written. Reproducible as it is: every
+    symbol comes from the alphabet, which the trainer numbers in sorted order."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -67,10 +100,12 @@ def _byte_level_bpe(facts: TrainingFacts, vocab_size: int) -> tuple[Tokenizer, t
         min_frequency=2,  # a pair seen once is noise, not a merge
         show_progress=False,
     )
-    return tokenizer, trainer
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
 
 
-# tokenizer kind -> (untrained backend + its trainer, symbols every vocabulary holds besides the special tokens, name)
+# tokenizer kind -> ((facts, texts, vocab_size) -> trained backend, symbols every vocabulary holds besides the special
+# tokens, name)
 _BACKENDS = {
     "wordpiece": (_wordpiece, 0, "WordPiece"),
     "byte-level-bpe": (_byte_level_bpe, len(pre_tokenizers.ByteLevel.alphabet()), "byte-level BPE"),
@@ -112,7 +147,7 @@ def train_tokenizer(
 
     Args:
         family: "encoder" (WordPiece) | "decoder" (byte-level BPE) | "seq2seq" (byte-level BPE, BART layout).
-        texts: Training documents; consumed once (a generator is fine).
+        texts: Training documents; a generator is fine (WordPiece keeps them in a list: it reads them twice).
         vocab_size: Target vocabulary size, special tokens included. The result can be smaller when the text holds
             fewer distinct pieces; read the final size with `len(tokenizer)`.
         output_dir: Where to `save_pretrained` (tokenizer.json + tokenizer_config.json); `None` saves nothing.
@@ -129,8 +164,7 @@ def train_tokenizer(
             f"`vocab_size` must exceed {floor} for the {family} tokenizer (its special tokens"
             f"{' and 256 byte symbols' if _BACKENDS[facts.tokenizer_kind][1] else ''}), got {vocab_size}."
         )
-    backend, trainer = _BACKENDS[facts.tokenizer_kind][0](facts, vocab_size)
-    backend.train_from_iterator(_non_empty(texts), trainer=trainer)
+    backend = _BACKENDS[facts.tokenizer_kind][0](facts, _non_empty(texts), vocab_size)
     for position, token in enumerate(facts.special_tokens.values()):
         if backend.token_to_id(token) != position:  # guards the id table in the module docstring
             raise RuntimeError(f"{token} got id {backend.token_to_id(token)}, expected {position}.")

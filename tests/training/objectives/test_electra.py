@@ -395,7 +395,7 @@ def test_electra_two_processes_match_one_process_with_grad_accum_2(tmp_path):
 
 @pytest.mark.slow
 def test_electra_killed_during_a_save_resumes_bit_identically(electra_run, tmp_path):
-    # One tokenizer for both runs: WordPiece training is not reproducible, so two trainings could differ.
+    # One tokenizer for both runs, read from the fixture's run rather than trained again.
     tokenizer = str(electra_run[0])
     settings = electra_settings(model=dict(hidden_dropout=0.1), save_every=10, keep_last=3, tokenizer=tokenizer)
     config = tmp_path / "electra-tiny-test.json"
