@@ -213,7 +213,13 @@ def pretrain(
 def unigram_entropy(tokenizer: Path, settings) -> float:
     """Entropy (nats per token) of the training split's unigram distribution under the run's tokenizer: the loss of
     a model that predicts token frequencies and nothing from context (the evaluation's, of the training text)."""
-    texts = load_text_dataset(None, seed=settings.seed, max_documents=settings.max_documents)["train"]["text"]
+    splits = load_text_dataset(
+        settings.dataset,
+        seed=settings.seed,
+        validation_fraction=settings.validation_fraction,
+        max_documents=settings.max_documents,
+    )
+    texts = splits["train"]["text"]
     return text_unigram_entropy(AutoTokenizer.from_pretrained(tokenizer), texts)
 
 

@@ -1,39 +1,60 @@
-"""ELECTRA vs masked LM on one GPU at 5e15-1e16 training FLOPs (where the paper's curves start), in one call of at
+"""ELECTRA vs masked LM on one GPU at 3e15-1e16 training FLOPs (where the paper's curves start), in one call of at
 most 10 minutes.
 
 The backbone is the modern encoder recipe (training/configs/encoder-tiny-modern.yaml: pre-norm, rotary, GeGLU, no
-biases, no dropout) at GPU size (--hidden-size 512, --layers 8), bf16 autocast, batches of 128 x 128 tokens, the
-whole embedded corpus. Each run spends the same training FLOPs (steps = budget / FLOPs per step, from the model's
-shapes: benchmarks/electra_vs_mlm.py's `training_flops`):
+biases, no dropout) at GPU size (--hidden-size 512, --layers 8), bf16 autocast, batches of 128 x 128 tokens. Each run
+spends the same training FLOPs (steps = budget / FLOPs per step, from the model's shapes: benchmarks/electra_vs_mlm.py's
+`training_flops`):
 
     masked-lm            30% masking (Wettig et al. 2023)
     electra, 1/4 width   15% masking, RTD weight 50 (Clark et al. 2020: generators of 1/4-1/2 width work best)
     electra, 1/2 width
 
+The text (--corpus): at these budgets a run reads tens of millions of tokens. The standard library alone (the CPU
+benchmarks' corpus, about 2.5 million tokens) would be read over and over: the one run on it, at 1e16 FLOPs (some
+twenty passes), ended with its held-out loss above the unigram entropy, where the same recipe reading each text about
+once ends far below it. `installed` (the default) adds the Python source of the installed packages (site-packages, a
+seeded sample of files up to --corpus-mb megabytes, each distinct text once) to the standard library, written as one
+JSON-lines file that every run reads; `stdlib` is the CPU benchmarks' corpus.
+
 The gates stand beside each result (benchmarks/electra_vs_mlm.py's `held_out_gates`): held-out MLM loss at 15%
 masking (for ELECTRA: its generator's) against the unigram entropy of the training text (a model at the unigram stage
 has learned no context), and ELECTRA's discriminator on held-out replacements by its own generator: ROC AUC (0.5: no
-signal), RTD loss and accuracy against the best constant answer's (not below it: it learned nothing). Each encoder and a
-randomly initialised one are then fine-tuned on --tasks (benchmarks/recipes.py's tasks: context ones and the
-lexical control) with --seeds seeds, paired by seed against random init and ELECTRA against masked LM.
+signal), RTD loss and accuracy against the best constant answer's (not below it: it learned nothing). Each run's
+held-out loss during training (its own objective's, at --eval-points steps) shows where it went. Each encoder and a
+randomly initialised one are then fine-tuned on --tasks (benchmarks/recipes.py's tasks: context ones and the lexical
+control) with --seeds seeds, paired by seed against random init and ELECTRA against masked LM.
 
-The defaults are sized to fit one call of 10 minutes from the one run measured (results/electra_vs_mlm_gpu.json: on an
-H200, masked LM at 1e16 FLOPs and batch 128 trained for about 4.5 minutes, so three variants at 1e16 need about 14):
-5e15 FLOPs for masked LM and ELECTRA at 1/4 width (--variants adds the 1/2 width). That run's masked LM also ended at
-the unigram stage, where the same recipe at tiny width on CPU leaves it: the gates say whether a run is worth
-comparing. Results are written after every run, so a call cut off at its time limit keeps what it finished:
-results/electra_vs_mlm_gpu.json and, once the fine-tuning ran, .md (machine, date and command at the top).
+On a GPU the runs train at the same time, one process each (--parallel), and so do the encoders' fine-tunings: a run
+of this size keeps the GPU far from busy, so the runs' times are not a speed comparison; FLOPs are the budget. A run
+whose loss diverges is reported with its error and the others go on. Results are written after the
+pretraining and after each encoder's fine-tuning, so a call cut off at its time limit keeps what it finished:
+results/electra_vs_mlm_gpu.json and .md (machine, date and command at the top).
+
+Sizing, from the run in results/electra_vs_mlm_gpu.md (an H200, 5.5e15 FLOPs per run, fine-tuning at one fixed
+learning rate, one encoder after another): the text and tokenizer took about 1.5 minutes, the two runs trained side by
+side in 4 (masked LM) and 6.4 minutes (ELECTRA, the slower per FLOP), and each fine-tuning run took about 8.5 s, so
+that call needed about 12.5 minutes. The defaults are sized to fit one call of 10 minutes: 3e15 FLOPs (ELECTRA about
+3.5 minutes), and the fine-tunings (2 learning rates on dev and 3 seeds, per task) of the three encoders at the same
+time.
 
     python benchmarks/electra_vs_mlm_gpu.py                      # on the GPU machine (wall_time_s says how long)
     python benchmarks/electra_vs_mlm_gpu.py --tiny               # a CPU smoke run of the same code
 """
 
 import argparse
+import concurrent.futures
 import datetime
+import hashlib
+import json
+import multiprocessing
+import os
 import platform
+import random
 import re
 import shlex
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +63,8 @@ import datasets
 import torch
 from results_files import sibling, write_results
 
+from coreformer.training.arguments import PretrainingError
+from coreformer.training.corpora import read_source, stdlib_source_files
 from coreformer.training.pretraining import resolve_arguments, run_pretraining
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,32 +72,77 @@ ROOT = Path(__file__).resolve().parents[1]
 
 EVM, RECIPES = sibling("electra_vs_mlm"), sibling("recipes")
 VARIANTS = EVM.VARIANTS  # name -> (objective, its settings): the CPU benchmark's, sources in its docstring
+LARGEST_SOURCE_FILE = 1_000_000  # bytes: larger .py files in site-packages are generated tables, not code
+SKIPPED_PACKAGE_DIRS = frozenset({"__pycache__", "test", "tests", "testing"})  # test suites: repetitive fixtures
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--flops-budget", type=float, default=5e15, help="training FLOPs of every run")
+    parser.add_argument("--flops-budget", type=float, default=3e15, help="training FLOPs of every run")
     parser.add_argument("--hidden-size", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument(
         "--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS)[:2], help="which runs, in this order"
     )
+    parser.add_argument("--corpus", choices=("installed", "stdlib"), default="installed", help="the training text")
+    parser.add_argument("--corpus-mb", type=float, default=120.0, help="installed: megabytes of package source")
+    parser.add_argument(
+        "--parallel",
+        action=argparse.BooleanOptionalAction,
+        default=torch.cuda.is_available(),
+        help="train the runs at the same time, one process each (default: on a GPU)",
+    )
+    parser.add_argument("--eval-points", type=int, default=8, help="held-out evaluations during each run")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per encoder and task")
-    parser.add_argument("--tasks", nargs="+", default=["corrupted", "package"], choices=list(RECIPES.TASKS))
+    parser.add_argument("--tasks", nargs="+", default=["corrupted", "next-line"], choices=list(RECIPES.TASKS))
     parser.add_argument("--finetune-steps", type=int, default=200)
-    parser.add_argument("--finetune-lr", type=float, default=3e-4)
+    parser.add_argument(
+        "--finetune-lrs", nargs="+", type=float, default=[1e-4, 3e-4], help="chosen per encoder and task on dev"
+    )
     parser.add_argument("--note", default="")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="a tiny model on CPU: a smoke run of the same code")
     args = parser.parse_args(argv)
     args.command = "python benchmarks/electra_vs_mlm_gpu.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     args.few_shot = 32  # recipes.task_files writes a few-shot split too; only full-size runs here
+    args.finetune_lr = args.finetune_lrs[0]  # what electra_vs_mlm.finetune reads when no lr is given
     if args.tiny:
         args.flops_budget, args.hidden_size, args.layers, args.batch_size = 3e8, 32, 2, 8
-        args.seeds, args.finetune_steps, args.tasks = 1, 4, args.tasks[:1]
+        args.seeds, args.finetune_steps, args.tasks, args.finetune_lrs = 1, 4, args.tasks[:1], args.finetune_lrs[:1]
+        args.corpus_mb = min(args.corpus_mb, 0.2)
     return args
+
+
+def installed_corpus(path: Path, megabytes: float, seed: int = 0, package_roots: list[Path] | None = None) -> dict:
+    """Write the training text of --corpus installed to `path` (JSON lines, one source file per line): every
+    standard-library file of the embedded corpus, then the .py files of `package_roots` (default: site-packages) in a
+    seeded order until `megabytes` of them; each distinct text once (packages vendor copies of each other). Returns
+    what it holds."""
+    if package_roots is None:
+        package_roots = sorted({Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")})
+    package_files = []
+    for root in package_roots:
+        for directory, subdirectories, names in os.walk(root):
+            subdirectories[:] = sorted(name for name in subdirectories if name not in SKIPPED_PACKAGE_DIRS)
+            package_files.extend(Path(directory, name) for name in sorted(names) if name.endswith(".py"))
+    random.Random(seed).shuffle(package_files)
+    seen, counts = set(), dict.fromkeys(("stdlib_files", "stdlib_bytes", "package_files", "package_bytes"), 0)
+    with path.open("w") as corpus:
+        for kind, files in (("stdlib", stdlib_source_files()), ("package", package_files)):
+            for file in files:
+                if kind == "package" and counts["package_bytes"] >= megabytes * 1e6:
+                    break
+                text = read_source(file) if file.stat().st_size <= LARGEST_SOURCE_FILE else None
+                digest = hashlib.sha1(text.encode()).digest() if text and text.strip() else None
+                if digest is None or digest in seen:
+                    continue
+                seen.add(digest)
+                corpus.write(json.dumps({"text": text}) + "\n")
+                counts[f"{kind}_files"] += 1
+                counts[f"{kind}_bytes"] += len(text.encode())
+    return {"package_roots": [str(root) for root in package_roots], **counts}
 
 
 def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path | None):
@@ -84,8 +152,10 @@ def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path |
     model.update(intermediate_size=args.hidden_size * 8 // 3 // 16 * 16)  # gated: about 4x hidden in two matrices
     overrides = dict(objective=objective, model=model, output_dir=str(folder), overwrite=True, max_steps=steps)
     overrides.update(extra, batch_size=args.batch_size, lr=args.lr, warmup_steps=max(1, steps // 20))
-    overrides.update(save_every=0, eval_every=0, report_to="none", zero_shot_pairs=0)
+    overrides.update(save_every=0, eval_every=max(1, steps // args.eval_points), report_to="none", zero_shot_pairs=0)
     overrides.update(mixed_precision="bf16" if torch.cuda.is_available() else "no", vocab_size=16384)
+    if args.corpus == "installed":
+        overrides["dataset"] = str(args.corpus_file)
     if tokenizer is not None:
         overrides["tokenizer"] = str(tokenizer)
     if args.tiny:
@@ -94,13 +164,19 @@ def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path |
 
 
 def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: float) -> dict:
-    """One run spending --flops-budget, its held-out numbers and FLOPs."""
+    """One run spending --flops-budget: its held-out numbers, FLOPs and held-out loss during training; a run that
+    fails is returned with its error (the others go on)."""
     objective = VARIANTS[variant][0]
     folder = work / re.sub(r"\W+", "-", variant)  # "electra-1-4-width"
-    per_token, per_step = EVM.training_flops(objective, run_settings(variant, args, folder, 1, tokenizer), tokenizer)
-    steps = max(2, round(args.flops_budget / (per_token * tokens_per_step + per_step)))
-    settings = run_settings(variant, args, folder, steps, tokenizer)
-    metrics = run_pretraining(settings)
+    datasets.disable_progress_bars()
+    try:
+        settings = run_settings(variant, args, folder, 1, tokenizer)
+        per_token, per_step = EVM.training_flops(objective, settings, tokenizer)
+        steps = EVM.steps_for(args.flops_budget, per_token, per_step, tokens_per_step)
+        settings = run_settings(variant, args, folder, steps, tokenizer)
+        metrics = run_pretraining(settings)
+    except PretrainingError as error:  # a diverged run is a result: the comparison goes on without it
+        return {"variant": variant, "error": str(error)}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gates = EVM.held_out_gates(folder, objective, settings.block_size, batches=args_batches(args), device=device)
     return {
@@ -110,8 +186,32 @@ def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: f
         "train_time_s": metrics["train_time_s"],
         "pretraining_flops": per_token * metrics["tokens_seen"] + per_step * metrics["steps"],
         **gates,
+        "curve": curve(metrics["history"]),
         "folder": str(folder),
     }
+
+
+def curve(history: dict) -> list[dict]:
+    """The run's held-out loss (its own objective's, at its training masking rate) at each evaluation, beside the
+    mean training loss of the steps since the one before."""
+    points, train = [], history["train"]
+    for before, evaluation in zip([{"step": 0}] + history["eval"], history["eval"]):
+        losses = [row["loss"] for row in train if before["step"] < row["step"] <= evaluation["step"]]
+        mean = sum(losses) / len(losses) if losses else None
+        points.append({"step": evaluation["step"], "held_out_loss": evaluation["loss"], "train_loss": mean})
+    return points
+
+
+def in_processes(function, calls: dict[str, tuple], parallel: bool):
+    """(name, function(*arguments)) for each of `calls` (name -> arguments), as each finishes: one after the other,
+    or (`parallel`) at the same time, one process each."""
+    if not parallel:
+        yield from ((name, function(*arguments)) for name, arguments in calls.items())
+        return
+    spawn = multiprocessing.get_context("spawn")  # CUDA in every worker: fork would share the parent's state
+    with concurrent.futures.ProcessPoolExecutor(len(calls), mp_context=spawn) as pool:
+        names = {pool.submit(function, *arguments): name for name, arguments in calls.items()}
+        yield from ((names[done], done.result()) for done in concurrent.futures.as_completed(names))
 
 
 def args_batches(args) -> int:
@@ -119,22 +219,22 @@ def args_batches(args) -> int:
 
 
 def finetuned(folder: Path, args, work: Path, files: dict) -> dict:
-    """Each task, full-size, at --finetune-lr: accuracy per seed (paired across encoders)."""
-    results = {}
-    for task, task_files in files.items():
-        _, classes, pair, _ = RECIPES.TASKS[task]
-        results[task] = EVM.finetune(folder, args, work, task_files["full"], classes=classes, pair=pair, tag=f"-{task}")
-    return results
+    """Each task, full-size, at the encoder's learning rate chosen on the task's dev split (--finetune-lrs, seed 0):
+    accuracy per seed (paired across encoders)."""
+    datasets.disable_progress_bars()
+    return {task: EVM.finetuned(folder, task, task_files, args, work) for task, task_files in files.items()}
 
 
 def markdown(report: dict) -> str:
+    corpus = report.get("corpus", {})
     lines = [
         "# ELECTRA vs masked LM on one GPU at equal training FLOPs",
         "",
-        f"- machine: {report['machine']['device']}, {report['machine']['platform']}"
-        + (f" ({report['note']})" if report["note"] else ""),
+        f"- machine: {report['machine']['device']}, {report['machine']['platform']}",
+        *([f"- note: {report['note']}"] if report["note"] else []),
         f"- date: {report['date']}",
         f"- command: `{report['command']}`",
+        f"- training text: {corpus_line(report['settings']['corpus'], corpus)}",
         f"- unigram entropy of the training text: {report['unigram_entropy']:.3f} nats per token",
         "",
         "| encoder | steps | training FLOPs | time (s) | held-out MLM loss at the [MASK] tokens (ELECTRA: generator) | "
@@ -142,6 +242,9 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["runs"]:
+        if "error" in row:
+            lines.append(f"| {row['variant']} | failed: {row['error']} |" + " |" * 8)
+            continue
         auc = f"{row['rtd_auc']:.4f}" if "rtd_auc" in row else "—"
         rtd = f"{row['rtd_loss']:.4f} / {row['rtd_constant_loss']:.4f}" if "rtd_loss" in row else "—"
         accuracy = f"{row['rtd_accuracy']:.4f} / {row['rtd_base_rate']:.4f}" if "rtd_accuracy" in row else "—"
@@ -153,37 +256,67 @@ def markdown(report: dict) -> str:
             f"{at_masks:.4f} | {report['unigram_entropy'] - at_masks:+.3f} | {row['mlm_loss']:.4f} | {auc} | {rtd} | "
             f"{accuracy} |"
         )
-    lines += ["", "| task | encoder | accuracy (mean ± std) | paired difference | seeds > 0 |", "|---|---|---|---|---|"]
+    if report["settings"]["parallel"]:
+        lines += ["", "The runs trained at the same time on the one GPU: their times are not a speed comparison."]
+    during = "Held-out loss during pretraining (each run's own objective; in brackets the mean training loss since the "
+    lines += ["", during + "evaluation before):", ""] + [curve_line(row) for row in report["runs"] if "curve" in row]
+    if report["comparisons"]:
+        settings = report["settings"]
+        lrs = settings.get("finetune_lrs")
+        listed = ", ".join(f"{lr:g}" for lr in lrs or [])
+        how = f"chosen per encoder and task on dev from {listed}" if lrs else f"fixed at {settings['finetune_lr']:g}"
+        lines += [
+            "",
+            f"Fine-tuned full-size, {settings['finetune_steps']} steps of 16 rows, {settings['seeds']} seeds paired; "
+            f"learning rate {how}:",
+            "",
+            "| task | encoder | lr | accuracy (mean ± std) | paired difference | seeds > 0 |",
+            "|---|---|---|---|---|---|",
+        ]
     for comparison in report["comparisons"]:
         lines.append(
-            f"| {comparison['task']} | {comparison['what']} | {comparison['accuracy_mean']:.3f} ± "
-            f"{comparison['accuracy_std']:.3f} | {comparison['mean']:+.3f} ± {comparison['std']:.3f} | "
+            f"| {comparison['task']} | {comparison['what']} | {comparison['lr']:g} | {comparison['accuracy_mean']:.3f} "
+            f"± {comparison['accuracy_std']:.3f} | {comparison['mean']:+.3f} ± {comparison['std']:.3f} | "
             f"{comparison['wins']} / {comparison['seeds']} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def corpus_line(kind: str, corpus: dict) -> str:
+    if kind == "stdlib":
+        return "the standard library's source (the embedded corpus)"
+    return (
+        f"the standard library's source ({corpus['stdlib_files']} files, {corpus['stdlib_bytes'] / 1e6:.1f} MB) and "
+        f"installed packages' ({corpus['package_files']} files, {corpus['package_bytes'] / 1e6:.1f} MB), each text once"
+    )
+
+
+def curve_line(row: dict) -> str:
+    points = ", ".join(
+        f"{point['step']}: {point['held_out_loss']:.3f}"
+        + (f" ({point['train_loss']:.3f})" if point["train_loss"] is not None else "")
+        for point in row["curve"]
+    )
+    return f"- {row['variant']}: {points}"
+
+
 def comparisons(finetuning: dict[str, dict]) -> list[dict]:
-    """Every encoder against random init, and each ELECTRA against masked LM, per task, paired by seed."""
+    """Every encoder against random init, and each ELECTRA against masked LM, per task, paired by seed: the pairs whose
+    two encoders have been fine-tuned (they finish in any order)."""
     rows = []
-    for task in next(iter(finetuning.values())):
-        references = {"random init": finetuning["random init"][task]}
-        if "masked-lm" in finetuning:
-            references["masked-lm"] = finetuning["masked-lm"][task]
-        for name, results in finetuning.items():
-            result = results[task]
-            against = ["random init"] + (
-                ["masked-lm"] if name.startswith("electra") and "masked-lm" in references else []
-            )
-            for reference in against if name != "random init" else []:
-                paired = EVM.paired(result["accuracies"], references[reference]["accuracies"])
+    for task in next(iter(finetuning.values()), {}):
+        for name in (name for name in VARIANTS if name in finetuning):  # the runs' order, whichever finished first
+            against = ["random init"] + (["masked-lm"] if name.startswith("electra") else [])
+            for reference in (other for other in against if other in finetuning):
+                result = finetuning[name][task]
                 rows.append(
                     {
                         "task": task,
                         "what": f"{name} - {reference}",
+                        "lr": result.get("lr"),
                         "accuracy_mean": result["accuracy_mean"],
                         "accuracy_std": result["accuracy_std"],
-                        **paired,
+                        **EVM.paired(result["accuracies"], finetuning[reference][task]["accuracies"]),
                     }
                 )
     return rows
@@ -191,7 +324,7 @@ def comparisons(finetuning: dict[str, dict]) -> list[dict]:
 
 def write(report: dict, args) -> None:
     name = "electra_vs_mlm_gpu_tiny" if args.tiny else "electra_vs_mlm_gpu"
-    write_results(args.output_dir, name, report, markdown(report) if report["comparisons"] else None)
+    write_results(args.output_dir, name, report, markdown(report))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
     report = {
-        "machine": {"device": device, "platform": platform.platform()},
+        "machine": {"device": device, "platform": platform.platform(), "torch": torch.__version__},
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": args.command,
         "note": args.note,
@@ -211,18 +344,27 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
+        if args.corpus == "installed":
+            args.corpus_file = work / "corpus.jsonl"
+            report["corpus"] = installed_corpus(args.corpus_file, args.corpus_mb)
         first_settings = run_settings("masked-lm", args, work / "tokenizer-run", 1, None)
         first = run_pretraining(first_settings)
         tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
         report["unigram_entropy"] = EVM.unigram_entropy(tokenizer, first_settings)
-        for variant in args.variants:
-            report["runs"].append(pretrain(variant, args, work, tokenizer, tokens_per_step))
-            write(report, args)
+        calls = {variant: (variant, args, work, tokenizer, tokens_per_step) for variant in args.variants}
+        runs = dict(in_processes(pretrain, calls, args.parallel))
+        report["runs"] = [runs[variant] for variant in args.variants]
+        report["setup_and_pretraining_s"] = time.perf_counter() - started
+        write(report, args)
         files = {task: RECIPES.task_files(task, args, work) for task in args.tasks}
         encoders = {"random init": EVM.random_encoder(work / "random-init", tokenizer)}
-        encoders.update({row["variant"]: Path(row.pop("folder")) for row in report["runs"]})
-        finetuning = {name: finetuned(folder, args, work, files) for name, folder in encoders.items()}
-        report["comparisons"] = comparisons(finetuning)
+        encoders.update({row["variant"]: Path(row.pop("folder")) for row in report["runs"] if "folder" in row})
+        report["finetuning"] = {}
+        calls = {name: (folder, args, work, files) for name, folder in encoders.items()}
+        for name, results in in_processes(finetuned, calls, args.parallel):
+            report["finetuning"][name] = results
+            report["comparisons"] = comparisons(report["finetuning"])
+            write(report, args)
     report["wall_time_s"] = time.perf_counter() - started
     write(report, args)
     print(markdown(report))

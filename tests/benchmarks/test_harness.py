@@ -327,6 +327,65 @@ def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_
     assert widths == {None, 0.25, 0.5}
 
 
+def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_once(tmp_path):
+    from results_files import sibling
+
+    from coreformer.training.corpora import read_source, stdlib_source_files
+
+    gpu = sibling("electra_vs_mlm_gpu")
+    packages = tmp_path / "site-packages"
+    (packages / "pkg" / "tests").mkdir(parents=True)
+    (packages / "pkg" / "vendored").mkdir()
+    (packages / "pkg" / "core.py").write_text("def core():\n    return 1\n")
+    (packages / "pkg" / "vendored" / "core.py").write_text("def core():\n    return 1\n")  # a vendored copy
+    (packages / "pkg" / "tests" / "test_core.py").write_text("def test_core():\n    pass\n")
+    (packages / "pkg" / "table.py").write_text("X = 1\n" * (gpu.LARGEST_SOURCE_FILE // 6 + 1))  # generated
+    (packages / "pkg" / "empty.py").write_text("\n")
+    for index in range(20):
+        (packages / "pkg" / f"module_{index}.py").write_text(f"VALUE_{index} = {index}\n" * 100)
+
+    def corpus(megabytes, name):
+        counts = gpu.installed_corpus(tmp_path / name, megabytes, package_roots=[packages])
+        texts = [json.loads(line)["text"] for line in (tmp_path / name).read_text().splitlines()]
+        return counts, texts
+
+    counts, texts = corpus(1.0, "all.jsonl")
+    stdlib = {text for text in map(read_source, stdlib_source_files()) if text and text.strip()}
+    assert stdlib <= set(texts) and counts["stdlib_files"] == len(stdlib)
+    packaged = texts[counts["stdlib_files"] :]
+    assert len(packaged) == len(set(packaged)) == counts["package_files"] == 21  # core once, no test, table, empty
+    assert "def core():\n    return 1\n" in packaged and not any("test_core" in text for text in packaged)
+    assert counts["package_bytes"] == sum(len(text.encode()) for text in packaged)
+
+    capped, capped_texts = corpus(2e-3, "capped.jsonl")  # 2,000 bytes: the files until that much, the last whole
+    assert 1 <= capped["package_files"] < 21 and capped["package_bytes"] >= 2000
+    assert capped_texts[capped["stdlib_files"] :] == corpus(2e-3, "again.jsonl")[1][capped["stdlib_files"] :]
+
+
+@pytest.mark.slow
+def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_every_encoder(tmp_path):
+    from results_files import sibling
+
+    gpu = sibling("electra_vs_mlm_gpu")
+    assert gpu.main(["--tiny", "--no-parallel", "--output-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "electra_vs_mlm_gpu_tiny.json").read_text())
+    assert report["corpus"]["stdlib_files"] > 0 and report["corpus"]["package_files"] > 0
+    assert [row["variant"] for row in report["runs"]] == ["masked-lm", "electra, 1/4 width"]
+    for row in report["runs"]:
+        assert "error" not in row and row["pretraining_flops"] > 0
+        assert [point["step"] for point in row["curve"]][0] == 0 and row["curve"][-1]["step"] == row["steps"]
+    assert "rtd_auc" in report["runs"][1] and "rtd_auc" not in report["runs"][0]
+    assert set(report["finetuning"]) == {"random init", "masked-lm", "electra, 1/4 width"}
+    assert [row["what"] for row in report["comparisons"]] == [
+        "masked-lm - random init",
+        "electra, 1/4 width - random init",
+        "electra, 1/4 width - masked-lm",
+    ]
+    assert all(row["lr"] == 1e-4 for row in report["comparisons"])  # the one --tiny learning rate, chosen on dev
+    table = (tmp_path / "electra_vs_mlm_gpu_tiny.md").read_text()
+    assert "Held-out loss during pretraining" in table and "chosen per encoder and task on dev" in table
+
+
 @pytest.mark.slow
 def test_default_presets_benchmark_tiny_times_the_installed_command_and_scores_each_folder(tmp_path):
     import importlib.util
