@@ -124,6 +124,13 @@ print(json.dumps({{f: [t.get_vocab(), t([{SNIPPET!r}, *texts[:8]]).input_ids] fo
 """
 
 
+def test_a_generator_of_texts_trains_the_encoder_tokenizer_its_list_trains(texts):
+    # WordPiece reads its texts twice (its `##` pieces first), so a one-shot generator must not run dry after one pass.
+    from_list = train_tokenizer("encoder", texts, vocab_size=500)
+    from_generator = train_tokenizer("encoder", (text for text in texts), vocab_size=500)
+    assert len(from_list) == 500 and from_generator.get_vocab() == from_list.get_vocab()
+
+
 @pytest.mark.slow
 def test_every_family_trains_the_same_tokenizer_in_every_process():
     # tokenizers seeds its hash maps per process, and its WordPiece trainer numbers the `##` pieces (and so breaks merge

@@ -4,7 +4,7 @@
     local_builder(source)                                            (builder, files) of a local source, or (None, None)
     load_embedded_corpus(seed, validation_fraction, max_documents)  the Python standard library's own source files
     load_text_dataset(source, text_column, ...)                      embedded corpus | local file(s) | Hub dataset
-    iter_texts(dataset)                                              the texts, for `train_tokenizer`
+    iter_texts(dataset)                                              the texts, re-iterable, for `train_tokenizer`
     tokenize_dataset(dataset, tokenizer, ...)                        text -> input_ids (long documents -> windows)
     pad_sequences, as_ids, SeededCollator                            what every objective's collator is built from
     pack_windows(dataset, block_size)                                whole windows -> rows of at most block_size
@@ -33,7 +33,7 @@ import glob
 import math
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -168,10 +168,21 @@ def _text_split(
     )
 
 
-def iter_texts(dataset: datasets.Dataset, column: str = "text", batch_size: int = 1000) -> Iterator[str]:
-    """Yield the texts of `dataset` in batches (the iterator `train_tokenizer` consumes)."""
-    for start in range(0, len(dataset), batch_size):
-        yield from dataset[start : start + batch_size][column]
+def iter_texts(dataset: datasets.Dataset, column: str = "text", batch_size: int = 1000) -> Iterable[str]:
+    """The texts of `dataset`, read in batches each time they are iterated: `train_tokenizer` streams them once per
+    pass (an encoder's WordPiece takes two) without holding the corpus in memory."""
+    return _BatchedTexts(dataset, column, batch_size)
+
+
+@dataclass(frozen=True)
+class _BatchedTexts:
+    dataset: datasets.Dataset
+    column: str
+    batch_size: int
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, len(self.dataset), self.batch_size):
+            yield from self.dataset[start : start + self.batch_size][self.column]
 
 
 def local_builder(source: str) -> tuple[str | None, list[str] | None]:

@@ -253,9 +253,9 @@ def tracker_hparams(args: PretrainingArguments) -> dict[str, Any]:
 
 
 def shared_tokenizer(accelerator, train: typing.Callable[[], PreTrainedTokenizerBase]) -> PreTrainedTokenizerBase:
-    """Train on the main process and hand the files to the others: WordPiece training is not reproducible (two
-    trainings on the same text can differ: `tokenizers` numbers the `##` pieces in hash-map order, and ties between
-    merges follow the numbers), so every process training its own would give ranks different ids."""
+    """Train on the main process and hand the files to the others: training gives every process the same tokenizer
+    (tokenizer_training makes WordPiece's numbering deterministic), but once is enough, and the other ranks are spared
+    the time."""
     payload: list[Any] = [None]
     if accelerator.is_main_process:
         try:

@@ -21,7 +21,7 @@ The families' tokens, tokenizer kinds and templates come from `families.TRAINING
 modeling files: a tokenizer is built before any model exists.
 """
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -40,7 +40,7 @@ def _facts(family: str) -> TrainingFacts:
     return TRAINING_FACTS[family]
 
 
-def _wordpiece(facts: TrainingFacts, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+def _wordpiece(facts: TrainingFacts, texts: Callable[[], Iterator[str]], vocab_size: int) -> Tokenizer:
     """BERT-cased: keep case and accents (code is case-sensitive), split on whitespace and punctuation.
 
     Trained twice so that every process keeps the same pieces under the same ids. tokenizers' WordPieceTrainer (its BPE
@@ -50,7 +50,6 @@ def _wordpiece(facts: TrainingFacts, texts: Iterable[str], vocab_size: int) -> T
     sorted, as extra special tokens, which the trainer numbers first in the order given. The result is rebuilt around
     the trained vocabulary so that only the family's special tokens stay special. The price: the texts are read twice.
     """
-    texts = list(texts)
     continuations = sorted(token for token in _train_wordpiece(facts, texts, 0).get_vocab() if token.startswith("##"))
     trained = _train_wordpiece(facts, texts, vocab_size, continuations)
     tokenizer = _untrained_wordpiece(facts, trained.get_vocab(with_added_tokens=False))
@@ -59,7 +58,7 @@ def _wordpiece(facts: TrainingFacts, texts: Iterable[str], vocab_size: int) -> T
 
 
 def _train_wordpiece(
-    facts: TrainingFacts, texts: list[str], vocab_size: int, continuations: Sequence[str] = ()
+    facts: TrainingFacts, texts: Callable[[], Iterator[str]], vocab_size: int, continuations: Sequence[str] = ()
 ) -> Tokenizer:
     """One WordPieceTrainer run; `vocab_size` 0 stops before the first merge (special tokens, alphabet, `##c`)."""
     tokenizer = _untrained_wordpiece(facts)
@@ -70,7 +69,7 @@ def _train_wordpiece(
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.train_from_iterator(texts(), trainer=trainer)
     return tokenizer
 
 
@@ -86,7 +85,7 @@ def _untrained_wordpiece(facts: TrainingFacts, vocab: dict[str, int] | None = No
     return tokenizer
 
 
-def _byte_level_bpe(facts: TrainingFacts, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+def _byte_level_bpe(facts: TrainingFacts, texts: Callable[[], Iterator[str]], vocab_size: int) -> Tokenizer:
     """Byte-level BPE (GPT-2 / BART): every byte is in the alphabet, so any text encodes without <unk> and decodes
     back exactly. No prefix space: a document's first word is encoded as it is written. Reproducible as it is: every
     symbol comes from the alphabet, which the trainer numbers in sorted order."""
@@ -100,12 +99,12 @@ def _byte_level_bpe(facts: TrainingFacts, texts: Iterable[str], vocab_size: int)
         min_frequency=2,  # a pair seen once is noise, not a merge
         show_progress=False,
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.train_from_iterator(texts(), trainer=trainer)
     return tokenizer
 
 
-# tokenizer kind -> ((facts, texts, vocab_size) -> trained backend, symbols every vocabulary holds besides the special
-# tokens, name)
+# tokenizer kind -> ((facts, texts: a function returning a fresh pass over them, vocab_size) -> trained backend,
+# symbols every vocabulary holds besides the special tokens, name)
 _BACKENDS = {
     "wordpiece": (_wordpiece, 0, "WordPiece"),
     "byte-level-bpe": (_byte_level_bpe, len(pre_tokenizers.ByteLevel.alphabet()), "byte-level BPE"),
@@ -147,7 +146,8 @@ def train_tokenizer(
 
     Args:
         family: "encoder" (WordPiece) | "decoder" (byte-level BPE) | "seq2seq" (byte-level BPE, BART layout).
-        texts: Training documents; a generator is fine (WordPiece keeps them in a list: it reads them twice).
+        texts: Training documents. WordPiece reads them twice: a collection or any re-iterable (`data.iter_texts`)
+            is streamed each time; a one-shot iterator (a generator) is kept in a list first.
         vocab_size: Target vocabulary size, special tokens included. The result can be smaller when the text holds
             fewer distinct pieces; read the final size with `len(tokenizer)`.
         output_dir: Where to `save_pretrained` (tokenizer.json + tokenizer_config.json); `None` saves nothing.
@@ -164,7 +164,9 @@ def train_tokenizer(
             f"`vocab_size` must exceed {floor} for the {family} tokenizer (its special tokens"
             f"{' and 256 byte symbols' if _BACKENDS[facts.tokenizer_kind][1] else ''}), got {vocab_size}."
         )
-    backend = _BACKENDS[facts.tokenizer_kind][0](facts, _non_empty(texts), vocab_size)
+    if isinstance(texts, Iterator):  # one pass only, and WordPiece needs two
+        texts = list(texts)
+    backend = _BACKENDS[facts.tokenizer_kind][0](facts, lambda: _non_empty(texts), vocab_size)
     for position, token in enumerate(facts.special_tokens.values()):
         if backend.token_to_id(token) != position:  # guards the id table in the module docstring
             raise RuntimeError(f"{token} got id {backend.token_to_id(token)}, expected {position}.")
