@@ -25,18 +25,17 @@ held-out loss during training (its own objective's, at --eval-points steps) show
 randomly initialised one are then fine-tuned on --tasks (benchmarks/recipes.py's tasks: context ones and the lexical
 control) with --seeds seeds, paired by seed against random init and ELECTRA against masked LM.
 
-On a GPU the runs train at the same time, one process each (--parallel), and so do the encoders' fine-tunings: a run
-of this size keeps the GPU far from busy, so the runs' times are not a speed comparison; FLOPs are the budget. A run
-whose loss diverges is reported with its error and the others go on. Results are written after the
-pretraining and after each encoder's fine-tuning, so a call cut off at its time limit keeps what it finished:
-results/electra_vs_mlm_gpu.json and .md (machine, date and command at the top).
+On a GPU the runs train at the same time, one process each (--parallel), and so do the fine-tunings (one process per
+encoder and task): a run of this size keeps the GPU far from busy, so the runs' times are not a speed comparison;
+FLOPs are the budget. A run whose loss diverges is reported with its error and the others go on. Results are written
+after the pretraining and after each encoder's fine-tuning on each task, so a call cut off at its time limit keeps
+what it finished: results/electra_vs_mlm_gpu.json and .md (machine, date and command at the top).
 
 Sizing, from the run in results/electra_vs_mlm_gpu.md (an H200, 5.5e15 FLOPs per run, fine-tuning at one fixed
 learning rate, one encoder after another): the text and tokenizer took about 1.5 minutes, the two runs trained side by
 side in 4 (masked LM) and 6.4 minutes (ELECTRA, the slower per FLOP), and each fine-tuning run took about 8.5 s, so
 that call needed about 12.5 minutes. The defaults are sized to fit one call of 10 minutes: 3e15 FLOPs (ELECTRA about
-3.5 minutes), and the fine-tunings (2 learning rates on dev and 3 seeds, per task) of the three encoders at the same
-time.
+3.5 minutes), and the fine-tunings (2 learning rates on dev and 3 seeds) of each encoder and task at the same time.
 
     python benchmarks/electra_vs_mlm_gpu.py                      # on the GPU machine (wall_time_s says how long)
     python benchmarks/electra_vs_mlm_gpu.py --tiny               # a CPU smoke run of the same code
@@ -96,7 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--eval-points", type=int, default=8, help="held-out evaluations during each run")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per encoder and task")
-    parser.add_argument("--tasks", nargs="+", default=["corrupted", "next-line"], choices=list(RECIPES.TASKS))
+    parser.add_argument(
+        "--tasks", nargs="+", default=["corrupted", "next-line", "docstring"], choices=list(RECIPES.TASKS)
+    )
     parser.add_argument("--finetune-steps", type=int, default=200)
     parser.add_argument(
         "--finetune-lrs", nargs="+", type=float, default=[1e-4, 3e-4], help="chosen per encoder and task on dev"
@@ -218,11 +219,11 @@ def args_batches(args) -> int:
     return 2 if args.tiny else 20
 
 
-def finetuned(folder: Path, args, work: Path, files: dict) -> dict:
-    """Each task, full-size, at the encoder's learning rate chosen on the task's dev split (--finetune-lrs, seed 0):
+def finetuned(folder: Path, task: str, files: dict, args, work: Path) -> dict:
+    """The task, full-size, at the encoder's learning rate chosen on the task's dev split (--finetune-lrs, seed 0):
     accuracy per seed (paired across encoders)."""
     datasets.disable_progress_bars()
-    return {task: EVM.finetuned(folder, task, task_files, args, work) for task, task_files in files.items()}
+    return EVM.finetuned(folder, task, files, args, work)
 
 
 def markdown(report: dict) -> str:
@@ -300,14 +301,15 @@ def curve_line(row: dict) -> str:
     return f"- {row['variant']}: {points}"
 
 
-def comparisons(finetuning: dict[str, dict]) -> list[dict]:
-    """Every encoder against random init, and each ELECTRA against masked LM, per task, paired by seed: the pairs whose
-    two encoders have been fine-tuned (they finish in any order)."""
+def comparisons(finetuning: dict[str, dict], tasks: list[str]) -> list[dict]:
+    """Every encoder against random init, and each ELECTRA against masked LM, per task, paired by seed: the pairs
+    fine-tuned on the task so far (they finish in any order), in the order of `tasks` and of the runs."""
+    done = {name: set(results) for name, results in finetuning.items()}
     rows = []
-    for task in next(iter(finetuning.values()), {}):
-        for name in (name for name in VARIANTS if name in finetuning):  # the runs' order, whichever finished first
+    for task in tasks:
+        for name in (name for name in VARIANTS if task in done.get(name, ())):
             against = ["random init"] + (["masked-lm"] if name.startswith("electra") else [])
-            for reference in (other for other in against if other in finetuning):
+            for reference in (other for other in against if task in done.get(other, ())):
                 result = finetuning[name][task]
                 rows.append(
                     {
@@ -360,10 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         encoders = {"random init": EVM.random_encoder(work / "random-init", tokenizer)}
         encoders.update({row["variant"]: Path(row.pop("folder")) for row in report["runs"] if "folder" in row})
         report["finetuning"] = {}
-        calls = {name: (folder, args, work, files) for name, folder in encoders.items()}
-        for name, results in in_processes(finetuned, calls, args.parallel):
-            report["finetuning"][name] = results
-            report["comparisons"] = comparisons(report["finetuning"])
+        calls = {
+            (name, task): (folder, task, files[task], args, work)
+            for task in args.tasks
+            for name, folder in encoders.items()
+        }
+        for (name, task), result in in_processes(finetuned, calls, args.parallel):
+            report["finetuning"].setdefault(name, {})[task] = result
+            report["comparisons"] = comparisons(report["finetuning"], args.tasks)
             write(report, args)
     report["wall_time_s"] = time.perf_counter() - started
     write(report, args)
