@@ -56,7 +56,9 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
+from typing import Any
 
 import datasets
 import torch
@@ -136,13 +138,16 @@ def installed_corpus(path: Path, megabytes: float, seed: int = 0, package_roots:
                 if kind == "package" and counts["package_bytes"] >= megabytes * 1e6:
                     break
                 text = read_source(file) if file.stat().st_size <= LARGEST_SOURCE_FILE else None
-                digest = hashlib.sha1(text.encode()).digest() if text and text.strip() else None
-                if digest is None or digest in seen:
+                if not text or not text.strip():
+                    continue
+                encoded = text.encode()
+                digest = hashlib.sha1(encoded).digest()
+                if digest in seen:
                     continue
                 seen.add(digest)
                 corpus.write(json.dumps({"text": text}) + "\n")
                 counts[f"{kind}_files"] += 1
-                counts[f"{kind}_bytes"] += len(text.encode())
+                counts[f"{kind}_bytes"] += len(encoded)
     return {"package_roots": [str(root) for root in package_roots], **counts}
 
 
@@ -203,7 +208,7 @@ def curve(history: dict) -> list[dict]:
     return points
 
 
-def in_processes(function, calls: dict[str, tuple], parallel: bool):
+def in_processes(function: Callable, calls: dict[Hashable, tuple], parallel: bool) -> Iterator[tuple[Hashable, Any]]:
     """(name, function(*arguments)) for each of `calls` (name -> arguments), as each finishes: one after the other,
     or (`parallel`) at the same time, one process each."""
     if not parallel:
@@ -221,7 +226,8 @@ def args_batches(args) -> int:
 
 def finetuned(folder: Path, task: str, files: dict, args, work: Path) -> dict:
     """The task, full-size, at the encoder's learning rate chosen on the task's dev split (--finetune-lrs, seed 0):
-    accuracy per seed (paired across encoders)."""
+    accuracy per seed (paired across encoders). A function of this script, as `pretrain` is, so that a spawned
+    process finds it by name (the sibling modules are loaded by path)."""
     datasets.disable_progress_bars()
     return EVM.finetuned(folder, task, files, args, work)
 

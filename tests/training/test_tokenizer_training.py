@@ -113,6 +113,13 @@ def test_bad_family_and_tiny_vocab_are_rejected(texts):
         train_tokenizer("decoder", texts, 260)
 
 
+def test_a_generator_of_texts_trains_the_encoder_tokenizer_its_list_trains(texts):
+    # WordPiece reads its texts twice (its `##` pieces first), so a one-shot generator must not run dry after one pass.
+    from_list = train_tokenizer("encoder", texts, vocab_size=500)
+    from_generator = train_tokenizer("encoder", (text for text in texts), vocab_size=500)
+    assert len(from_list) == 500 and from_generator.get_vocab() == from_list.get_vocab()
+
+
 # Trains every family's tokenizer on the test corpus; prints {family: [vocabulary, ids of SNIPPET and 8 documents]}.
 CHILD = f"""
 import json
@@ -122,13 +129,6 @@ texts = list(iter_texts(load_embedded_corpus(seed=0, max_documents=40)["train"])
 tokenizers = {{family: train_tokenizer(family, texts, vocab_size=500) for family in {list(FAMILY_NAMES)!r}}}
 print(json.dumps({{f: [t.get_vocab(), t([{SNIPPET!r}, *texts[:8]]).input_ids] for f, t in tokenizers.items()}}))
 """
-
-
-def test_a_generator_of_texts_trains_the_encoder_tokenizer_its_list_trains(texts):
-    # WordPiece reads its texts twice (its `##` pieces first), so a one-shot generator must not run dry after one pass.
-    from_list = train_tokenizer("encoder", texts, vocab_size=500)
-    from_generator = train_tokenizer("encoder", (text for text in texts), vocab_size=500)
-    assert len(from_list) == 500 and from_generator.get_vocab() == from_list.get_vocab()
 
 
 @pytest.mark.slow
