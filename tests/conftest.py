@@ -180,10 +180,36 @@ def kill_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) 
     child.stderr.close()
 
 
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (read from /proc; only `pid` where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command name)": state, ppid, ...
+        except (OSError, IndexError):
+            continue  # a process that ended while the table was read
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in children.get(parent, [])]
+        found += frontier
+    return found
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
 def run_launch(command: list[str], *, env: dict, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True)` of a multi-process launch, in a session of its own;
-    past `timeout` every Python process of the session prints its stack (faulthandler, on SIGABRT) and the test fails
-    with them: a hung launch says where each process waits."""
+    past `timeout` every Python process of the launch prints its stack (faulthandler, on SIGABRT) and the test fails
+    with them: a hung launch says where each process waits. torch's elastic agent starts each worker in a session of
+    its own, so the workers are found as the launcher's descendants, not by its session: a worker left behind would
+    hold the output pipes open and the test would wait on it."""
     child = subprocess.Popen(
         command,
         env={**env, "PYTHONFAULTHANDLER": "1"},
@@ -196,11 +222,12 @@ def run_launch(command: list[str], *, env: dict, cwd: Path, timeout: float = 300
     try:
         stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGABRT)
+        launch = descendants(child.pid)
+        _signal_all(launch, signal.SIGABRT)
         try:
             stdout, stderr = child.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
+            _signal_all(launch, signal.SIGKILL)
             stdout, stderr = child.communicate()
         pytest.fail(f"the launch ran past {timeout:g} s; the stacks of its processes then:\n{stderr[-12000:]}")
     return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
