@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 
 import datasets
@@ -322,6 +323,30 @@ def test_two_processes_match_one_process_with_grad_accum_2(tmp_path):
     assert_same_steps(two_metrics, one, steps=12)
     engine = two_metrics["engine"]  # DDP on one machine, as it ran
     assert (engine["distributed_type"], engine["sharding"], engine["num_nodes"]) == ("MULTI_CPU", "DDP", 1)
+
+
+def test_the_run_frees_its_model_before_it_destroys_the_process_group():
+    # DDP's reducer holds the process group. Were the reducer the group's last holder, the group's destructor would
+    # run with the GIL held and join gloo's worker threads, one of which may need the GIL to free the last barrier's
+    # tensors: a launch that finished its run and never exited (caught with py-spy in a loop of two-process launches).
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from coreformer.training.pretraining_loop import end_training
+    from coreformer.training.pretraining_run import _Training
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    training = _Training(model, optimizer, None, num_parameters=6, data=iter(()), eval_batches=[])
+    model_in_training = weakref.ref(model)
+    del model, optimizer
+    alive_when_destroyed = []
+    accelerator.end_training = lambda: alive_when_destroyed.append(model_in_training() is not None)
+    end_training(accelerator, training)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert alive_when_destroyed == [False]
 
 
 def test_launch_with_more_processes_than_accelerate_sees_is_refused():

@@ -5,6 +5,7 @@
     train_step(run, training)             one optimizer step over --grad-accum micro-batches on each process
     train(run, training)                  steps until --max-steps, with held-out evaluations and checkpoints
     finish(run, training, start)          metrics.json, the model card and the final model, swapped into output_dir
+    end_training(accelerator, training)   the model freed, then the process group destroyed (finish's last step)
 """
 
 from __future__ import annotations
@@ -308,5 +309,15 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
         accelerator.print(time_line(time.perf_counter() - session_start, sampled=args.sample_prompt is not None))
         accelerator.print(run_summary(args, output_dir))
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_training(accelerator, training)
     return metrics
+
+
+def end_training(accelerator, training: _Training) -> None:
+    """Free the model in training, then destroy the process group. DDP's reducer holds the group: when the reducer
+    is the group's last holder, the group's destructor runs with the GIL held and joins gloo's worker threads, one of
+    which may still need the GIL to free the final barrier's tensors, and the process never exits (rarely: a race
+    with that thread). Freed first, the reducer leaves the group to destroy_process_group, which releases the GIL."""
+    training.model = training.optimizer = training.scheduler = None
+    accelerator.free_memory()  # the accelerator's own references, then a garbage collection (DDP holds cycles)
+    accelerator.end_training()
