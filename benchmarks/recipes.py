@@ -96,7 +96,6 @@ MINILM_LRS = (3e-5, 1e-4)  # --minilm's fine-tuning learning rates (the tiny enc
 
 
 EVM = sibling("electra_vs_mlm")  # its fine-tuning and seed pairing
-DEFAULT_FINETUNING = sibling("default_finetuning")  # all-MiniLM-L6-v2, converted
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -411,13 +410,17 @@ def encoder_tasks(section: dict, args, work: Path) -> dict:
     }
     like = largest.get("tiny-modern") or next(iter(largest.values()))
     encoders = {"random init": EVM.random_encoder(work / "random-init", like), **largest}
-    lrs = {name: None for name in encoders}
+    lr_grids = {}  # an encoder's own learning rates to choose from; the others use --finetune-lrs
     if args.minilm:
-        encoders[MINILM], lrs[MINILM] = DEFAULT_FINETUNING.minilm_encoder(work), MINILM_LRS
+        encoders[MINILM] = sibling("default_finetuning").minilm_encoder(work)  # loaded only when asked for
+        lr_grids[MINILM] = MINILM_LRS
     tasks = {}
     for task in args.tasks:
         files = task_files(task, args, work)
-        results = {name: finetuned(folder, task, files, args, work, lrs=lrs[name]) for name, folder in encoders.items()}
+        results = {
+            name: finetuned(folder, task, files, args, work, lrs=lr_grids.get(name))
+            for name, folder in encoders.items()
+        }
         for name in [name for name in encoders if name != "random init"]:
             for split in ("full", "few-shot"):
                 baseline = results["random init"][split]["accuracies"]

@@ -319,5 +319,5 @@ def end_training(accelerator, training: _Training) -> None:
     which may still need the GIL to free the final barrier's tensors, and the process never exits (rarely: a race
     with that thread). Freed first, the reducer leaves the group to destroy_process_group, which releases the GIL."""
     training.model = training.optimizer = training.scheduler = None
-    accelerator.free_memory()  # the accelerator's own references, then a garbage collection (DDP holds cycles)
+    accelerator.free_memory()  # the accelerator's own references to them, then a garbage collection
     accelerator.end_training()
