@@ -14,8 +14,12 @@ The text (--corpus): at these budgets a run reads tens of millions of tokens. Th
 benchmarks' corpus, about 2.5 million tokens) would be read over and over: the one run on it, at 1e16 FLOPs (some
 twenty passes, lr 1e-3), ended with its held-out loss above the unigram entropy, where the same recipe reading each
 text about once (lr 5e-4) ends far below it. `installed` (the default) adds the Python source of the installed
-packages (site-packages, a seeded sample of files up to --corpus-mb megabytes, each distinct text once) to the
-standard library, written as one JSON-lines file that every run reads; `stdlib` is the CPU benchmarks' corpus.
+packages (site-packages, a seeded sample of files up to --corpus-mb megabytes) to the standard library, written as
+one JSON-lines file that every run reads; `stdlib` is the CPU benchmarks' corpus. Each text goes in once and its
+near-duplicates not at all (half its 5-line windows in a text already in: packages vendor each other, and
+transformers generates its models from each other), so a held-out file has no copy in training. Each run's epochs
+(passes over its training rows) stand in its row: past 1 it reads text again, and its training loss parts from the
+held-out one.
 
 The gates stand beside each result (benchmarks/electra_vs_mlm.py's `held_out_gates`): held-out MLM loss at 15%
 masking (for ELECTRA: its generator's) against the unigram entropy of the training text (a model at the unigram stage
@@ -44,7 +48,6 @@ that call needed about 12.5 minutes. The defaults are sized to fit one call of 1
 import argparse
 import concurrent.futures
 import datetime
-import hashlib
 import json
 import multiprocessing
 import os
@@ -74,6 +77,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EVM, RECIPES = sibling("electra_vs_mlm"), sibling("recipes")
 VARIANTS = EVM.VARIANTS  # name -> (objective, its settings): the CPU benchmark's, sources in its docstring
 LARGEST_SOURCE_FILE = 1_000_000  # bytes: larger .py files in site-packages are generated tables, not code
+# A text is a near-duplicate when at least this share of its SHINGLE_LINES-line windows (stripped, blank lines out)
+# is in a text already kept: generated copies (transformers' modular models) and vendored libraries of another version.
+NEAR_DUPLICATE_SHARE, SHINGLE_LINES = 0.5, 5
 SKIPPED_PACKAGE_DIRS = frozenset({"__pycache__", "test", "tests", "testing"})  # test suites: repetitive fixtures
 
 
@@ -121,8 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def installed_corpus(path: Path, megabytes: float, seed: int = 0, package_roots: list[Path] | None = None) -> dict:
     """Write the training text of --corpus installed to `path` (JSON lines, one source file per line): every
     standard-library file of the embedded corpus, then the .py files of `package_roots` (default: site-packages) in a
-    seeded order until `megabytes` of them; each distinct text once (packages vendor copies of each other). Returns
-    what it holds."""
+    seeded order until `megabytes` of them; each text once, its near-duplicates left out (`near_duplicate`). Returns
+    what it holds and what it left out."""
     if package_roots is None:
         package_roots = sorted({Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")})
     package_files = []
@@ -131,7 +137,8 @@ def installed_corpus(path: Path, megabytes: float, seed: int = 0, package_roots:
             subdirectories[:] = sorted(name for name in subdirectories if name not in SKIPPED_PACKAGE_DIRS)
             package_files.extend(Path(directory, name) for name in sorted(names) if name.endswith(".py"))
     random.Random(seed).shuffle(package_files)
-    seen, counts = set(), dict.fromkeys(("stdlib_files", "stdlib_bytes", "package_files", "package_bytes"), 0)
+    seen: set[int] = set()  # the shingles of the texts kept
+    counts = {f"{kind}_{unit}": 0 for kind in ("stdlib", "package", "near_duplicate") for unit in ("files", "bytes")}
     with path.open("w") as corpus:
         for kind, files in (("stdlib", stdlib_source_files()), ("package", package_files)):
             for file in files:
@@ -140,15 +147,28 @@ def installed_corpus(path: Path, megabytes: float, seed: int = 0, package_roots:
                 text = read_source(file) if file.stat().st_size <= LARGEST_SOURCE_FILE else None
                 if not text or not text.strip():
                     continue
-                encoded = text.encode()
-                digest = hashlib.sha1(encoded).digest()
-                if digest in seen:
+                encoded, windows = text.encode(), shingles(text)
+                if near_duplicate(windows, seen):
+                    counts["near_duplicate_files"] += 1
+                    counts["near_duplicate_bytes"] += len(encoded)
                     continue
-                seen.add(digest)
+                seen |= windows
                 corpus.write(json.dumps({"text": text}) + "\n")
                 counts[f"{kind}_files"] += 1
                 counts[f"{kind}_bytes"] += len(encoded)
     return {"package_roots": [str(root) for root in package_roots], **counts}
+
+
+def shingles(text: str) -> set[int]:
+    """Hashes of the text's windows of SHINGLE_LINES consecutive non-blank lines (stripped; one window when shorter).
+    Python's string hash: only compared within one process."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return {hash("\n".join(lines[i : i + SHINGLE_LINES])) for i in range(max(1, len(lines) - SHINGLE_LINES + 1))}
+
+
+def near_duplicate(windows: set[int], seen: set[int]) -> bool:
+    """Whether at least NEAR_DUPLICATE_SHARE of a text's windows are among those `seen` (an exact copy: all)."""
+    return len(windows & seen) >= NEAR_DUPLICATE_SHARE * len(windows)
 
 
 def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path | None):
@@ -188,6 +208,7 @@ def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: f
     return {
         "variant": variant,
         "steps": metrics["steps"],
+        "epochs": metrics["epochs"],
         "tokens_seen": metrics["tokens_seen"],
         "train_time_s": metrics["train_time_s"],
         "pretraining_flops": per_token * metrics["tokens_seen"] + per_step * metrics["steps"],
@@ -244,13 +265,14 @@ def markdown(report: dict) -> str:
         f"- training text: {corpus_line(report['settings']['corpus'], corpus)}",
         f"- unigram entropy of the training text: {report['unigram_entropy']:.3f} nats per token",
         "",
-        "| encoder | steps | training FLOPs | time (s) | held-out MLM loss at the [MASK] tokens (ELECTRA: generator) | "
-        "below unigram by | over all selected tokens | RTD AUC | RTD loss / constant's | RTD accuracy / base rate |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| encoder | steps | epochs | training FLOPs | time (s) | "
+        "held-out MLM loss at the [MASK] tokens (ELECTRA: generator) | below unigram by | over all selected tokens | "
+        "RTD AUC | RTD loss / constant's | RTD accuracy / base rate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["runs"]:
         if "error" in row:
-            lines.append(f"| {row['variant']} | failed: {row['error']} |" + " |" * 8)
+            lines.append(f"| {row['variant']} | failed: {row['error']} |" + " |" * 9)
             continue
         auc = f"{row['rtd_auc']:.4f}" if "rtd_auc" in row else "—"
         rtd = f"{row['rtd_loss']:.4f} / {row['rtd_constant_loss']:.4f}" if "rtd_loss" in row else "—"
@@ -258,10 +280,11 @@ def markdown(report: dict) -> str:
         # The gate reads the [MASK] tokens (electra_vs_mlm.held_out_gates): at the visible and random-replaced ones the
         # loss depends on how each objective masked its own training input.
         at_masks = row["mlm_loss_at_masks"]
+        epochs = f"{row['epochs']:.2f}" if "epochs" in row else "—"  # results from before metrics.json had them
         lines.append(
-            f"| {row['variant']} | {row['steps']} | {row['pretraining_flops']:.3g} | {row['train_time_s']:.1f} | "
-            f"{at_masks:.4f} | {report['unigram_entropy'] - at_masks:+.3f} | {row['mlm_loss']:.4f} | {auc} | {rtd} | "
-            f"{accuracy} |"
+            f"| {row['variant']} | {row['steps']} | {epochs} | {row['pretraining_flops']:.3g} | "
+            f"{row['train_time_s']:.1f} | {at_masks:.4f} | {report['unigram_entropy'] - at_masks:+.3f} | "
+            f"{row['mlm_loss']:.4f} | {auc} | {rtd} | {accuracy} |"
         )
     if report["settings"]["parallel"]:
         lines += ["", "The runs trained at the same time on the one GPU: their times are not a speed comparison."]
@@ -292,10 +315,14 @@ def markdown(report: dict) -> str:
 def corpus_line(kind: str, corpus: dict) -> str:
     if kind == "stdlib":
         return "the standard library's source (the embedded corpus)"
-    return (
+    line = (
         f"the standard library's source ({corpus['stdlib_files']} files, {corpus['stdlib_bytes'] / 1e6:.1f} MB) and "
         f"installed packages' ({corpus['package_files']} files, {corpus['package_bytes'] / 1e6:.1f} MB), each text once"
     )
+    if "near_duplicate_files" not in corpus:  # results from before the near-duplicates were left out
+        return line
+    left_out = f"{corpus['near_duplicate_files']} files, {corpus['near_duplicate_bytes'] / 1e6:.1f} MB"
+    return f"{line}; near-duplicates left out ({left_out})"
 
 
 def curve_line(row: dict) -> str:

@@ -358,7 +358,7 @@ def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_
     assert widths == {None, 0.25, 0.5}
 
 
-def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_once(tmp_path):
+def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_once_without_near_duplicates(tmp_path):
     from results_files import sibling
 
     from coreformer.training.corpora import read_source, stdlib_source_files
@@ -374,6 +374,12 @@ def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_onc
     (packages / "pkg" / "empty.py").write_text("\n")
     for index in range(20):
         (packages / "pkg" / f"module_{index}.py").write_text(f"VALUE_{index} = {index}\n" * 100)
+    model = "".join(f"def layer_{index}(x):\n    return x * {index}\n" for index in range(10))  # 20 lines: 16 windows
+    (packages / "pkg" / "model.py").write_text(model)
+    copy = model.replace("x * 7", "x * 70")  # one line changed: 11 of its 16 windows are model.py's
+    (packages / "pkg" / "model_copy.py").write_text(copy)
+    own_lines = "".join(f"print({index})\n" for index in range(9))  # model.py's first 11 lines: 7 of 16 windows
+    (packages / "pkg" / "model_user.py").write_text("".join(model.splitlines(keepends=True)[:11]) + own_lines)
 
     def corpus(megabytes, name):
         counts = gpu.installed_corpus(tmp_path / name, megabytes, package_roots=[packages])
@@ -381,15 +387,21 @@ def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_onc
         return counts, texts
 
     counts, texts = corpus(1.0, "all.jsonl")
-    stdlib = {text for text in map(read_source, stdlib_source_files()) if text and text.strip()}
-    assert stdlib <= set(texts) and counts["stdlib_files"] == len(stdlib)
+    stdlib = [text for text in map(read_source, stdlib_source_files()) if text and text.strip()]
+    alone = gpu.installed_corpus(tmp_path / "stdlib.jsonl", 1.0, package_roots=[tmp_path / "no-packages"])
+    assert alone["stdlib_files"] + alone["near_duplicate_files"] == len(stdlib)  # its own near-duplicates out too
+    assert set(texts[: counts["stdlib_files"]]) <= set(stdlib) and counts["stdlib_files"] == alone["stdlib_files"]
     packaged = texts[counts["stdlib_files"] :]
-    assert len(packaged) == len(set(packaged)) == counts["package_files"] == 21  # core once, no test, table, empty
+    assert len(packaged) == len(set(packaged)) == counts["package_files"] == 23  # core once, no test, table, empty
     assert "def core():\n    return 1\n" in packaged and not any("test_core" in text for text in packaged)
+    assert (model in packaged) != (copy in packaged) and any(own_lines in text for text in packaged)
+    left_out = [copy if model in packaged else model, "def core():\n    return 1\n"]  # the second read of each
+    assert counts["near_duplicate_files"] - alone["near_duplicate_files"] == 2
+    assert counts["near_duplicate_bytes"] - alone["near_duplicate_bytes"] == sum(len(t.encode()) for t in left_out)
     assert counts["package_bytes"] == sum(len(text.encode()) for text in packaged)
 
     capped, capped_texts = corpus(2e-3, "capped.jsonl")  # 2,000 bytes: the files until that much, the last whole
-    assert 1 <= capped["package_files"] < 21 and capped["package_bytes"] >= 2000
+    assert 1 <= capped["package_files"] < 23 and capped["package_bytes"] >= 2000
     assert capped_texts[capped["stdlib_files"] :] == corpus(2e-3, "again.jsonl")[1][capped["stdlib_files"] :]
 
 
@@ -403,7 +415,7 @@ def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_
     assert report["corpus"]["stdlib_files"] > 0 and report["corpus"]["package_files"] > 0
     assert [row["variant"] for row in report["runs"]] == ["masked-lm", "electra, 1/4 width"]
     for row in report["runs"]:
-        assert "error" not in row and row["pretraining_flops"] > 0
+        assert "error" not in row and row["pretraining_flops"] > 0 and row["epochs"] > 0
         assert [point["step"] for point in row["curve"]][0] == 0 and row["curve"][-1]["step"] == row["steps"]
     assert "rtd_auc" in report["runs"][1] and "rtd_auc" not in report["runs"][0]
     assert set(report["finetuning"]) == {"random init", "masked-lm", "electra, 1/4 width"}

@@ -39,6 +39,7 @@ from coreformer.training.pretraining import (
     build_collator,
     build_model_config,
     check_world_size,
+    prepare,
     resolve_arguments,
     resolve_resume,
     run_pretraining,
@@ -192,6 +193,15 @@ def test_output_folder_loads_with_auto_classes_and_holds_card_metrics_plot(train
     # --sample-prompt: the final folder reloaded through the Auto classes, and what it makes of a prompt
     assert metrics["sample"].startswith("import " if family == "encoder" else "def ")
     assert len(metrics["sample"]) > len("import [MASK]")
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_metrics_and_card_say_how_many_passes_over_the_training_rows_the_run_read(trained, family, tmp_path):
+    output_dir, metrics = trained[family]
+    rows = len(prepare(tiny_args(family, tmp_path / "same-data")).train_examples)  # the run's rows, built again
+    assert rows > 0 and metrics["epochs"] == pytest.approx(30 * 8 / rows)  # 30 steps of 8 rows
+    assert json.loads((output_dir / "metrics.json").read_text())["epochs"] == metrics["epochs"]
+    assert f"{metrics['epochs']:.3g} epochs" in (output_dir / "README.md").read_text()
 
 
 def test_tracker_is_tensorboard_exactly_when_it_is_installed(trained):

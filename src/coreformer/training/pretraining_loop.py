@@ -245,6 +245,8 @@ def _metrics(run: _Run, training: _Training) -> dict[str, Any]:
         "examples_per_step": args.batch_size * args.grad_accum * world,
         "block_size": args.block_size,
         "tokens_seen": training.tokens_seen,
+        # Passes over the training split (rows read / its rows), as Trainer's "epoch": past 1, text is read again.
+        "epochs": training.consumed * args.batch_size / len(run.train_examples),
         "tokens_per_second": tokens_per_second,
         "train_time_s": training.train_time,
         "wall_time_s": None,
@@ -295,8 +297,8 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
         speed = f"{metrics['tokens_per_second']:,.0f} tokens/s" if training.session_tokens else "no steps this session"
         extra = held_out_numbers(last, run.objective.metrics_beside_loss)
         accelerator.print(
-            f"done: {training.step} steps, held-out loss {first['loss']:.4f} -> {last['loss']:.4f} ({extra}), {speed}; "
-            f"wrote {output_dir}"
+            f"done: {training.step} steps ({metrics['epochs']:.3g} epochs), held-out loss {first['loss']:.4f} -> "
+            f"{last['loss']:.4f} ({extra}), {speed}; wrote {output_dir}"
         )
         if metrics["zero_shot"]:
             accelerator.print(zero_shot_line(metrics["zero_shot"]))

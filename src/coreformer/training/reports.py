@@ -63,9 +63,9 @@ def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
     summary = (
         f"A {family.description} with {metrics['num_parameters']:,} parameters, pretrained from scratch with "
         f"`coreformer pretrain` on {dataset_description} ({objective.name} objective). After "
-        f"{metrics['steps']} steps ({metrics['tokens_seen']:,} training tokens, {tokens_per_second} tokens/s on "
-        f"{metrics['device']}) the held-out numbers are: {numbers} (losses in nats per token, over "
-        f"{metrics['final_eval_tokens']:,} held-out label tokens). The architecture is coreformer's "
+        f"{metrics['steps']} steps ({metrics['tokens_seen']:,} training tokens, {metrics['epochs']:.3g} epochs, "
+        f"{tokens_per_second} tokens/s on {metrics['device']}) the held-out numbers are: {numbers} (losses in nats "
+        f"per token, over {metrics['final_eval_tokens']:,} held-out label tokens). The architecture is coreformer's "
         f"({family.config_class.__name__})."
     )
     if metrics.get("zero_shot"):  # zero_shot.py: the final folder scored at fixed settings
