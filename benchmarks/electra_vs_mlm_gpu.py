@@ -41,7 +41,12 @@ side in 4 (masked LM) and 6.4 minutes (ELECTRA, the slower per FLOP), and each f
 that call needed about 12.5 minutes. The defaults are sized to fit one call of 10 minutes: 3e15 FLOPs (ELECTRA about
 3.5 minutes), and the fine-tunings (2 learning rates on dev and 3 seeds) of each encoder and task at the same time.
 
+A larger budget at the same model size reads the text more times: --plan, on any machine, builds the text and the
+tokenizer, then prints each run's steps and epochs for the settings given and trains nothing, so a budget and a model
+size can be matched to the text before a GPU call is spent (a larger model spends more FLOPs per token).
+
     python benchmarks/electra_vs_mlm_gpu.py                      # on the GPU machine (wall_time_s says how long)
+    python benchmarks/electra_vs_mlm_gpu.py --plan --flops-budget 1e16 --hidden-size 768 --layers 12
     python benchmarks/electra_vs_mlm_gpu.py --tiny               # a CPU smoke run of the same code
 """
 
@@ -113,6 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--note", default="")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="a tiny model on CPU: a smoke run of the same code")
+    parser.add_argument("--plan", action="store_true", help="print each run's steps and epochs; train nothing")
     args = parser.parse_args(argv)
     args.command = "python benchmarks/electra_vs_mlm_gpu.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     args.few_shot = 32  # recipes.task_files writes a few-shot split too; only full-size runs here
@@ -196,9 +202,7 @@ def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: f
     folder = work / re.sub(r"\W+", "-", variant)  # "electra-1-4-width"
     datasets.disable_progress_bars()
     try:
-        settings = run_settings(variant, args, folder, 1, tokenizer)
-        per_token, per_step = EVM.training_flops(objective, settings, tokenizer)
-        steps = EVM.steps_for(args.flops_budget, per_token, per_step, tokens_per_step)
+        steps, per_token, per_step = budget_steps(variant, args, folder, tokenizer, tokens_per_step)
         settings = run_settings(variant, args, folder, steps, tokenizer)
         metrics = run_pretraining(settings)
     except PretrainingError as error:  # a diverged run is a result: the comparison goes on without it
@@ -216,6 +220,28 @@ def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: f
         "curve": curve(metrics["history"]),
         "folder": str(folder),
     }
+
+
+def budget_steps(variant: str, args, folder: Path, tokenizer: Path, tokens_per_step: float) -> tuple[int, float, float]:
+    """(steps that spend --flops-budget, FLOPs per token, FLOPs per step) of the variant's run at these settings."""
+    settings = run_settings(variant, args, folder, 1, tokenizer)
+    per_token, per_step = EVM.training_flops(VARIANTS[variant][0], settings, tokenizer)
+    return EVM.steps_for(args.flops_budget, per_token, per_step, tokens_per_step), per_token, per_step
+
+
+def plan(args, work: Path, tokenizer: Path, tokens_per_step: float, training_rows: float) -> str:
+    """--plan: each run's steps and epochs (passes over the training rows) at --flops-budget, as a table."""
+    text = f"{training_rows:,.0f} training rows, {tokens_per_step:,.0f} tokens a step"
+    lines = [
+        f"{args.flops_budget:.3g} FLOPs a run; {text}",
+        "",
+        "| encoder | steps | epochs | FLOPs per token |",
+        "|---|---|---|---|",
+    ]
+    for variant in args.variants:
+        steps, per_token, _ = budget_steps(variant, args, work / "plan", tokenizer, tokens_per_step)
+        lines.append(f"| {variant} | {steps} | {steps * args.batch_size / training_rows:.2f} | {per_token:.3g} |")
+    return "\n".join(lines)
 
 
 def curve(history: dict) -> list[dict]:
@@ -385,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         first_settings = run_settings("masked-lm", args, work / "tokenizer-run", 1, None)
         first = run_pretraining(first_settings)
         tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
+        if args.plan:
+            print(plan(args, work, tokenizer, tokens_per_step, args.batch_size * first["steps"] / first["epochs"]))
+            return 0
         report["unigram_entropy"] = EVM.unigram_entropy(tokenizer, first_settings)
         calls = {variant: (variant, args, work, tokenizer, tokens_per_step) for variant in args.variants}
         runs = dict(in_processes(pretrain, calls, args.parallel))

@@ -406,16 +406,21 @@ def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_onc
 
 
 @pytest.mark.slow
-def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_every_encoder(tmp_path):
+def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_every_encoder(tmp_path, capsys):
     from results_files import sibling
 
     gpu = sibling("electra_vs_mlm_gpu")
+    assert gpu.main(["--tiny", "--plan", "--output-dir", str(tmp_path)]) == 0  # --plan trains and writes nothing
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    planned = {row[0]: row[1:3] for row in rows[1:]}  # encoder -> [steps, epochs], below the header
+    assert list(tmp_path.iterdir()) == []
     assert gpu.main(["--tiny", "--no-parallel", "--output-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "electra_vs_mlm_gpu_tiny.json").read_text())
     assert report["corpus"]["stdlib_files"] > 0 and report["corpus"]["package_files"] > 0
     assert [row["variant"] for row in report["runs"]] == ["masked-lm", "electra, 1/4 width"]
     for row in report["runs"]:
         assert "error" not in row and row["pretraining_flops"] > 0 and row["epochs"] > 0
+        assert planned[row["variant"]] == [str(row["steps"]), f"{row['epochs']:.2f}"]  # what --plan said it would do
         assert [point["step"] for point in row["curve"]][0] == 0 and row["curve"][-1]["step"] == row["steps"]
     assert "rtd_auc" in report["runs"][1] and "rtd_auc" not in report["runs"][0]
     assert set(report["finetuning"]) == {"random init", "masked-lm", "electra, 1/4 width"}
