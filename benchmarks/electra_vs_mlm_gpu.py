@@ -18,8 +18,7 @@ packages (site-packages, a seeded sample of files up to --corpus-mb megabytes) t
 one JSON-lines file that every run reads; `stdlib` is the CPU benchmarks' corpus. Each text goes in once and its
 near-duplicates not at all (half its 5-line windows in a text already in: packages vendor each other, and
 transformers generates its models from each other), so a held-out file has no copy in training. Each run's epochs
-(passes over its training rows) stand in its row: past 1 it reads text again, and its training loss parts from the
-held-out one.
+(passes over its training rows) stand in its row: past 1 it reads text again.
 
 The gates stand beside each result (benchmarks/electra_vs_mlm.py's `held_out_gates`): held-out MLM loss at 15%
 masking (for ELECTRA: its generator's) against the unigram entropy of the training text (a model at the unigram stage
