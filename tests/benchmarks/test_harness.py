@@ -392,7 +392,7 @@ def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_onc
     assert alone["stdlib_files"] + alone["near_duplicate_files"] == len(stdlib)  # its own near-duplicates out too
     assert set(texts[: counts["stdlib_files"]]) <= set(stdlib) and counts["stdlib_files"] == alone["stdlib_files"]
     packaged = texts[counts["stdlib_files"] :]
-    assert len(packaged) == len(set(packaged)) == counts["package_files"] == 23  # core once, no test, table, empty
+    assert len(packaged) == len(set(packaged)) == counts["package_files"] == 23  # 20 modules, core, model, its user
     assert "def core():\n    return 1\n" in packaged and not any("test_core" in text for text in packaged)
     assert (model in packaged) != (copy in packaged) and any(own_lines in text for text in packaged)
     left_out = [copy if model in packaged else model, "def core():\n    return 1\n"]  # the second read of each
