@@ -228,7 +228,7 @@ def budget_steps(variant: str, args, folder: Path, tokenizer: Path, tokens_per_s
     return EVM.steps_for(args.flops_budget, per_token, per_step, tokens_per_step), per_token, per_step
 
 
-def plan(args, work: Path, tokenizer: Path, tokens_per_step: float, training_rows: float) -> str:
+def plan(args, work: Path, tokenizer: Path, tokens_per_step: float, training_rows: int) -> str:
     """--plan: each run's steps and epochs (passes over the training rows) at --flops-budget, as a table."""
     text = f"{training_rows:,.0f} training rows, {tokens_per_step:,.0f} tokens a step"
     lines = [
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         first = run_pretraining(first_settings)
         tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
         if args.plan:
-            print(plan(args, work, tokenizer, tokens_per_step, args.batch_size * first["steps"] / first["epochs"]))
+            print(plan(args, work, tokenizer, tokens_per_step, first["training_rows"]))
             return 0
         report["unigram_entropy"] = EVM.unigram_entropy(tokenizer, first_settings)
         calls = {variant: (variant, args, work, tokenizer, tokens_per_step) for variant in args.variants}

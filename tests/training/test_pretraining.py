@@ -199,7 +199,8 @@ def test_output_folder_loads_with_auto_classes_and_holds_card_metrics_plot(train
 def test_metrics_and_card_say_how_many_passes_over_the_training_rows_the_run_read(trained, family, tmp_path):
     output_dir, metrics = trained[family]
     rows = len(prepare(tiny_args(family, tmp_path / "same-data")).train_examples)  # the run's rows, built again
-    assert rows > 0 and metrics["epochs"] == pytest.approx(30 * 8 / rows)  # 30 steps of 8 rows
+    assert rows > 0 and metrics["training_rows"] == rows
+    assert metrics["epochs"] == pytest.approx(30 * 8 / rows)  # 30 steps of 8 rows
     assert json.loads((output_dir / "metrics.json").read_text())["epochs"] == metrics["epochs"]
     assert f"{metrics['epochs']:.3g} epochs" in (output_dir / "README.md").read_text()
 

@@ -245,6 +245,7 @@ def _metrics(run: _Run, training: _Training) -> dict[str, Any]:
         "examples_per_step": args.batch_size * args.grad_accum * world,
         "block_size": args.block_size,
         "tokens_seen": training.tokens_seen,
+        "training_rows": len(run.train_examples),  # the training split's examples of --block-size tokens at most
         # Passes over the training split (rows read / its rows), as Trainer's "epoch": past 1, text is read again.
         "epochs": training.consumed * args.batch_size / len(run.train_examples),
         "tokens_per_second": tokens_per_second,
