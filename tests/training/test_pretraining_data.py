@@ -208,6 +208,23 @@ def test_data_preparation_progress_bars_say_what_they_do(tmp_path, capsys):
     assert "Map:" not in bars and "Filter:" not in bars
 
 
+@pytest.mark.parametrize("family", ["encoder", "seq2seq"])
+def test_windows_keep_every_token_of_a_long_document_each_between_the_special_tokens(family, corpus):
+    long_text = max(corpus["train"]["text"], key=len)
+    tokenizer = train_tokenizer(family, [long_text], vocab_size=300)
+    names = {"encoder": ("cls_token_id", "sep_token_id"), "seq2seq": ("bos_token_id", "eos_token_id")}[family]
+    first, last = (getattr(tokenizer, name) for name in names)
+    ids = tokenizer(long_text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    documents = datasets.Dataset.from_dict({"text": [long_text, "x = 1"]})
+    windows = tokenize_dataset(documents, tokenizer, max_length=16)["input_ids"]
+    assert len(ids) > 100 * 14  # a document of many windows
+    assert len(windows) == -(-len(ids) // 14) + 1  # 14 ids between the two special tokens; the short text: one
+    assert all(len(window) <= 16 and window[0] == first and window[-1] == last for window in windows)
+    assert [token for window in windows[:-1] for token in window[1:-1]] == ids
+    with pytest.raises(ValueError, match="leave no room beside the tokenizer's 2 special tokens"):
+        tokenize_dataset(documents, tokenizer, max_length=2)
+
+
 @pytest.mark.parametrize("batch_size", [1000, 7])
 def test_packing_fills_every_block_and_loses_only_the_tail(batch_size):
     documents = _documents()

@@ -6,6 +6,7 @@
     load_text_dataset(source, text_column, ...)                      embedded corpus | local file(s) | Hub dataset
     iter_texts(dataset)                                              the texts, re-iterable, for `train_tokenizer`
     tokenize_dataset(dataset, tokenizer, ...)                        text -> input_ids (long documents -> windows)
+    special_tokens_around(tokenizer)                                 the ids a tokenizer puts around one sequence
     pad_sequences, as_ids, SeededCollator                            what every objective's collator is built from
     pack_windows(dataset, block_size)                                whole windows -> rows of at most block_size
     best_fit_rows(lengths, capacity)                                 which windows share a row (best-fit decreasing)
@@ -261,20 +262,30 @@ def tokenize_dataset(
     Literal special-token text in a document ("</s>" in an HTML helper's source) is split like ordinary text, so
     only the pipeline places control tokens.
     """
-    windowed = max_length is not None
+    if max_length is not None:
+        prefix, suffix = special_tokens_around(tokenizer) if add_special_tokens else ([], [])
+        width = max_length - len(prefix) - len(suffix)
+        if width < 1:
+            raise ValueError(
+                f"Windows of {max_length} ids leave no room beside the tokenizer's {len(prefix) + len(suffix)} "
+                f"special tokens; use a larger block size."
+            )
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         encoded = tokenizer(
             batch[text_column],
-            add_special_tokens=add_special_tokens,
-            truncation=windowed,
-            max_length=max_length,
-            return_overflowing_tokens=windowed,
+            add_special_tokens=add_special_tokens and max_length is None,
             split_special_tokens=True,
             return_attention_mask=False,
             return_token_type_ids=False,
-        )
-        return {"input_ids": encoded["input_ids"]}
+        )["input_ids"]
+        if max_length is None:
+            return {"input_ids": encoded}
+        # Cut here rather than through the tokenizer's `return_overflowing_tokens`: tokenizers 0.23.2 returns only
+        # a sliver of the first overflow, which silently dropped the rest of every long document.
+        return {
+            "input_ids": [prefix + ids[at : at + width] + suffix for ids in encoded for at in range(0, len(ids), width)]
+        }
 
     return dataset.map(
         encode,
@@ -282,7 +293,21 @@ def tokenize_dataset(
         batch_size=batch_size,
         num_proc=num_proc,
         remove_columns=dataset.column_names,
-        desc=f"tokenizing into windows of {max_length}" if windowed else "tokenizing",
+        desc="tokenizing" if max_length is None else f"tokenizing into windows of {max_length}",
+    )
+
+
+def special_tokens_around(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after one sequence: `[CLS]` and `[SEP]`, `<s>` and `</s>`, or none."""
+    probe = "a"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    wrapped = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for start in range(len(wrapped) - len(plain) + 1):
+        if plain and wrapped[start : start + len(plain)] == plain:
+            return wrapped[:start], wrapped[start + len(plain) :]
+    raise ValueError(
+        f"The tokenizer's special tokens do not wrap a sequence ({probe!r} -> {plain} alone, {wrapped} with special "
+        f"tokens); windows need a template of the form `prefix $A suffix`."
     )
 
 
