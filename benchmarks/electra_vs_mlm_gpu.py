@@ -32,13 +32,13 @@ On a GPU the runs train at the same time, one process each (--parallel), and so 
 encoder and task): a run of this size keeps the GPU far from busy, so the runs' times are not a speed comparison;
 FLOPs are the budget. A run whose loss diverges is reported with its error and the others go on. Results are written
 after the pretraining and after each encoder's fine-tuning on each task, so a call cut off at its time limit keeps
-what it finished: results/electra_vs_mlm_gpu.json and .md (machine, date and command at the top).
+what it finished: results/NAME.json and .md (--name; machine, packages, date and command at the top).
 
-Sizing, from the run in results/electra_vs_mlm_gpu.md (an H200, 5.5e15 FLOPs per run, fine-tuning at one fixed
-learning rate, one encoder after another): the text and tokenizer took about 1.5 minutes, the two runs trained side by
-side in 4 (masked LM) and 6.4 minutes (ELECTRA, the slower per FLOP), and each fine-tuning run took about 8.5 s, so
-that call needed about 12.5 minutes. The defaults are sized to fit one call of 10 minutes: 3e15 FLOPs (ELECTRA about
-3.5 minutes), and the fine-tunings (2 learning rates on dev and 3 seeds) of each encoder and task at the same time.
+Sizing, from the run in results/electra_vs_mlm_gpu.md (an H200, 1.5e15 FLOPs per run, about a quarter of the text
+read): the text, the tokenizer and the two runs side by side took about 3 minutes (ELECTRA's run, the slower per FLOP,
+1 of them), and the fine-tunings (2 learning rates on dev and 3 seeds, every encoder and task at the same time) about
+2.7 more. The default, 3e15 FLOPs, so needs about 7 minutes of one 10-minute call; 1e16 at this model size (ELECTRA
+alone about 7 minutes) does not fit one.
 
 A larger budget at the same model size reads the text more times: --plan, on any machine, builds the text and the
 tokenizer, then prints each run's steps and epochs for the settings given and trains nothing, so a budget and a model
@@ -52,6 +52,7 @@ size can be matched to the text before a GPU call is spent (a larger model spend
 import argparse
 import concurrent.futures
 import datetime
+import importlib.metadata
 import json
 import multiprocessing
 import os
@@ -76,6 +77,7 @@ from coreformer.training.corpora import read_source, stdlib_source_files
 from coreformer.training.pretraining import resolve_arguments, run_pretraining
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "accelerate")  # the versions a results file names
 
 
 EVM, RECIPES = sibling("electra_vs_mlm"), sibling("recipes")
@@ -115,6 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--finetune-lrs", nargs="+", type=float, default=[1e-4, 3e-4], help="chosen per encoder and task on dev"
     )
     parser.add_argument("--note", default="")
+    parser.add_argument("--name", default="electra_vs_mlm_gpu", help="the results files' name (--tiny adds _tiny)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="a tiny model on CPU: a smoke run of the same code")
     parser.add_argument("--plan", action="store_true", help="print each run's steps and epochs; train nothing")
@@ -284,6 +287,11 @@ def markdown(report: dict) -> str:
         "# ELECTRA vs masked LM on one GPU at equal training FLOPs",
         "",
         f"- machine: {report['machine']['device']}, {report['machine']['platform']}",
+        *(
+            [f"- packages: {', '.join(f'{name} {version}' for name, version in report['packages'].items())}"]
+            if "packages" in report
+            else []
+        ),  # results from before the report had them
         *([f"- note: {report['note']}"] if report["note"] else []),
         f"- date: {report['date']}",
         f"- command: `{report['command']}`",
@@ -383,8 +391,7 @@ def comparisons(finetuning: dict[str, dict], tasks: list[str]) -> list[dict]:
 
 
 def write(report: dict, args) -> None:
-    name = "electra_vs_mlm_gpu_tiny" if args.tiny else "electra_vs_mlm_gpu"
-    write_results(args.output_dir, name, report, markdown(report))
+    write_results(args.output_dir, args.name + ("_tiny" if args.tiny else ""), report, markdown(report))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
     report = {
         "machine": {"device": device, "platform": platform.platform(), "torch": torch.__version__},
+        "packages": {name: importlib.metadata.version(name) for name in PACKAGES},
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": args.command,
         "note": args.note,

@@ -1,5 +1,6 @@
 """The benchmark harnesses run end to end at tiny sizes (their numbers are measured by running them, not here)."""
 
+import importlib.metadata
 import json
 import runpy
 import subprocess
@@ -416,6 +417,7 @@ def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_
     assert list(tmp_path.iterdir()) == []
     assert gpu.main(["--tiny", "--no-parallel", "--output-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "electra_vs_mlm_gpu_tiny.json").read_text())
+    assert report["packages"]["tokenizers"] == importlib.metadata.version("tokenizers")  # what cut the text
     assert report["corpus"]["stdlib_files"] > 0 and report["corpus"]["package_files"] > 0
     assert [row["variant"] for row in report["runs"]] == ["masked-lm", "electra, 1/4 width"]
     for row in report["runs"]:
@@ -432,6 +434,7 @@ def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_
     assert all(row["lr"] == 1e-4 for row in report["comparisons"])  # the one --tiny learning rate, chosen on dev
     table = (tmp_path / "electra_vs_mlm_gpu_tiny.md").read_text()
     assert "Held-out loss during pretraining" in table and "chosen per encoder and task on dev" in table
+    assert f"tokenizers {report['packages']['tokenizers']}" in table
 
 
 @pytest.mark.slow
