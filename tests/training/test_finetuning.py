@@ -48,6 +48,7 @@ from coreformer.training.finetuning import (
     resolve_arguments,
     run_finetuning,
 )
+from coreformer.training.tasks import question_answering
 from coreformer.training.tasks.question_answering import question_answering_predictions
 from coreformer.training.tasks.token_classification import python_token_tags
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
@@ -381,6 +382,13 @@ def test_question_answering_predictions_pick_the_best_window_and_score_by_hand()
     assert answers == {"q1": "brown fox", "q2": "lazy dog"}
     scores = squad_scores(answers, {"q1": ["quick brown fox"], "q2": ["lazy dog"]})
     assert scores == pytest.approx({"exact_match": 50.0, "f1": 90.0})
+
+
+def test_question_answering_refuses_a_tokenizers_release_that_cuts_its_windows_short(monkeypatch):
+    tokenizer = train_tokenizer("encoder", ["def f(x):\n    return x\n"] * 4, 300)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.23.2")
+    with pytest.raises(FinetuningError, match=r"tokenizers 0.23.2 .* \(pip install 'tokenizers!=0.23.2'\)"):
+        question_answering._question_answering_features(None, tokenizer, None, 64)
 
 
 def test_python_tokens_are_tagged_by_category():

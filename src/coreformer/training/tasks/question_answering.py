@@ -7,6 +7,7 @@ Embedded default: `def name(params): first docstring paragraph` of standard-libr
 the function's name, its first parameter, a parameter's default value, or which parameter has a given default.
 """
 
+import importlib.metadata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,9 @@ from ...evaluation import squad_scores
 from ...pipelines import best_spans
 from ..corpora import Definition, first_paragraph, seeded_sample, split_rows, stdlib_definitions
 from .base import Evaluation, FinetuningError, Task
+
+# tokenizers releases whose `return_overflowing_tokens` cuts the overflow short (pyproject excludes them too).
+SHORT_OVERFLOW_TOKENIZERS = frozenset({"0.23.2"})
 
 
 def _qa_example(definition: Definition, turn: int) -> dict | None:
@@ -84,6 +88,12 @@ def _question_answering_features(split, tokenizer, args, max_length: int) -> dat
     offsets, which tokens are context, and the question id."""
     if not tokenizer.is_fast:
         raise FinetuningError("Question answering maps tokens back to characters: it needs a fast tokenizer.")
+    if importlib.metadata.version("tokenizers") in SHORT_OVERFLOW_TOKENIZERS:
+        raise FinetuningError(
+            f"tokenizers {importlib.metadata.version('tokenizers')} returns only a sliver of a long context's windows "
+            f"past the first, so answers in them would be lost; install another version "
+            f"(pip install 'tokenizers!={importlib.metadata.version('tokenizers')}')."
+        )
     tokenizer.padding_side = "right"  # logits line up with offsets only when padding comes after the tokens
     ids = _question_ids(split, args)
     split = split.add_column("_qid", ids)
