@@ -47,6 +47,10 @@ size can be matched to the text before a GPU call is spent (a larger model spend
     python benchmarks/electra_vs_mlm_gpu.py                      # on the GPU machine (wall_time_s says how long)
     python benchmarks/electra_vs_mlm_gpu.py --plan --flops-budget 1e16 --hidden-size 768 --layers 12
     python benchmarks/electra_vs_mlm_gpu.py --tiny               # a CPU smoke run of the same code
+
+A run of this size keeps an H200 far from busy (the runs' times against their FLOPs say how far); --compile and a
+larger --batch-size (with its learning rate) are the first things to try for a larger budget in one call, neither
+measured here yet.
 """
 
 import argparse
@@ -106,6 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=torch.cuda.is_available(),
         help="train the runs, and then fine-tune, at the same time, one process each (default: on a GPU)",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile each pretraining run's model (not measured here yet)"
     )
     parser.add_argument("--eval-points", type=int, default=8, help="held-out evaluations during each run")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per encoder and task")
@@ -188,6 +195,7 @@ def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path |
     overrides.update(extra, batch_size=args.batch_size, lr=args.lr, warmup_steps=max(1, steps // 20))
     overrides.update(save_every=0, eval_every=max(1, steps // args.eval_points), report_to="none", zero_shot_pairs=0)
     overrides.update(mixed_precision="bf16" if torch.cuda.is_available() else "no", vocab_size=16384)
+    overrides.update(compile=args.compile)
     if args.corpus == "installed":
         overrides["dataset"] = str(args.corpus_file)
     if tokenizer is not None:

@@ -354,6 +354,10 @@ def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_
     assert rows["electra, 1/4 width - random init"]["wins"] == 2
     del finetuning["masked-lm"]  # not fine-tuned yet: ELECTRA is paired with random init alone
     assert [row["what"] for row in gpu.comparisons(finetuning, ["task"])] == ["electra, 1/4 width - random init"]
+    for flags, compiled in (([], False), (["--compile"], True)):
+        args = gpu.parse_args(["--tiny", "--corpus", "stdlib", *flags])
+        settings = gpu.run_settings("electra, 1/4 width", args, ROOT / "unused", 3, None)
+        assert settings.compile is compiled and settings.max_steps == 3
     assert set(gpu.VARIANTS) == {"masked-lm", "electra, 1/4 width", "electra, 1/2 width"}
     widths = {gpu.VARIANTS[name][1].get("generator_fraction") for name in gpu.VARIANTS}
     assert widths == {None, 0.25, 0.5}
