@@ -209,14 +209,15 @@ def test_data_preparation_progress_bars_say_what_they_do(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("family", ["encoder", "seq2seq"])
-def test_windows_keep_every_token_of_a_long_document_each_between_the_special_tokens(family, corpus):
+def test_windows_keep_every_token_of_a_long_document_each_between_the_special_tokens(family, corpus, caplog):
     long_text = max(corpus["train"]["text"], key=len)
-    tokenizer = train_tokenizer(family, [long_text], vocab_size=300)
+    tokenizer = train_tokenizer(family, [long_text], vocab_size=300, model_max_length=16)
     names = {"encoder": ("cls_token_id", "sep_token_id"), "seq2seq": ("bos_token_id", "eos_token_id")}[family]
     first, last = (getattr(tokenizer, name) for name in names)
-    ids = tokenizer(long_text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids = tokenizer(long_text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     documents = datasets.Dataset.from_dict({"text": [long_text, "x = 1"]})
     windows = tokenize_dataset(documents, tokenizer, max_length=16)["input_ids"]
+    assert "longer than the specified maximum sequence length" not in caplog.text  # windowed: nothing to warn of
     assert len(ids) > 100 * 14  # a document of many windows
     assert len(windows) == -(-len(ids) // 14) + 1  # 14 ids between the two special tokens; the short text: one
     assert all(len(window) <= 16 and window[0] == first and window[-1] == last for window in windows)

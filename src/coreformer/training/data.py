@@ -278,6 +278,7 @@ def tokenize_dataset(
             split_special_tokens=True,
             return_attention_mask=False,
             return_token_type_ids=False,
+            verbose=False,  # no "longer than the maximum sequence length": documents are windowed or packed after
         )["input_ids"]
         if max_length is None:
             return {"input_ids": encoded}
