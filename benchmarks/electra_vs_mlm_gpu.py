@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
     report = {
-        "machine": {"device": device, "platform": platform.platform(), "torch": torch.__version__},
+        "machine": {"device": device, "platform": platform.platform()},
         "packages": {name: importlib.metadata.version(name) for name in PACKAGES},
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": args.command,

@@ -88,11 +88,10 @@ def _question_answering_features(split, tokenizer, args, max_length: int) -> dat
     offsets, which tokens are context, and the question id."""
     if not tokenizer.is_fast:
         raise FinetuningError("Question answering maps tokens back to characters: it needs a fast tokenizer.")
-    if importlib.metadata.version("tokenizers") in SHORT_OVERFLOW_TOKENIZERS:
+    if (installed := importlib.metadata.version("tokenizers")) in SHORT_OVERFLOW_TOKENIZERS:
         raise FinetuningError(
-            f"tokenizers {importlib.metadata.version('tokenizers')} returns only a sliver of a long context's windows "
-            f"past the first, so answers in them would be lost; install another version "
-            f"(pip install 'tokenizers!={importlib.metadata.version('tokenizers')}')."
+            f"tokenizers {installed} returns only a sliver of a long context's windows past the first, so answers in "
+            f"them would be lost; install another version (pip install 'tokenizers!={installed}')."
         )
     tokenizer.padding_side = "right"  # logits line up with offsets only when padding comes after the tokens
     ids = _question_ids(split, args)
