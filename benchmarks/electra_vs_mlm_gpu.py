@@ -213,8 +213,8 @@ def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path |
 def saved_tokenizer(args, folder: Path) -> Path:
     """Every run's tokenizer, trained on the training split as a pretraining run trains its own, saved to `folder`.
     One saved tokenizer given to every run lets them share one tokenization of the text: datasets caches a map by
-    the fingerprint of what it applies, and a tokenizer just trained has another one than its saved copy, so each
-    run loading it would tokenize the whole text again (at the same time, in --parallel)."""
+    the fingerprint of what it applies, which hashes the tokenizer and the folder it was loaded from, so runs given
+    a tokenizer just trained, or copies of it, would each tokenize the whole text again (at once, in --parallel)."""
     settings = run_settings("masked-lm", args, folder, 1, None)
     texts = iter_texts(load_dataset_splits(settings)["train"])
     train_tokenizer(settings.family, texts, settings.vocab_size).save_pretrained(folder)

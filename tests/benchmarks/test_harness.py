@@ -365,7 +365,8 @@ def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_
 
 def test_electra_gpu_runs_given_the_saved_tokenizer_read_one_tokenization_of_the_text(tmp_path):
     # Each run loads the tokenizer in a process of its own; datasets' cache serves the text the first step tokenized
-    # when the map's fingerprint (which hashes the tokenizer) is the same in every run.
+    # when the map's fingerprint (which hashes the tokenizer, the folder it was loaded from included) is the same in
+    # every run.
     from results_files import sibling
 
     from coreformer.training.corpora import read_source, stdlib_source_files
