@@ -38,9 +38,9 @@ Sizing, from the run in results/electra_vs_mlm_gpu.md (an H200, 1.5e15 FLOPs per
 read): the text, the tokenizer and the two runs side by side took about 3 minutes (ELECTRA's run, the slower per FLOP,
 1 of them), and the fine-tunings (2 learning rates on dev and 3 seeds, every encoder and task at the same time) about
 2.7 more. The default, 3e15 FLOPs, so needs about 7 minutes of one 10-minute call; 1e16 at this model size (ELECTRA
-alone about 7 minutes) does not fit one. That run's runs each tokenized the whole text again before training; they now
-read the first step's tokenization from datasets' cache (`saved_tokenizer`), which shortens the setup by a pass over
-the text or more, not yet measured on a GPU machine.
+alone about 7 minutes) does not fit one. In that call each pretraining process tokenized the whole text again before
+training; every run now reads the first step's tokenization from datasets' cache (`saved_tokenizer`), which shortens
+the setup by a pass over the text or more (not yet measured on a GPU machine).
 
 A larger budget at the same model size reads the text more times: --plan, on any machine, builds the text and the
 tokenizer, then prints each run's steps and epochs for the settings given and trains nothing, so a budget and a model
