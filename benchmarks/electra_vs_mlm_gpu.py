@@ -39,8 +39,8 @@ read): the text, the tokenizer and the two runs side by side took about 3 minute
 1 of them), and the fine-tunings (2 learning rates on dev and 3 seeds, every encoder and task at the same time) about
 2.7 more. The default, 3e15 FLOPs, so needs about 7 minutes of one 10-minute call; 1e16 at this model size (ELECTRA
 alone about 7 minutes) does not fit one. In that call each pretraining process tokenized the whole text again before
-training; every run now reads the first step's tokenization from datasets' cache (`saved_tokenizer`), which shortens
-the setup by a pass over the text or more (not yet measured on a GPU machine).
+training (datasets' cache key held the folder the tokenizer came from); every run now reads the tokenizer run's
+windows from the cache, which shortens the setup by a pass over the text or more (not yet measured on a GPU machine).
 
 A larger budget at the same model size reads the text more times: --plan, on any machine, builds the text and the
 tokenizer, then prints each run's steps and epochs for the settings given and trains nothing, so a budget and a model
@@ -80,9 +80,7 @@ from results_files import sibling, write_results
 
 from coreformer.training.arguments import PretrainingError
 from coreformer.training.corpora import read_source, stdlib_source_files
-from coreformer.training.data import iter_texts
-from coreformer.training.pretraining import load_dataset_splits, resolve_arguments, run_pretraining
-from coreformer.training.tokenizer_training import train_tokenizer
+from coreformer.training.pretraining import resolve_arguments, run_pretraining
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "accelerate")  # the versions a results file names
@@ -95,7 +93,6 @@ LARGEST_SOURCE_FILE = 1_000_000  # bytes: larger .py files in site-packages are 
 # is in a text already kept: generated copies (transformers' modular models) and vendored libraries of another version.
 NEAR_DUPLICATE_SHARE, SHINGLE_LINES = 0.5, 5
 SKIPPED_PACKAGE_DIRS = frozenset({"__pycache__", "test", "tests", "testing"})  # test suites: repetitive fixtures
-FIRST_STEP = "first-step"  # the one-step run before the others (under the work folder): their model config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -210,17 +207,6 @@ def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path |
     return resolve_arguments(family="encoder", preset="tiny-modern", overrides=overrides)
 
 
-def saved_tokenizer(args, folder: Path) -> Path:
-    """Every run's tokenizer, trained on the training split as a pretraining run trains its own, saved to `folder`.
-    One saved tokenizer given to every run lets them share one tokenization of the text: datasets caches a map by
-    the fingerprint of what it applies, which hashes the tokenizer and the folder it was loaded from, so runs given
-    a tokenizer just trained, or copies of it, would each tokenize the whole text again (at once, in --parallel)."""
-    settings = run_settings("masked-lm", args, folder, 1, None)
-    texts = iter_texts(load_dataset_splits(settings)["train"])
-    train_tokenizer(settings.family, texts, settings.vocab_size).save_pretrained(folder)
-    return folder
-
-
 def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: float) -> dict:
     """One run spending --flops-budget: its held-out numbers, FLOPs and held-out loss during training; a run whose
     loss diverges is returned with its error (the others go on)."""
@@ -228,7 +214,7 @@ def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: f
     folder = work / re.sub(r"\W+", "-", variant)  # "electra-1-4-width"
     datasets.disable_progress_bars()
     try:
-        steps, per_token, per_step = budget_steps(variant, args, work, folder, tokenizer, tokens_per_step)
+        steps, per_token, per_step = budget_steps(variant, args, folder, tokenizer, tokens_per_step)
         settings = run_settings(variant, args, folder, steps, tokenizer)
         metrics = run_pretraining(settings)
     except PretrainingError as error:  # a diverged run is a result: the comparison goes on without it
@@ -248,12 +234,10 @@ def pretrain(variant: str, args, work: Path, tokenizer: Path, tokens_per_step: f
     }
 
 
-def budget_steps(
-    variant: str, args, work: Path, folder: Path, tokenizer: Path, tokens_per_step: float
-) -> tuple[int, float, float]:
+def budget_steps(variant: str, args, folder: Path, tokenizer: Path, tokens_per_step: float) -> tuple[int, float, float]:
     """(steps that spend --flops-budget, FLOPs per token, FLOPs per step) of the variant's run at these settings."""
     settings = run_settings(variant, args, folder, 1, tokenizer)
-    per_token, per_step = EVM.training_flops(VARIANTS[variant][0], settings, work / FIRST_STEP)
+    per_token, per_step = EVM.training_flops(VARIANTS[variant][0], settings, tokenizer)
     return EVM.steps_for(args.flops_budget, per_token, per_step, tokens_per_step), per_token, per_step
 
 
@@ -267,7 +251,7 @@ def plan(args, work: Path, tokenizer: Path, tokens_per_step: float, training_row
         "|---|---|---|---|",
     ]
     for variant in args.variants:
-        steps, per_token, _ = budget_steps(variant, args, work, work / "plan", tokenizer, tokens_per_step)
+        steps, per_token, _ = budget_steps(variant, args, work / "plan", tokenizer, tokens_per_step)
         lines.append(f"| {variant} | {steps} | {steps * args.batch_size / training_rows:.2f} | {per_token:.3g} |")
     return "\n".join(lines)
 
@@ -441,12 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.corpus == "installed":
             args.corpus_file = work / "corpus.jsonl"
             report["corpus"] = installed_corpus(args.corpus_file, args.corpus_mb)
-        tokenizer = saved_tokenizer(args, work / "tokenizer")
-        # One step: the tokens a step really holds (the budgets' steps), the training rows, and the text tokenized
-        # into datasets' cache, where every run finds it.
-        first_settings = run_settings("masked-lm", args, work / FIRST_STEP, 1, tokenizer)
+        first_settings = run_settings("masked-lm", args, work / "tokenizer-run", 1, None)
         first = run_pretraining(first_settings)
-        tokens_per_step = first["tokens_seen"] / first["steps"]
+        tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
         if args.plan:
             print(plan(args, work, tokenizer, tokens_per_step, first["training_rows"]))
             return 0
@@ -459,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         report["setup_and_pretraining_s"] = time.perf_counter() - started
         write(report, args)
         files = {task: RECIPES.task_files(task, args, work) for task in args.tasks}
-        encoders = {"random init": EVM.random_encoder(work / "random-init", work / FIRST_STEP)}
+        encoders = {"random init": EVM.random_encoder(work / "random-init", tokenizer)}
         encoders.update({row["variant"]: Path(row.pop("folder")) for row in report["runs"] if "folder" in row})
         report["finetuning"] = {}
         calls = {

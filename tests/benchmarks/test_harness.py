@@ -363,32 +363,6 @@ def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_
     assert widths == {None, 0.25, 0.5}
 
 
-def test_electra_gpu_runs_given_the_saved_tokenizer_read_one_tokenization_of_the_text(tmp_path):
-    # Each run loads the tokenizer in a process of its own; datasets' cache serves the text the first step tokenized
-    # when the map's fingerprint (which hashes the tokenizer, the folder it was loaded from included) is the same in
-    # every run.
-    from results_files import sibling
-
-    from coreformer.training.corpora import read_source, stdlib_source_files
-    from coreformer.training.pretraining import load_dataset_splits
-    from coreformer.training.pretraining_setup import load_tokenizer
-
-    gpu = sibling("electra_vs_mlm_gpu")
-    args = gpu.parse_args(["--tiny"])
-    args.corpus_file = tmp_path / "corpus.jsonl"  # what --corpus installed writes: a file, which datasets caches
-    texts = (read_source(path) for path in stdlib_source_files()[:24])
-    args.corpus_file.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    tokenizer = gpu.saved_tokenizer(args, tmp_path / "tokenizer")
-    tokenized = []
-    for variant in ("masked-lm", "electra, 1/4 width", "masked-lm"):
-        settings = gpu.run_settings(variant, args, tmp_path / "unused", 2, tokenizer)
-        split = load_dataset_splits(settings)["train"]
-        tokenized.append(settings.spec.examples(split, load_tokenizer(str(tokenizer), settings.spec), settings))
-    assert len(tokenized[0]) > 0 and tokenized[0].cache_files
-    for other in tokenized[1:]:
-        assert other._fingerprint == tokenized[0]._fingerprint and other.cache_files == tokenized[0].cache_files
-
-
 def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_once_without_near_duplicates(tmp_path):
     from results_files import sibling
 

@@ -7,6 +7,7 @@ import datasets
 import pytest
 import torch
 from conftest import tiny_config
+from transformers import AutoTokenizer
 from transformers.masking_utils import find_packed_sequence_indices
 
 import coreformer as cf
@@ -206,6 +207,30 @@ def test_data_preparation_progress_bars_say_what_they_do(tmp_path, capsys):
     for label in ("train: skip blank text", "tokenizing:", "packing into blocks of 8", "tokenizing into windows of 16"):
         assert label in bars
     assert "Map:" not in bars and "Filter:" not in bars
+
+
+def test_the_same_tokenizer_from_another_folder_reads_the_cached_windows_and_any_change_tokenizes_again(tmp_path):
+    # A text on disk is tokenized once whatever folder its tokenizer comes from (each rank's copy of the one the main
+    # process trained, a checkpoint's on resume); another tokenizer, window or special-token setting is not served
+    # the cached windows.
+    texts = [f"def f{i}(x):\n    return x * {i} + len('{'abc' * i}')\n" * 8 for i in range(40)]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    split = datasets.load_dataset("json", data_files=str(tmp_path / "corpus.jsonl"), cache_dir=str(tmp_path / "cache"))
+    split = split["train"]
+    trained = train_tokenizer("encoder", texts, 300)
+    trained.save_pretrained(tmp_path / "rank-1")
+    first = tokenize_dataset(split, trained, max_length=32)
+    again = tokenize_dataset(split, AutoTokenizer.from_pretrained(tmp_path / "rank-1"), max_length=32)
+    assert first.cache_files and again.cache_files == first.cache_files
+    assert again["input_ids"] == first["input_ids"]
+    other = train_tokenizer("encoder", [text.upper() for text in texts], 300)  # other merges
+    for changed in (
+        tokenize_dataset(split, other, max_length=32),
+        tokenize_dataset(split, trained, max_length=16),
+        tokenize_dataset(split, trained, max_length=32, add_special_tokens=False),
+        tokenize_dataset(split, trained),
+    ):
+        assert changed.cache_files != first.cache_files and changed["input_ids"] != first["input_ids"]
 
 
 @pytest.mark.parametrize("family", ["encoder", "seq2seq"])

@@ -6,6 +6,7 @@
     load_text_dataset(source, text_column, ...)                      embedded corpus | local file(s) | Hub dataset
     iter_texts(dataset)                                              the texts, re-iterable, for `train_tokenizer`
     tokenize_dataset(dataset, tokenizer, ...)                        text -> input_ids (long documents -> windows)
+    tokenization_fingerprint(dataset, tokenizer, ...)                its cache key, from the tokenizer's content
     special_tokens_around(tokenizer)                                 the ids a tokenizer puts around one sequence
     pad_sequences, as_ids, SeededCollator                            what every objective's collator is built from
     pack_windows(dataset, block_size)                                whole windows -> rows of at most block_size
@@ -42,6 +43,7 @@ from typing import Any
 
 import datasets
 import torch
+from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
 from .corpora import read_source, stdlib_root, stdlib_source_files
@@ -288,14 +290,31 @@ def tokenize_dataset(
             "input_ids": [prefix + ids[at : at + width] + suffix for ids in encoded for at in range(0, len(ids), width)]
         }
 
+    settings = dict(text_column=text_column, max_length=max_length, add_special_tokens=add_special_tokens)
     return dataset.map(
         encode,
         batched=True,
         batch_size=batch_size,
         num_proc=num_proc,
         remove_columns=dataset.column_names,
+        new_fingerprint=tokenization_fingerprint(dataset, tokenizer, encode, settings),
         desc="tokenizing" if max_length is None else f"tokenizing into windows of {max_length}",
     )
+
+
+def tokenization_fingerprint(
+    dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, encode: Any, settings: dict[str, Any]
+) -> str | None:
+    """The cache key of `tokenize_dataset`'s map, from what decides what it writes: the dataset's own fingerprint,
+    the tokenizer's content (its class and its fast backend's serialisation: vocabulary, normalizer, special tokens),
+    the code that encodes and its settings. datasets' default hashes the tokenizer object, the folder it was loaded
+    from included, so the same tokenizer from another folder (each rank's copy of the one the main process trained,
+    a resumed run's checkpoint) missed the main process's cache and tokenized the whole text again. None, datasets'
+    own, for a tokenizer without a fast backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    return Hasher.hash([dataset._fingerprint, type(tokenizer).__name__, backend.to_str(), encode.__code__, settings])
 
 
 def special_tokens_around(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
