@@ -35,7 +35,7 @@ import glob
 import math
 import os
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -303,7 +303,10 @@ def tokenize_dataset(
 
 
 def tokenization_fingerprint(
-    dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, encode: Any, settings: dict[str, Any]
+    dataset: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    encode: Callable[[dict[str, list]], dict[str, list]],
+    settings: dict[str, Any],
 ) -> str | None:
     """The cache key of `tokenize_dataset`'s map, from what decides what it writes: the dataset's own fingerprint,
     the tokenizer's content (its class and its fast backend's serialisation: vocabulary, normalizer, special tokens),
