@@ -215,14 +215,17 @@ def test_the_same_tokenizer_from_another_folder_reads_the_cached_windows_and_any
     # the cached windows.
     texts = [f"def f{i}(x):\n    return x * {i} + len('{'abc' * i}')\n" * 8 for i in range(40)]
     (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    split = datasets.load_dataset("json", data_files=str(tmp_path / "corpus.jsonl"), cache_dir=str(tmp_path / "cache"))
-    split = split["train"]
+    corpus, cache = str(tmp_path / "corpus.jsonl"), str(tmp_path / "cache")
+    split = datasets.load_dataset("json", data_files=corpus, split="train", cache_dir=cache)
     trained = train_tokenizer("encoder", texts, 300)
-    trained.save_pretrained(tmp_path / "rank-1")
     first = tokenize_dataset(split, trained, max_length=32)
-    again = tokenize_dataset(split, AutoTokenizer.from_pretrained(tmp_path / "rank-1"), max_length=32)
-    assert first.cache_files and again.cache_files == first.cache_files
-    assert again["input_ids"] == first["input_ids"]
+    trained.save_pretrained(tmp_path / "rank-1")
+    trained.model_max_length = 64  # what a run folder's (and so a checkpoint's) tokenizer carries
+    trained.save_pretrained(tmp_path / "checkpoint")
+    for folder in ("rank-1", "checkpoint"):
+        again = tokenize_dataset(split, AutoTokenizer.from_pretrained(tmp_path / folder), max_length=32)
+        assert first.cache_files and again.cache_files == first.cache_files, folder
+        assert again["input_ids"] == first["input_ids"]
     other = train_tokenizer("encoder", [text.upper() for text in texts], 300)  # other merges
     for changed in (
         tokenize_dataset(split, other, max_length=32),
