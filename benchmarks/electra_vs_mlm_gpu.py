@@ -34,13 +34,15 @@ FLOPs are the budget. A run whose loss diverges is reported with its error and t
 after the pretraining and after each encoder's fine-tuning on each task, so a call cut off at its time limit keeps
 what it finished: results/NAME.json and .md (--name; machine, packages, date and command at the top).
 
-Sizing, from the run in results/electra_vs_mlm_gpu.md (an H200, 1.5e15 FLOPs per run, about a quarter of the text
-read): the text, the tokenizer and the two runs side by side took about 3 minutes (ELECTRA's run, the slower per FLOP,
-1 of them), and the fine-tunings (2 learning rates on dev and 3 seeds, every encoder and task at the same time) about
-2.7 more. The default, 3e15 FLOPs, so needs about 7 minutes of one 10-minute call; 1e16 at this model size (ELECTRA
-alone about 7 minutes) does not fit one. In that call each pretraining process tokenized the whole text again before
-training (datasets' cache key held the folder the tokenizer came from); every run now reads the tokenizer run's
-windows from the cache, which shortens the setup by a pass over the text or more (not yet measured on a GPU machine).
+Sizing. At 1.5e15 FLOPs a run (results/electra_vs_mlm_gpu.md, an H200) the text, the tokenizer and the two runs side
+by side took about 3 minutes, and the fine-tunings (2 learning rates on dev and 3 seeds, every encoder and task at
+the same time) about 2.7 more. At 1e16 (results/electra_vs_mlm_gpu_1e16.md) the setup before the runs (text,
+tokenizer, each run's data) took about 1.3 minutes, where it took about 2 when each run tokenized the text again
+(datasets' cache key held the folder the tokenizer came from); the runs took about 6 minutes, at batches of 512
+rows, which read no more tokens a second than 128 did: what bounds a run of this size is not the GPU's work per step
+(a profile is the next thing to read). So the default, 3e15, fits one call of 10 minutes, and 1e16 needs two:
+--work-dir keeps the text, the runs and the fine-tunings in a folder, and a second call with the same folder and
+settings does only what the first did not finish.
 
 A larger budget at the same model size reads the text more times: --plan, on any machine, builds the text and the
 tokenizer, then prints each run's steps and epochs for the settings given and trains nothing, so a budget and a model
@@ -49,14 +51,14 @@ size can be matched to the text before a GPU call is spent (a larger model spend
     python benchmarks/electra_vs_mlm_gpu.py                      # on the GPU machine (wall_time_s says how long)
     python benchmarks/electra_vs_mlm_gpu.py --plan --flops-budget 1e16 --hidden-size 768 --layers 12
     python benchmarks/electra_vs_mlm_gpu.py --tiny               # a CPU smoke run of the same code
+    python benchmarks/electra_vs_mlm_gpu.py --flops-budget 1e16 --work-dir /tmp/evm   # twice, on the same machine
 
-A run of this size keeps an H200 far from busy (the runs' times against their FLOPs say how far); --compile and a
-larger --batch-size (with its learning rate) are the first things to try for a larger budget in one call, neither
-measured here yet.
+--compile, the other thing to try for a larger budget in one call, is not measured here yet.
 """
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -93,6 +95,9 @@ LARGEST_SOURCE_FILE = 1_000_000  # bytes: larger .py files in site-packages are 
 # is in a text already kept: generated copies (transformers' modular models) and vendored libraries of another version.
 NEAR_DUPLICATE_SHARE, SHINGLE_LINES = 0.5, 5
 SKIPPED_PACKAGE_DIRS = frozenset({"__pycache__", "test", "tests", "testing"})  # test suites: repetitive fixtures
+PROGRESS = "progress.json"  # in --work-dir: what the calls so far finished
+# Settings a call may change and still continue another's work: they decide no result.
+SETTINGS_NOT_DECIDING = frozenset({"note", "name", "output_dir", "work_dir", "command", "plan", "parallel"})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -128,6 +133,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--note", default="")
     parser.add_argument("--name", default="electra_vs_mlm_gpu", help="the results files' name (--tiny adds _tiny)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="keep the text, the runs and the fine-tunings here (default: a temporary folder); a later call with the "
+        "same folder and settings reads back what an earlier one finished and does only the rest",
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny model on CPU: a smoke run of the same code")
     parser.add_argument("--plan", action="store_true", help="print each run's steps and epochs; train nothing")
     args = parser.parse_args(argv)
@@ -303,6 +314,11 @@ def markdown(report: dict) -> str:
             else []
         ),  # results from before the report had them
         *([f"- note: {report['note']}"] if report["note"] else []),
+        *(
+            [f"- calls: {report['calls']}, each continuing what the one before finished (--work-dir)"]
+            if report.get("calls", 1) > 1
+            else []
+        ),
         f"- date: {report['date']}",
         f"- command: `{report['command']}`",
         f"- training text: {corpus_line(report['settings']['corpus'], corpus)}",
@@ -409,54 +425,111 @@ def main(argv: list[str] | None = None) -> int:
     datasets.disable_progress_bars()
     args.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
-    report = {
-        "machine": {"device": device, "platform": platform.platform()},
-        "packages": {name: importlib.metadata.version(name) for name in PACKAGES},
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": args.command,
-        "note": args.note,
-        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
-        "runs": [],
-        "comparisons": [],
-    }
-    with tempfile.TemporaryDirectory() as scratch:
-        work = Path(scratch)
+    with contextlib.ExitStack() as stack:
+        work = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work.mkdir(parents=True, exist_ok=True)
+        progress = read_progress(work, args) or {"report": new_report(args), "encoders": {}}
+        report, encoders = progress["report"], progress["encoders"]
+        report["calls"] = report.get("calls", 0) + 1
         if args.corpus == "installed":
             args.corpus_file = work / "corpus.jsonl"
-            report["corpus"] = installed_corpus(args.corpus_file, args.corpus_mb)
-        first_settings = run_settings("masked-lm", args, work / "tokenizer-run", 1, None)
-        first = run_pretraining(first_settings)
-        tokenizer, tokens_per_step = work / "tokenizer-run", first["tokens_seen"] / first["steps"]
+            if "corpus" not in report:
+                report["corpus"] = installed_corpus(args.corpus_file, args.corpus_mb)
+        tokenizer = work / "tokenizer-run"  # the first run trains the tokenizer every run reads
+        first_settings = run_settings("masked-lm", args, tokenizer, 1, None)
+        if "tokenizer_run" not in progress:
+            first = run_pretraining(first_settings)
+            progress["tokenizer_run"] = {"tokens_per_step": first["tokens_seen"] / first["steps"]}
+            progress["tokenizer_run"]["training_rows"] = first["training_rows"]
+            save_progress(work, progress)
+        tokens_per_step = progress["tokenizer_run"]["tokens_per_step"]
         if args.plan:
-            print(plan(args, work, tokenizer, tokens_per_step, first["training_rows"]))
+            print(plan(args, work, tokenizer, tokens_per_step, progress["tokenizer_run"]["training_rows"]))
             return 0
-        calls = {variant: (variant, args, work, tokenizer, tokens_per_step) for variant in args.variants}
+        pretrained = {row["variant"]: row for row in report["runs"]}  # a run that failed is a result too
+        to_train = {v: (v, args, work, tokenizer, tokens_per_step) for v in args.variants if v not in pretrained}
         with concurrent.futures.ThreadPoolExecutor(1) as beside:  # a pass over the text on the CPU while runs train
-            entropy = beside.submit(EVM.unigram_entropy, tokenizer, first_settings)
-            runs = dict(in_processes(pretrain, calls, args.parallel))
-            report["unigram_entropy"] = entropy.result()
-        report["runs"] = [runs[variant] for variant in args.variants]
-        report["setup_and_pretraining_s"] = time.perf_counter() - started
+            entropy = (
+                None if "unigram_entropy" in report else beside.submit(EVM.unigram_entropy, tokenizer, first_settings)
+            )
+            for variant, row in in_processes(pretrain, to_train, args.parallel):
+                if "folder" in row:
+                    encoders[variant] = row.pop("folder")
+                pretrained[variant] = row
+                report["runs"] = [pretrained[name] for name in args.variants if name in pretrained]
+                save_progress(work, progress)
+            if entropy is not None:
+                report["unigram_entropy"] = entropy.result()
+        if to_train:
+            report["setup_and_pretraining_s"] = time.perf_counter() - started
+        save_progress(work, progress)
         write(report, args)
         files = {task: RECIPES.task_files(task, args, work) for task in args.tasks}
-        encoders = {"random init": EVM.random_encoder(work / "random-init", tokenizer)}
-        encoders.update({row["variant"]: Path(row.pop("folder")) for row in report["runs"] if "folder" in row})
-        report["finetuning"] = {}
-        calls = {
-            (name, task): (folder, task, files[task], args, work)
+        if "random init" not in encoders:
+            encoders["random init"] = str(EVM.random_encoder(work / "random-init", tokenizer))
+        finetuning = report.setdefault("finetuning", {})
+        to_finetune = {
+            (name, task): (Path(folder), task, files[task], args, work)
             for task in args.tasks
             for name, folder in encoders.items()
+            if task not in finetuning.get(name, {})
         }
-        for (name, task), result in in_processes(finetuned, calls, args.parallel):
-            report["finetuning"].setdefault(name, {})[task] = result
-            report["comparisons"] = comparisons(report["finetuning"], args.tasks)
+        for (name, task), result in in_processes(finetuned, to_finetune, args.parallel):
+            finetuning.setdefault(name, {})[task] = result
+            report["comparisons"] = comparisons(finetuning, args.tasks)
+            save_progress(work, progress)
             write(report, args)
-    report["wall_time_s"] = time.perf_counter() - started
+        report["wall_time_s"] = time.perf_counter() - started  # of the last call
+        save_progress(work, progress)
     write(report, args)
     print(markdown(report))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def new_report(args) -> dict:
+    """The report's head (machine, packages, date, command, note, settings); runs and results are added as they end."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
+    return {
+        "machine": {"device": device, "platform": platform.platform()},
+        "packages": {name: importlib.metadata.version(name) for name in PACKAGES},
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": args.command,
+        "note": args.note,
+        "settings": settings_of(args),
+        "runs": [],
+        "comparisons": [],
+    }
+
+
+def settings_of(args) -> dict:
+    """Every setting, as the report's JSON holds it."""
+    return json.loads(
+        json.dumps({key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()})
+    )
+
+
+def read_progress(work: Path, args) -> dict | None:
+    """What earlier calls with this --work-dir finished (its PROGRESS file): the report so far, the tokenizer run's
+    numbers and each pretrained encoder's folder; None when there is none. The settings that decide a result must be
+    the ones the work was done with: another budget or model is another comparison."""
+    path = work / PROGRESS
+    if not path.exists():
+        return None
+    progress = json.loads(path.read_text())
+    before, now = progress["report"]["settings"], settings_of(args)
+    deciding = (before.keys() | now.keys()) - SETTINGS_NOT_DECIDING
+    changed = ", ".join("--" + key.replace("_", "-") for key in sorted(deciding) if before.get(key) != now.get(key))
+    if changed:
+        raise SystemExit(
+            f"--work-dir {work} holds a comparison with other settings ({changed}): give the settings it was started "
+            "with to continue it, or another --work-dir to start a new one"
+        )
+    progress["report"]["note"] = args.note or progress["report"]["note"]
+    return progress
+
+
+def save_progress(work: Path, progress: dict) -> None:
+    """PROGRESS in the work folder, replaced whole (a call stopped while writing leaves the one before)."""
+    partial = work / (PROGRESS + ".partial")
+    partial.write_text(json.dumps(progress, indent=2) + "\n")
+    partial.replace(work / PROGRESS)

@@ -411,16 +411,20 @@ def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_onc
 
 
 @pytest.mark.slow
-def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_every_encoder(tmp_path, capsys):
+def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_every_encoder(
+    tmp_path, capsys, monkeypatch
+):
     from results_files import sibling
 
     gpu = sibling("electra_vs_mlm_gpu")
-    assert gpu.main(["--tiny", "--plan", "--output-dir", str(tmp_path)]) == 0  # --plan trains and writes nothing
+    results, work = tmp_path / "results", tmp_path / "work"
+    assert gpu.main(["--tiny", "--plan", "--output-dir", str(results)]) == 0  # --plan trains and writes nothing
     rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     planned = {row[0]: row[1:3] for row in rows[1:]}  # encoder -> [steps, epochs], below the header
-    assert list(tmp_path.iterdir()) == []
-    assert gpu.main(["--tiny", "--no-parallel", "--output-dir", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "electra_vs_mlm_gpu_tiny.json").read_text())
+    assert list(results.iterdir()) == []
+    command = ["--tiny", "--no-parallel", "--output-dir", str(results), "--work-dir", str(work)]
+    assert gpu.main(command) == 0
+    report = json.loads((results / "electra_vs_mlm_gpu_tiny.json").read_text())
     assert report["packages"]["tokenizers"] == importlib.metadata.version("tokenizers")  # what cut the text
     assert report["corpus"]["stdlib_files"] > 0 and report["corpus"]["package_files"] > 0
     assert [row["variant"] for row in report["runs"]] == ["masked-lm", "electra, 1/4 width"]
@@ -436,9 +440,33 @@ def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_
         "electra, 1/4 width - masked-lm",
     ]
     assert all(row["lr"] == 1e-4 for row in report["comparisons"])  # the one --tiny learning rate, chosen on dev
-    table = (tmp_path / "electra_vs_mlm_gpu_tiny.md").read_text()
+    table = (results / "electra_vs_mlm_gpu_tiny.md").read_text()
     assert "Held-out loss during pretraining" in table and "chosen per encoder and task on dev" in table
     assert f"tokenizers {report['packages']['tokenizers']}" in table
+
+    # A call stopped in the fine-tuning: the next with the same --work-dir fine-tunes only what is missing.
+    progress = json.loads((work / gpu.PROGRESS).read_text())
+    del progress["report"]["finetuning"]["masked-lm"]
+    (work / gpu.PROGRESS).write_text(json.dumps(progress))
+    finetuned = []
+
+    def not_again(*arguments):
+        raise AssertionError("trained again what an earlier call finished")
+
+    def counted(folder, task, *arguments):
+        finetuned.append((folder.name, task))
+        return original(folder, task, *arguments)
+
+    original = gpu.finetuned
+    monkeypatch.setattr(gpu, "run_pretraining", not_again)
+    monkeypatch.setattr(gpu, "finetuned", counted)
+    assert gpu.main([*command, "--note", "continued"]) == 0
+    again = json.loads((results / "electra_vs_mlm_gpu_tiny.json").read_text())
+    assert finetuned == [("masked-lm", "corrupted")] and again["calls"] == 2 and again["note"] == "continued"
+    assert again["runs"] == report["runs"] and again["comparisons"] == report["comparisons"]
+    assert "- calls: 2," in (results / "electra_vs_mlm_gpu_tiny.md").read_text()
+    with pytest.raises(SystemExit, match=r"other settings \(--eval-points, --lr\)"):
+        gpu.main([*command, "--lr", "1e-3", "--eval-points", "3"])
 
 
 @pytest.mark.slow
