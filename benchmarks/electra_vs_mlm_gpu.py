@@ -29,20 +29,23 @@ randomly initialised one are then fine-tuned on --tasks (benchmarks/recipes.py's
 control) with --seeds seeds, paired by seed against random init and ELECTRA against masked LM.
 
 On a GPU the runs train at the same time, one process each (--parallel), and so do the fine-tunings (one process per
-encoder and task): a run of this size keeps the GPU far from busy, so the runs' times are not a speed comparison;
-FLOPs are the budget. A run whose loss diverges is reported with its error and the others go on. Results are written
-after the pretraining and after each encoder's fine-tuning on each task, so a call cut off at its time limit keeps
-what it finished: results/NAME.json and .md (--name; machine, packages, date and command at the top).
+encoder and task): the processes share the GPU, so the runs' times are not a speed comparison; FLOPs are the budget.
+A run whose loss diverges is reported with its error and the others go on. Results are written after the pretraining
+and after each encoder's fine-tuning on each task, so a call cut off at its time limit keeps what it finished:
+results/NAME.json and .md (--name; machine, packages, date and command at the top).
 
 Sizing. At 1.5e15 FLOPs a run (results/electra_vs_mlm_gpu.md, an H200) the text, the tokenizer and the two runs side
 by side took about 3 minutes, and the fine-tunings (2 learning rates on dev and 3 seeds, every encoder and task at
 the same time) about 2.7 more. At 1e16 (results/electra_vs_mlm_gpu_1e16.md) the setup before the runs (text,
 tokenizer, each run's data) took about 1.3 minutes, where it took about 2 when each run tokenized the text again
-(datasets' cache key held the folder the tokenizer came from); the runs took about 6 minutes, at batches of 512
-rows, which read no more tokens a second than 128 did: what bounds a run of this size is not the GPU's work per step
-(a profile is the next thing to read). So the default, 3e15, fits one call of 10 minutes, and 1e16 needs two:
---work-dir keeps the text, the runs and the fine-tunings in a folder, and a second call with the same folder and
-settings does only what the first did not finish.
+(datasets' cache key held the folder the tokenizer came from); the runs took about 6 minutes. Their batches of 512
+rows read no more tokens a second than 128 did, and building a batch of 512 on the CPU takes tens of milliseconds of
+a step of hundreds: what bounds them is most likely the GPU, which the two processes take turns on, at a few percent
+of its peak FLOPs (a 512-wide model in eager mode is mostly elementwise work). --compile, which fuses that work, and
+a wider model (--plan: 768 x 12 reads about half the text at 1e16), which does more per element it moves, are the
+next things to try; neither is measured here yet. So the default, 3e15, fits one call of 10 minutes, and 1e16 at
+this size needs two: --work-dir keeps the text, the runs and the fine-tunings in a folder, and a second call with
+the same folder and settings does only what the first did not finish.
 
 A larger budget at the same model size reads the text more times: --plan, on any machine, builds the text and the
 tokenizer, then prints each run's steps and epochs for the settings given and trains nothing, so a budget and a model
@@ -52,8 +55,6 @@ size can be matched to the text before a GPU call is spent (a larger model spend
     python benchmarks/electra_vs_mlm_gpu.py --plan --flops-budget 1e16 --hidden-size 768 --layers 12
     python benchmarks/electra_vs_mlm_gpu.py --tiny               # a CPU smoke run of the same code
     python benchmarks/electra_vs_mlm_gpu.py --flops-budget 1e16 --work-dir /tmp/evm   # twice, on the same machine
-
---compile, the other thing to try for a larger budget in one call, is not measured here yet.
 """
 
 import argparse
