@@ -137,8 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--work-dir",
         type=Path,
-        help="keep the text, the runs and the fine-tunings here (default: a temporary folder); a later call with the "
-        "same folder and settings reads back what an earlier one finished and does only the rest",
+        help="keep the text, the runs and the fine-tunings in this new or empty folder (default: a temporary one); a "
+        "later call with the same folder and settings reads back what an earlier one finished and does only the rest",
     )
     parser.add_argument("--tiny", action="store_true", help="a tiny model on CPU: a smoke run of the same code")
     parser.add_argument("--plan", action="store_true", help="print each run's steps and epochs; train nothing")
@@ -432,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         progress = read_progress(work, args) or {"report": new_report(args), "encoders": {}}
         report, encoders = progress["report"], progress["encoders"]
         report["calls"] = report.get("calls", 0) + 1
+        save_progress(work, progress)  # from now on the folder is this comparison's
         if args.corpus == "installed":
             args.corpus_file = work / "corpus.jsonl"
             if "corpus" not in report:
@@ -515,6 +516,11 @@ def read_progress(work: Path, args) -> dict | None:
     the ones the work was done with: another budget or model is another comparison."""
     path = work / PROGRESS
     if not path.exists():
+        if any(work.iterdir()):  # the runs would overwrite folders of the same names
+            raise SystemExit(
+                f"--work-dir {work} is not empty and holds no {PROGRESS}, so this script did not start it: give a new "
+                "or empty folder"
+            )
         return None
     progress = json.loads(path.read_text())
     before, now = progress["report"]["settings"], settings_of(args)

@@ -467,6 +467,10 @@ def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_
     assert "- calls: 2," in (results / "electra_vs_mlm_gpu_tiny.md").read_text()
     with pytest.raises(SystemExit, match=r"other settings \(--eval-points, --lr\)"):
         gpu.main([*command, "--lr", "1e-3", "--eval-points", "3"])
+    (tmp_path / "mine" / "masked-lm").mkdir(parents=True)  # a folder of the user's: never written into
+    with pytest.raises(SystemExit, match="is not empty and holds no progress.json"):
+        gpu.main([*command[:-1], str(tmp_path / "mine")])
+    assert [path.name for path in (tmp_path / "mine").iterdir()] == ["masked-lm"]
 
 
 @pytest.mark.slow
