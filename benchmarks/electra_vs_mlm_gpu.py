@@ -282,7 +282,7 @@ def curve(history: dict) -> list[dict]:
 def in_processes(function: Callable, calls: dict[Hashable, tuple], parallel: bool) -> Iterator[tuple[Hashable, Any]]:
     """(name, function(*arguments)) for each of `calls` (name -> arguments), as each finishes: one after the other,
     or (`parallel`) at the same time, one process each."""
-    if not parallel:
+    if not parallel or not calls:  # none left: a pool of no processes is an error
         yield from ((name, function(*arguments)) for name, arguments in calls.items())
         return
     spawn = multiprocessing.get_context("spawn")  # CUDA in every worker: fork would share the parent's state
@@ -458,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "folder" in row:
                     encoders[variant] = row.pop("folder")
                 pretrained[variant] = row
+                report.get("finetuning", {}).pop(variant, None)  # of an encoder this run has replaced
                 report["runs"] = [pretrained[name] for name in args.variants if name in pretrained]
                 save_progress(work, progress)
             if entropy is not None:
@@ -540,3 +541,7 @@ def save_progress(work: Path, progress: dict) -> None:
     partial = work / (PROGRESS + ".partial")
     partial.write_text(json.dumps(progress, indent=2) + "\n")
     partial.replace(work / PROGRESS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

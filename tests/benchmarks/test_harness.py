@@ -1,5 +1,6 @@
 """The benchmark harnesses run end to end at tiny sizes (their numbers are measured by running them, not here)."""
 
+import ast
 import importlib.metadata
 import json
 import runpy
@@ -324,6 +325,17 @@ def test_recipes_context_tasks_keep_each_file_in_one_split_and_balance_every_spl
             labels = [json.loads(line)["label"] for line in path.read_text().splitlines()]
             assert labels.count("next") == labels.count("other") > 0, (split, path.name)
             assert recipes.FILE not in json.loads(path.read_text().splitlines()[0])
+
+
+def test_every_benchmark_script_runs_its_main_when_run_as_a_script():
+    """`python benchmarks/NAME.py` is how each is run; tests call `main` directly, so check the guard that calls it."""
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        tree = ast.parse(script.read_text())
+        if not any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body):
+            continue  # a module the scripts share (results_files.py)
+        guards = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+        calls = [node for guard in guards for node in ast.walk(guard) if isinstance(node, ast.Call)]
+        assert "main" in [call.func.id for call in calls if isinstance(call.func, ast.Name)], script.name
 
 
 def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_with_masked_lm():
