@@ -83,7 +83,7 @@ from results_files import sibling, write_results
 
 from coreformer.training.arguments import PretrainingError
 from coreformer.training.corpora import read_source, stdlib_source_files
-from coreformer.training.pretraining import resolve_arguments, run_pretraining
+from coreformer.training.pretraining import PretrainingArguments, resolve_arguments, run_pretraining
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "accelerate")  # the versions a results file names
@@ -428,65 +428,94 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         work = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        work.mkdir(parents=True, exist_ok=True)
-        progress = read_progress(work, args) or {"report": new_report(args), "encoders": {}}
-        report, encoders = progress["report"], progress["encoders"]
-        report["calls"] = report.get("calls", 0) + 1
-        save_progress(work, progress)  # from now on the folder is this comparison's
-        if args.corpus == "installed":
-            args.corpus_file = work / "corpus.jsonl"
-            if "corpus" not in report:
-                report["corpus"] = installed_corpus(args.corpus_file, args.corpus_mb)
-        tokenizer = work / "tokenizer-run"  # the first run trains the tokenizer every run reads
-        first_settings = run_settings("masked-lm", args, tokenizer, 1, None)
-        if "tokenizer_run" not in progress:
-            first = run_pretraining(first_settings)
-            progress["tokenizer_run"] = {"tokens_per_step": first["tokens_seen"] / first["steps"]}
-            progress["tokenizer_run"]["training_rows"] = first["training_rows"]
-            save_progress(work, progress)
-        tokens_per_step = progress["tokenizer_run"]["tokens_per_step"]
+        progress = open_work(work, args)
+        report = progress["report"]
+        tokenizer, first_settings = text_and_tokenizer(args, work, progress)
         if args.plan:
-            print(plan(args, work, tokenizer, tokens_per_step, progress["tokenizer_run"]["training_rows"]))
+            print(plan(args, work, tokenizer, **progress["tokenizer_run"]))
             return 0
-        pretrained = {row["variant"]: row for row in report["runs"]}  # a run that failed is a result too
-        to_train = {v: (v, args, work, tokenizer, tokens_per_step) for v in args.variants if v not in pretrained}
-        with concurrent.futures.ThreadPoolExecutor(1) as beside:  # a pass over the text on the CPU while runs train
-            entropy = (
-                None if "unigram_entropy" in report else beside.submit(EVM.unigram_entropy, tokenizer, first_settings)
-            )
-            for variant, row in in_processes(pretrain, to_train, args.parallel):
-                if "folder" in row:
-                    encoders[variant] = row.pop("folder")
-                pretrained[variant] = row
-                report.get("finetuning", {}).pop(variant, None)  # of an encoder this run has replaced
-                report["runs"] = [pretrained[name] for name in args.variants if name in pretrained]
-                save_progress(work, progress)
-            if entropy is not None:
-                report["unigram_entropy"] = entropy.result()
-        if to_train:
+        if pretrain_every_variant(args, work, progress, tokenizer, first_settings):
             report["setup_and_pretraining_s"] = time.perf_counter() - started
-        save_progress(work, progress)
         write(report, args)
-        files = {task: RECIPES.task_files(task, args, work) for task in args.tasks}
-        if "random init" not in encoders:
-            encoders["random init"] = str(EVM.random_encoder(work / "random-init", tokenizer))
-        finetuning = report.setdefault("finetuning", {})
-        to_finetune = {
-            (name, task): (Path(folder), task, files[task], args, work)
-            for task in args.tasks
-            for name, folder in encoders.items()
-            if task not in finetuning.get(name, {})
-        }
-        for (name, task), result in in_processes(finetuned, to_finetune, args.parallel):
-            finetuning.setdefault(name, {})[task] = result
-            report["comparisons"] = comparisons(finetuning, args.tasks)
-            save_progress(work, progress)
-            write(report, args)
+        finetune_every_encoder(args, work, progress, tokenizer)
         report["wall_time_s"] = time.perf_counter() - started  # of the last call
         save_progress(work, progress)
     write(report, args)
     print(markdown(report))
     return 0
+
+
+def open_work(work: Path, args) -> dict:
+    """The progress of the comparison in `work`: what earlier calls with this --work-dir finished, or a new one; the
+    folder is marked as this comparison's before anything is written into it."""
+    work.mkdir(parents=True, exist_ok=True)
+    progress = read_progress(work, args) or {"report": new_report(args), "encoders": {}}
+    progress["report"]["calls"] = progress["report"].get("calls", 0) + 1
+    save_progress(work, progress)
+    return progress
+
+
+def text_and_tokenizer(args, work: Path, progress: dict) -> tuple[Path, PretrainingArguments]:
+    """The training text (--corpus installed) and a one-step run that trains the tokenizer every run reads: its folder
+    and settings. Its tokens per step and training rows go into `progress`, which sizes the runs."""
+    report = progress["report"]
+    if args.corpus == "installed":
+        args.corpus_file = work / "corpus.jsonl"
+        if "corpus" not in report:
+            report["corpus"] = installed_corpus(args.corpus_file, args.corpus_mb)
+    tokenizer = work / "tokenizer-run"
+    first_settings = run_settings("masked-lm", args, tokenizer, 1, None)
+    if "tokenizer_run" not in progress:
+        first = run_pretraining(first_settings)
+        tokens_per_step = first["tokens_seen"] / first["steps"]
+        progress["tokenizer_run"] = {"tokens_per_step": tokens_per_step, "training_rows": first["training_rows"]}
+        save_progress(work, progress)
+    return tokenizer, first_settings
+
+
+def pretrain_every_variant(
+    args, work: Path, progress: dict, tokenizer: Path, first_settings: PretrainingArguments
+) -> bool:
+    """Each of --variants not pretrained yet (a run that failed is a result too), saved to `progress` as it ends, and
+    the unigram entropy of the text, computed on the CPU meanwhile. Whether any run trained."""
+    report, encoders = progress["report"], progress["encoders"]
+    pretrained = {row["variant"]: row for row in report["runs"]}
+    tokens_per_step = progress["tokenizer_run"]["tokens_per_step"]
+    to_train = {v: (v, args, work, tokenizer, tokens_per_step) for v in args.variants if v not in pretrained}
+    with concurrent.futures.ThreadPoolExecutor(1) as beside:
+        entropy = None if "unigram_entropy" in report else beside.submit(EVM.unigram_entropy, tokenizer, first_settings)
+        for variant, row in in_processes(pretrain, to_train, args.parallel):
+            if "folder" in row:
+                encoders[variant] = row.pop("folder")
+            pretrained[variant] = row
+            report.get("finetuning", {}).pop(variant, None)  # of an encoder this run has replaced
+            report["runs"] = [pretrained[name] for name in args.variants if name in pretrained]
+            save_progress(work, progress)
+        if entropy is not None:
+            report["unigram_entropy"] = entropy.result()
+    save_progress(work, progress)
+    return bool(to_train)
+
+
+def finetune_every_encoder(args, work: Path, progress: dict, tokenizer: Path) -> None:
+    """Each pretrained encoder and a randomly initialised one on each of --tasks not fine-tuned yet, paired as each
+    ends; the results are written after each."""
+    report, encoders = progress["report"], progress["encoders"]
+    files = {task: RECIPES.task_files(task, args, work) for task in args.tasks}
+    if "random init" not in encoders:
+        encoders["random init"] = str(EVM.random_encoder(work / "random-init", tokenizer))
+    finetuning = report.setdefault("finetuning", {})
+    to_finetune = {
+        (name, task): (Path(folder), task, files[task], args, work)
+        for task in args.tasks
+        for name, folder in encoders.items()
+        if task not in finetuning.get(name, {})
+    }
+    for (name, task), result in in_processes(finetuned, to_finetune, args.parallel):
+        finetuning.setdefault(name, {})[task] = result
+        report["comparisons"] = comparisons(finetuning, args.tasks)
+        save_progress(work, progress)
+        write(report, args)
 
 
 def new_report(args) -> dict:
@@ -532,7 +561,8 @@ def read_progress(work: Path, args) -> dict | None:
             f"--work-dir {work} holds a comparison with other settings ({changed}): give the settings it was started "
             "with to continue it, or another --work-dir to start a new one"
         )
-    progress["report"]["note"] = args.note or progress["report"]["note"]
+    # The report names the call that continued it (its settings deciding nothing may differ); its date, the first's.
+    progress["report"].update(command=args.command, settings=now, note=args.note or progress["report"]["note"])
     return progress
 
 

@@ -475,6 +475,7 @@ def test_electra_gpu_benchmark_tiny_pretrains_on_the_installed_corpus_and_pairs_
     assert gpu.main([*command, "--note", "continued"]) == 0
     again = json.loads((results / "electra_vs_mlm_gpu_tiny.json").read_text())
     assert finetuned == [("masked-lm", "corrupted")] and again["calls"] == 2 and again["note"] == "continued"
+    assert again["command"].endswith("--note continued") and again["date"] == report["date"]
     assert again["runs"] == report["runs"] and again["comparisons"] == report["comparisons"]
     assert "- calls: 2," in (results / "electra_vs_mlm_gpu_tiny.md").read_text()
     with pytest.raises(SystemExit, match=r"other settings \(--eval-points, --lr\)"):
