@@ -501,16 +501,12 @@ def finetune_every_encoder(args, work: Path, progress: dict, tokenizer: Path) ->
     """Each pretrained encoder and a randomly initialised one on each of --tasks not fine-tuned yet, paired as each
     ends; the results are written after each."""
     report, encoders = progress["report"], progress["encoders"]
-    files = {task: RECIPES.task_files(task, args, work) for task in args.tasks}
     if "random init" not in encoders:
         encoders["random init"] = str(EVM.random_encoder(work / "random-init", tokenizer))
     finetuning = report.setdefault("finetuning", {})
-    to_finetune = {
-        (name, task): (Path(folder), task, files[task], args, work)
-        for task in args.tasks
-        for name, folder in encoders.items()
-        if task not in finetuning.get(name, {})
-    }
+    pending = [(name, task) for task in args.tasks for name in encoders if task not in finetuning.get(name, {})]
+    files = {task: RECIPES.task_files(task, args, work) for task in dict.fromkeys(task for _, task in pending)}
+    to_finetune = {(name, task): (Path(encoders[name]), task, files[task], args, work) for name, task in pending}
     for (name, task), result in in_processes(finetuned, to_finetune, args.parallel):
         finetuning.setdefault(name, {})[task] = result
         report["comparisons"] = comparisons(finetuning, args.tasks)
