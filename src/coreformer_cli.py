@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 
-from coreformer_commands import RUN_COMMANDS
+from coreformer_commands import RUN_COMMANDS, after_imports
 from coreformer_settings.base import INTERRUPTED
 from coreformer_settings.base import installed_version as version  # noqa: F401  (public: coreformer_cli.version())
 from coreformer_settings.command_line import (
@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     module, function = COMMANDS[args.command].handler.split(":")
     try:
-        return getattr(import_module(module), function)(args)
+        handler = getattr(import_module(module), function)
+        after_imports()
+        return handler(args)
     except KeyboardInterrupt:  # one line, not a traceback through torch's import or the model's forward
         print(
             f"coreformer {args.command}: stopped by Ctrl-C before it finished; run the same command again (convert "

@@ -7,6 +7,7 @@ functions (one parser and one help text each).
                                         coreformer_settings.evaluation and coreformer.training.zero_shot)
     RunCommand.build_parser(prog)       its argparse parser, `prog` naming the program in usage and errors
     RunCommand.main(argv, prog)         parse, check the folders it names (still torch-free), run; the exit code
+    after_imports()                     what every command does once its heavy imports are done (gc.freeze)
 
 Each `run` imports the package (and with it torch) only after its arguments are parsed and its folders checked, so
 `--help`, `--version` and a mistyped folder answer at once. The work itself lives in the package:
@@ -15,6 +16,7 @@ input (one line on stderr, nothing written), 1 the Hub refused an upload, 130 st
 """
 
 import argparse
+import gc
 import importlib
 import importlib.util
 import os
@@ -53,6 +55,15 @@ class RunCommand:
     def main(self, argv: list[str] | None = None, prog: str | None = None) -> int:
         prog = prog or f"coreformer {self.name}"
         return self.run(vars(self.build_parser(prog).parse_args(argv)), prog)
+
+
+def after_imports() -> None:
+    """What each command (and each of coreformer_cli's) does once torch, transformers and the package are imported:
+    the half a million objects those imports made live as long as the process, so they leave the garbage
+    collector's sight (gc.freeze). Otherwise every full collection walks them all again: a tiny run makes several,
+    and the interpreter's exit more, which took longer than its training steps (benchmarks/command_startup.py).
+    Only the commands do this, never the package: a command owns its process, a user's Python session is not ours."""
+    gc.freeze()
 
 
 def _stopped(prog: str, message: str) -> int:
@@ -100,6 +111,7 @@ def _pretrain(given: dict, prog: str) -> int:
         if values.get("resume_from_checkpoint") not in (None, "latest"):
             command_line.check_local_folder(values["resume_from_checkpoint"])
         from coreformer.training.pretraining import resolve_arguments, run_pretraining  # torch: after the checks
+        after_imports()
 
         run_pretraining(resolve_arguments(**settings))
     except (PretrainingError, command_line.NoSuchFolderError) as error:
@@ -159,6 +171,7 @@ def _finetune(given: dict, prog: str) -> int:
             if values.get(key) is not None:
                 command_line.check_model_location(values[key])
         from coreformer.training.finetuning import BEFORE, resolve_arguments, run_finetuning  # torch: after the checks
+        after_imports()
 
         args = resolve_arguments(config_file=config, overrides=given)
         metrics = run_finetuning(args)
@@ -279,7 +292,9 @@ class DelegatedCommand:
         argv = sys.argv[1:] if argv is None else argv
         self.build_parser(prog).parse_args(argv)  # --help and a bad flag answer before torch is imported
         module, function = self.run.split(":")
-        return getattr(importlib.import_module(module), function)(argv)
+        run = getattr(importlib.import_module(module), function)
+        after_imports()
+        return run(argv)
 
 
 EVALUATE = DelegatedCommand(

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configs for each family (hidden 32, 2 layers, 4 heads), offline Hub, fixed seeds."""
 
+import gc
 import os
 import signal
 import socket
@@ -90,9 +91,29 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files that hold slow tests first, each file's tests kept together and in order: under xdist the long runs then
     start at once and the quick tests fill the gaps at the end, instead of one worker running a long test collected
-    late alone (test_readme's fine-tuning block, 80 s, once ended a run with the other worker idle)."""
+    late alone (test_readme's fine-tuning block, 80 s, once ended a run with the other worker idle). And the tests
+    that share a module fixture run on one worker (`group_module_fixture_users`)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+    group_module_fixture_users(items)
+
+
+def group_module_fixture_users(items: list[pytest.Item]) -> None:
+    """Put the tests that use a module- or session-scoped fixture of their own file in one xdist_group (named after
+    the file), so that `--dist loadgroup` builds that fixture once instead of once on each worker: spread over both,
+    a file's trained runs or ONNX exports were built twice. Fixtures a test gets without asking (autouse: cheap
+    settings such as one thread) group nothing, and a test that names its own group keeps it."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None or item.get_closest_marker("xdist_group"):
+            continue
+        module = item.nodeid.split("::", 1)[0]
+        unasked = set(info.initialnames) - set(info.argnames)  # autouse and usefixtures
+        for name in set(info.names_closure) - unasked:
+            definition = info.name2fixturedefs.get(name, [None])[-1]  # the one this test gets
+            if definition is not None and definition.scope in ("module", "session") and definition.baseid == module:
+                item.add_marker(pytest.mark.xdist_group(module))
+                break
 
 
 def free_port() -> int:
@@ -265,3 +286,10 @@ def tiny_electra(vocab: int = 40):
     args = PretrainingArguments(family="encoder", objective="electra", output_dir="unused")
     torch.manual_seed(0)
     return ELECTRA.build_model(config, args), args
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move everything alive after collection (torch, transformers, every test module) out of the garbage collector's
+    sight, as the commands do once they have imported (coreformer_commands.after_imports): a full collection then
+    walks only what the tests create, and each in-process run ends with one (Accelerate's `free_memory`)."""
+    gc.freeze()

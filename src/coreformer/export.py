@@ -147,10 +147,11 @@ except ImportError:
     pass
 else:
     raise SystemExit("coreformer is importable in the check process")
+import gc
 import torch
 import transformers
-import transformers
 
+gc.freeze()  # what the imports made lives as long as this process: no collection walks it again, exit included
 jobs = torch.load(sys.argv[1], weights_only=False)
 results = []
 for job in jobs:
