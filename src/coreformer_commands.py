@@ -111,8 +111,8 @@ def _pretrain(given: dict, prog: str) -> int:
         if values.get("resume_from_checkpoint") not in (None, "latest"):
             command_line.check_local_folder(values["resume_from_checkpoint"])
         from coreformer.training.pretraining import resolve_arguments, run_pretraining  # torch: after the checks
-        after_imports()
 
+        after_imports()
         run_pretraining(resolve_arguments(**settings))
     except (PretrainingError, command_line.NoSuchFolderError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
@@ -171,8 +171,8 @@ def _finetune(given: dict, prog: str) -> int:
             if values.get(key) is not None:
                 command_line.check_model_location(values[key])
         from coreformer.training.finetuning import BEFORE, resolve_arguments, run_finetuning  # torch: after the checks
-        after_imports()
 
+        after_imports()
         args = resolve_arguments(config_file=config, overrides=given)
         metrics = run_finetuning(args)
     except (FinetuningError, command_line.NoSuchFolderError) as error:
