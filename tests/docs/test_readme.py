@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from coreformer.folders import has_tokenizer
+from coreformer_commands import RUN_COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -309,8 +310,9 @@ def test_pretraining_block_runs_after_the_quickstart(tmp_path):
 @pytest.mark.xdist_group("readme_minilm")
 def test_fine_tuning_block_runs_after_the_quickstart(converted, tmp_path):
     (tmp_path / "minilm-cf").symlink_to(converted[0] / "minilm-cf")  # read only: the runs write under out/
-    quickstart = f"python {ROOT}/training/pretrain.py {TINY_PRETRAIN} --family decoder --output-dir outputs/quickstart"
-    run_bash(quickstart, tmp_path)  # what `make demo` leaves, tiny
+    # What `make demo` leaves, tiny: its command, run in this process (a fresh one would spend its time importing).
+    quickstart = ["--family", "decoder", "--output-dir", str(tmp_path / "outputs" / "quickstart")]
+    assert RUN_COMMANDS["pretrain"].main(TINY_PRETRAIN.split() + quickstart) == 0
     result = run_bash(_tiny(block("Fine-tuning", 0)), tmp_path, timeout=900)
     assert result.stdout.count("done: {'eval_") == 5
     for folder in ("cls", "ner", "qa", "clm-lora", "sum"):
