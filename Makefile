@@ -38,8 +38,9 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python training/pretrain.py --family decoder --preset tiny \
 		--output-dir $(DEMO_OUTPUT) --overwrite --sample-prompt "def " $(DEMO_ARGS)
 
-# --dist loadgroup: the tests of one xdist_group (tests/training/test_distributed.py: one fixture launches every run) share a
-# worker, so their module fixture runs once; every other test is spread as before.
+# --dist loadgroup: the tests of one xdist_group share a worker, so their module fixture runs once (a test module names
+# its group, as tests/training/test_distributed.py's one fixture of every launch does, or tests/conftest.py groups the
+# tests that use a module fixture of their file); every other test is spread over both workers.
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 

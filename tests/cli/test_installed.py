@@ -72,8 +72,12 @@ def test_a_wheel_in_a_fresh_environment_pretrains_finetunes_publishes_and_export
     try:
         env = {key: value for key, value in hub_env(hub, tmp_path / "home").items() if key != "PYTHONPATH"}
         env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-        where = run(venv, "python -c 'import coreformer_cli, coreformer; print(coreformer.__file__)'", work, env)
-        assert Path(where.strip()).is_relative_to(venv), where  # the wheel's files, not the clone's
+        # where the package and the command's front resolve (found, not imported: the commands below import them)
+        found = (
+            "import importlib.util as u; print(u.find_spec('coreformer').origin, u.find_spec('coreformer_cli').origin)"
+        )
+        where = run(venv, f'python -c "{found}"', work, env).split()
+        assert len(where) == 2 and all(Path(path).is_relative_to(venv) for path in where), where  # the wheel's files
 
         pretrained = run(venv, f"coreformer pretrain --family decoder {TINY_PRETRAIN} --output-dir model", work, env)
         # the preset came from the installed package; the summary's next command works here, as printed
