@@ -20,6 +20,7 @@ each type at long lengths: a sliding layer keeps its O(L·w) kernel, full attent
 """
 
 import argparse
+import gc
 import json
 import resource
 import statistics
@@ -229,6 +230,9 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--one", nargs=2, metavar=("TYPE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # What the imports made lives as long as the process (each measured cell is one): no garbage collection, exit
+    # included, walks it again, as in the coreformer commands (coreformer_commands.after_imports).
+    gc.freeze()
     if args.family == "decoder" and "lowrank" in args.types:
         args.types = [t for t in args.types if t != "lowrank"]  # Linformer is encoder-only (the config refuses it)
     if args.one:
