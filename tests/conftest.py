@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny configs for each family (hidden 32, 2 layers, 4 heads), offline Hub, fixed seeds."""
+"""Shared fixtures: tiny configs for each family (hidden 32, 2 layers, 4 heads), offline Hub, fixed seeds; and the
+session's hooks: slow files first, the tests sharing a module fixture on one xdist worker, the imports frozen out of
+the garbage collector's sight once collected."""
 
 import gc
 import os
