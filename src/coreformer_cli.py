@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 
-from coreformer_commands import RUN_COMMANDS, after_imports
+import coreformer_commands
+from coreformer_commands import RUN_COMMANDS
 from coreformer_settings.base import INTERRUPTED
 from coreformer_settings.base import installed_version as version  # noqa: F401  (public: coreformer_cli.version())
 from coreformer_settings.command_line import (
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     module, function = COMMANDS[args.command].handler.split(":")
     try:
         handler = getattr(import_module(module), function)
-        after_imports()
+        coreformer_commands.after_imports()  # looked up here: one function to replace for every command
         return handler(args)
     except KeyboardInterrupt:  # one line, not a traceback through torch's import or the model's forward
         print(

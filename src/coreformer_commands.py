@@ -61,8 +61,8 @@ def after_imports() -> None:
     """What each command (and each of coreformer_cli's) does once torch, transformers and the package are imported:
     the half a million objects those imports made live as long as the process, so they leave the garbage
     collector's sight (gc.freeze). Otherwise every full collection walks them all again: a tiny run makes several,
-    and the interpreter's exit more, which took longer than its training steps (benchmarks/command_startup.py).
-    Only the commands do this, never the package: a command owns its process, a user's Python session is not ours."""
+    and the interpreter's exit more (benchmarks/command_startup.py times both). Only the commands do this, never the
+    package: a command owns its process, a user's Python session is not ours."""
     gc.freeze()
 
 

@@ -32,8 +32,7 @@ def _stop(*args) -> None:
     ids=lambda argv: argv[0],
 )
 def test_every_command_freezes_what_its_imports_made_before_its_work(tmp_path, monkeypatch, argv):
-    monkeypatch.setattr(coreformer_commands, "after_imports", _stop)
-    monkeypatch.setattr(coreformer_cli, "after_imports", _stop)
+    monkeypatch.setattr(coreformer_commands, "after_imports", _stop)  # the one function every command calls
     with pytest.raises(ReachedAfterImportsError):
         coreformer_cli.main([part.format(tmp=tmp_path) for part in argv])
     assert not (tmp_path / "out").exists()  # nothing ran before it
