@@ -192,9 +192,14 @@ def plot(results: list[dict], path: Path, args: argparse.Namespace) -> None:
         lengths = [r["length"] for r in rows]
         time_axis.plot(lengths, [r["seconds"] for r in rows], marker="o", label=layer_type)
         memory_axis.plot(lengths, [r["peak_mib"] for r in rows], marker="o", label=layer_type)
-    for axis, label in ((time_axis, f"{describe(args)[0]} (s)"), (memory_axis, "peak memory above baseline (MiB)")):
+    axes = (
+        (time_axis, f"{describe(args)[0]} (s)", "seconds"),
+        (memory_axis, "peak memory above baseline (MiB)", "peak_mib"),
+    )
+    for axis, label, field in axes:
         axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
+        # a log axis cannot show a zero: tiny cells can stay within the baseline's pages (0 MiB above it)
+        axis.set_yscale("log" if all(r[field] > 0 for r in results) else "linear")
         axis.set_xlabel("sequence length")
         axis.set_ylabel(label)
         axis.grid(True, which="both", alpha=0.3)

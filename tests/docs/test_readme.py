@@ -20,6 +20,7 @@ shell blocks that train are run once, by the README tests below, never a second 
 import ast
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+import coreformer_cli
 from coreformer.folders import has_tokenizer
 from coreformer_commands import RUN_COMMANDS
 
@@ -122,6 +124,26 @@ def run_bash(script: str, cwd: Path, timeout: float = 300) -> subprocess.Complet
         f"{script}\nexit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     )
     return result
+
+
+def run_commands(script: str, cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
+    """A block of `coreformer ...` lines run in order in this process, each through `coreformer_cli.main` (what the
+    console script calls) with `cwd` as the working directory; returns what they printed. A process per line would
+    spend most of its time importing torch and transformers again: the console script itself is checked by
+    tests/cli/test_cli.py, and the commands of an installed wheel in a fresh environment by tests/cli/test_installed.py.
+    A line that is not a coreformer command fails: run such a block with `run_bash`."""
+    monkeypatch.chdir(cwd)
+    printed = []
+    for line in script.replace("\\\n", " ").splitlines():
+        argv = shlex.split(line, comments=True)
+        if not argv:
+            continue
+        assert argv[0] == "coreformer", f"not a coreformer command, run this block with run_bash: {line}"
+        code = coreformer_cli.main(argv[1:])
+        output = capsys.readouterr()
+        assert code == 0, f"{line}\nexit {code}\n{output.out[-3000:]}\n{output.err[-3000:]}"
+        printed.append(output.out)
+    return "".join(printed)
 
 
 def run_python(blocks: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,27 +321,28 @@ def _tiny(script: str) -> str:
 
 
 @pytest.mark.slow
-def test_pretraining_block_runs_after_the_quickstart(tmp_path):
-    result = run_bash(_tiny(block("Pretraining", 0)), tmp_path, timeout=600)
-    assert "no step to train" in result.stdout  # the resume line, on the finished run
+def test_pretraining_block_runs_after_the_quickstart(tmp_path, monkeypatch, capsys):
+    printed = run_commands(_tiny(block("Pretraining", 0)), tmp_path, monkeypatch, capsys)
+    assert printed.count("done: 4 steps") == 3  # each line ends its run: the resume one writes the final folder again
+    assert "no step to train" in printed  # the resume line, on the finished run
     for folder in ("decoder-tiny", "electra-tiny"):
         assert (tmp_path / "outputs" / folder / "model.safetensors").is_file()
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("readme_minilm")
-def test_fine_tuning_block_runs_after_the_quickstart(converted, tmp_path):
+def test_fine_tuning_block_runs_after_the_quickstart(converted, tmp_path, monkeypatch, capsys):
     (tmp_path / "minilm-cf").symlink_to(converted[0] / "minilm-cf")  # read only: the runs write under out/
     # What `make demo` leaves, tiny: its command, run in this process (a fresh one would spend its time importing).
     quickstart = ["--family", "decoder", "--output-dir", str(tmp_path / "outputs" / "quickstart")]
     assert RUN_COMMANDS["pretrain"].main(TINY_PRETRAIN.split() + quickstart) == 0
-    result = run_bash(_tiny(block("Fine-tuning", 0)), tmp_path, timeout=900)
-    assert result.stdout.count("done: {'eval_") == 5
+    printed = run_commands(_tiny(block("Fine-tuning", 0)), tmp_path, monkeypatch, capsys)
+    assert printed.count("done: {'eval_") == 5
     for folder in ("cls", "ner", "qa", "clm-lora", "sum"):
         assert (tmp_path / "out" / folder / "config.json").is_file(), folder
     # docs/guides/fine-tuning.md's resume block: --resume-from-checkpoint latest on a new folder starts the run
     resume = block("Checkpoints, resume and several processes", 0, DOCS / "guides" / "fine-tuning.md")
-    run_bash(_tiny(resume), tmp_path)
+    run_commands(_tiny(resume), tmp_path, monkeypatch, capsys)
     assert (tmp_path / "out" / "cls-long" / "checkpoints" / "step-2" / "fine_tuning_run.json").is_file()
 
 
