@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,12 +172,15 @@ def test_device_map_auto_with_disk_offload_gives_the_same_logits(family, tmp_pat
     torch.testing.assert_close(found, expected, rtol=0, atol=0)
 
 
+# Loads every case of a torch.save'd {"forward": [...], "backward": [...]} with tp_plan="auto" on each rank; rank 0
+# prints one line per case: "forward CLASS LAYER_TYPES DIFFERENCE" or "backward CLASS DIFFERENCE".
 TP_CHILD = textwrap.dedent(
     """
     import os, sys, torch
     import coreformer as cf
     cases = torch.load(sys.argv[1])
-    for case in cases:
+    report = os.environ["RANK"] == "0"
+    for case in cases["forward"]:
         model = getattr(cf, case["class"]).from_pretrained(case["folder"], tp_plan="auto").eval()
         for name in case["sharded"]:
             weight = model.get_submodule(name).weight
@@ -190,8 +194,19 @@ TP_CHILD = textwrap.dedent(
             logits = model(input_ids=case["ids"], attention_mask=case["mask"]).logits
         error = (logits - case["logits"]).abs()  # (B, T, vocab) over real tokens, or (B, labels)
         difference = (error[case["mask"].bool()] if error.dim() == 3 else error).max().item()
-        if os.environ["RANK"] == "0":
-            print(case["class"], case["layer_types"], f"{difference:.2e}")
+        if report:
+            print("forward", case["class"], case["layer_types"], f"{difference:.2e}")
+    for case in cases["backward"]:
+        model = getattr(cf, case["class"]).from_pretrained(case["folder"], tp_plan="auto").train()
+        loss = model(input_ids=case["ids"], attention_mask=case["mask"], labels=case["ids"]).loss
+        loss.backward()
+        differences = [abs(loss.item() - case["loss"])]
+        for name, expected in case["grads"].items():
+            grad = model.get_parameter(name).grad
+            assert type(grad).__name__ == "DTensor", (case["class"], name, type(grad))
+            differences.append((grad.full_tensor() - expected).abs().max().item())
+        if report:
+            print("backward", case["class"], f"{max(differences):.2e}")
     """
 )
 
@@ -205,9 +220,8 @@ TP_CASES = [
 ]
 
 
-@pytest.mark.slow
-def test_tensor_parallel_load_on_two_processes_matches_the_single_process_model(tmp_path):
-    # the vocabulary (99) is odd: the embeddings' and LM heads' shards are uneven (50 + 49 rows)
+def forward_cases(tmp_path: Path) -> list[dict]:
+    """Each TP_CASES model saved, with its logits and the modules tp_plan="auto" must split or keep whole."""
     cases = []
     for index, (family, head, options) in enumerate(TP_CASES):
         model = _build(family, head, dict(gated_mlp=True, hidden_act="silu", **options))
@@ -230,43 +244,11 @@ def test_tensor_parallel_load_on_two_processes_matches_the_single_process_model(
         layer_types = model.config.layer_types
         cases.append(dict(folder=str(folder), ids=ids, mask=mask, logits=logits, layer_types=layer_types))
         cases[-1] |= dict(sharded=sharded, whole=whole, tied=tied, **{"class": head.__name__})
-    assert any(case["whole"] for case in cases) and any(case["tied"] for case in cases)
-    torch.save(cases, tmp_path / "cases.pt")
-    script = tmp_path / "child.py"
-    script.write_text(TP_CHILD)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_port", str(free_port()), str(script)]
-    result = subprocess.run([*command, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    print("\n".join(lines))  # class, layer types, largest difference (shown with -s)
-    assert len(lines) == len(cases)
-    assert all(float(line.rsplit(" ", 1)[1]) <= 1e-5 for line in lines), lines
+    return cases
 
 
-TP_TRAIN_CHILD = textwrap.dedent(
-    """
-    import os, sys, torch
-    import coreformer as cf
-    for case in torch.load(sys.argv[1]):
-        model = getattr(cf, case["class"]).from_pretrained(case["folder"], tp_plan="auto").train()
-        loss = model(input_ids=case["ids"], attention_mask=case["mask"], labels=case["ids"]).loss
-        loss.backward()
-        differences = [abs(loss.item() - case["loss"])]
-        for name, expected in case["grads"].items():
-            grad = model.get_parameter(name).grad
-            assert type(grad).__name__ == "DTensor", (case["class"], name, type(grad))
-            differences.append((grad.full_tensor() - expected).abs().max().item())
-        if os.environ["RANK"] == "0":
-            print(case["class"], f"{max(differences):.2e}")
-    """
-)
-
-
-@pytest.mark.slow
-def test_tensor_parallel_backward_gives_the_single_process_loss_and_gradients(tmp_path):
-    # the gradient of the vocabulary-sharded embedding sums the lookups' and, tied, the LM head's on every slice
+def backward_cases(tmp_path: Path) -> list[dict]:
+    """Each family's language model saved, with its loss and the gradients of its embedding, a query and an MLP."""
     cases = []
     for family, head in LANGUAGE_MODELS.items():
         model = tiny_model(head, family, gated_mlp=True, hidden_act="silu").train()
@@ -285,15 +267,41 @@ def test_tensor_parallel_backward_gives_the_single_process_loss_and_gradients(tm
         cases.append(
             dict(folder=str(folder), ids=ids, mask=mask, loss=loss.item(), grads=grads, **{"class": head.__name__})
         )
+    return cases
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel(tmp_path_factory) -> dict[str, tuple[list[dict], list[str]]]:
+    """Both kinds of cases run by one `torch.distributed.run` on 2 processes (a launch's imports cost more than the
+    tiny models): {"forward" | "backward": (the cases, rank 0's lines for them)}."""
+    tmp_path = tmp_path_factory.mktemp("tensor-parallel")
+    cases = {"forward": forward_cases(tmp_path / "forward"), "backward": backward_cases(tmp_path / "backward")}
     torch.save(cases, tmp_path / "cases.pt")
     script = tmp_path / "child.py"
-    script.write_text(TP_TRAIN_CHILD)
+    script.write_text(TP_CHILD)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     command += ["--master_port", str(free_port()), str(script)]
     result = subprocess.run([*command, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
+    return {kind: (cases[kind], [line for line in lines if line.startswith(f"{kind} ")]) for kind in cases}
+
+
+@pytest.mark.slow
+def test_tensor_parallel_load_on_two_processes_matches_the_single_process_model(tensor_parallel):
+    # the vocabulary (99) is odd: the embeddings' and LM heads' shards are uneven (50 + 49 rows)
+    cases, lines = tensor_parallel["forward"]
+    assert any(case["whole"] for case in cases) and any(case["tied"] for case in cases)
+    print("\n".join(lines))  # class, layer types, largest difference (shown with -s)
+    assert len(lines) == len(cases)
+    assert all(float(line.rsplit(" ", 1)[1]) <= 1e-5 for line in lines), lines
+
+
+@pytest.mark.slow
+def test_tensor_parallel_backward_gives_the_single_process_loss_and_gradients(tensor_parallel):
+    # the gradient of the vocabulary-sharded embedding sums the lookups' and, tied, the LM head's on every slice
+    cases, lines = tensor_parallel["backward"]
     print("\n".join(lines))  # class, largest difference of loss and gradients (shown with -s)
     assert len(lines) == len(cases)
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-5 for line in lines), lines
