@@ -5,7 +5,7 @@ Importing the package registers every config and model with AutoConfig / AutoMod
 coreformer is not installed).
 """
 
-import importlib.util
+import importlib
 
 import transformers
 
@@ -18,7 +18,7 @@ from .configuration_coreformer import (
 )
 from .conversion import convert_from_hf
 from .export import export_to, to_native
-from .families import FAMILIES, register_with_peft
+from .families import FAMILIES
 from .modeling_decoder import (
     CoreformerDecoderForCausalLM,
     CoreformerDecoderForSequenceClassification,
@@ -53,10 +53,6 @@ for _family in FAMILIES.values():
         _model_class = getattr(_module, _head.class_name)
         getattr(transformers, _head.auto_class).register(_config_class, _model_class, exist_ok=True)
         _model_class.register_for_auto_class(_head.auto_class)
-
-if importlib.util.find_spec("peft") is not None:
-    importlib.import_module("peft.utils.constants")  # so that LoraConfig() without target_modules works for us
-    register_with_peft()
 
 __all__ = [
     "FAMILIES",

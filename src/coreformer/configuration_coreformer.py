@@ -19,7 +19,8 @@ from transformers.activations import ACT2FN
 from .families import MODEL_TYPES, register_with_peft
 from .layer_types import LAYER_TYPES as LAYER_TYPE_TABLE
 
-# PEFT's default LoRA targets for our model types, when peft is loaded (this file runs first under trust_remote_code).
+# PEFT's default LoRA targets for our model types, now or when peft is imported (this file runs first under
+# trust_remote_code, and before `import coreformer` registers anything).
 register_with_peft()
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")

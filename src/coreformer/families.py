@@ -22,8 +22,11 @@ family's `heads` below (and export the class from `__init__.py`). To add a famil
 `configuration_coreformer.py` and its `modeling_<name>.py`, then add one `Family(...)` entry to `FAMILIES`.
 """
 
+import importlib.abc
 import sys
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 
 
 @dataclass(frozen=True)
@@ -199,19 +202,27 @@ BLOCK_MODULE_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj
 PEFT_REFERENCE_MODEL_TYPE = "llama"
 
 
-def register_with_peft() -> bool:
+PEFT_TABLES = "peft.utils.constants"  # the module holding PEFT's default target modules per model type
+
+
+def register_with_peft() -> None:
     """Give PEFT default target modules for every coreformer model type, so `get_peft_model(model, LoraConfig())`
     works without `target_modules` (LoRA then adapts every attention's q_proj and v_proj, as PEFT does for Llama).
 
     PEFT picks defaults by `config.model_type` from its own tables (peft.utils.constants) and offers no way for a model
     to declare them, so each table that has a Llama entry naming only `BLOCK_MODULE_NAMES` gets the same entry for
-    every family. Nothing is imported: this acts only when peft already is (returns whether it did). `import
-    coreformer` imports peft when it is installed and calls this; the modeling code copied next to a checkpoint calls
-    it on load, which covers `trust_remote_code=True` when peft was imported before the model was loaded.
+    every family. Nothing is imported: the tables are filled now if peft is loaded, else the moment it is
+    (`_FillPeftTablesOnImport`), so `import coreformer` does not pay for peft's import when no adapter is used.
+    `configuration_coreformer.py` calls this on import, which also covers a checkpoint loaded with
+    `trust_remote_code=True`, whether peft is imported before or after.
     """
-    constants = sys.modules.get("peft.utils.constants")
-    if constants is None:
-        return False
+    if PEFT_TABLES in sys.modules:
+        _fill_peft_tables(sys.modules[PEFT_TABLES])
+    elif not any(isinstance(finder, _FillPeftTablesOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _FillPeftTablesOnImport())
+
+
+def _fill_peft_tables(constants: ModuleType) -> None:
     for name, table in vars(constants).items():
         if not (name.startswith("TRANSFORMERS_MODELS_TO_") and name.endswith("_MAPPING") and isinstance(table, dict)):
             continue
@@ -219,4 +230,29 @@ def register_with_peft() -> bool:
         if isinstance(reference, list | tuple) and set(reference) <= BLOCK_MODULE_NAMES:
             for family in FAMILIES.values():
                 table.setdefault(family.model_type, list(reference))
-    return True
+
+
+class _FillPeftTablesOnImport(importlib.abc.MetaPathFinder):
+    """An import hook, once: when `peft.utils.constants` is imported, it leaves sys.meta_path, lets the other finders
+    find the module, and fills the tables as soon as the module has run (PEFT reads them only later, when a model is
+    adapted)."""
+
+    def find_spec(self, fullname: str, path, target=None) -> ModuleSpec | None:
+        if fullname != PEFT_TABLES:
+            return None
+        sys.meta_path.remove(self)
+        for finder in list(sys.meta_path):  # a copy: another copy of this hook removes itself too
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            run = spec.loader.exec_module
+
+            def run_then_fill(module: ModuleType) -> None:
+                run(module)
+                _fill_peft_tables(module)
+
+            spec.loader.exec_module = run_then_fill
+        return spec

@@ -2,6 +2,7 @@
 weights move), save the adapter, reload it onto a freshly loaded base, merge it into the weights, and save / reload the
 merged model through the Auto classes. Every step must reproduce the adapter model's outputs."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
 import coreformer as cf
+from coreformer import families
 from coreformer.attention import Attention
 from coreformer.families import FAMILIES
 
@@ -195,6 +197,69 @@ def test_default_lora_config_works_with_trust_remote_code_when_peft_is_imported_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == expected
+
+
+# Loads each folder with trust_remote_code where coreformer is not importable, then imports the installed coreformer,
+# neither importing peft; then imports peft and prints the modules LoRA's default config targets in each model.
+PEFT_AFTER_CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["coreformer"] = None
+    import transformers
+    pairs = list(zip(sys.argv[1::2], sys.argv[2::2]))
+    models = [getattr(transformers, auto_class).from_pretrained(f, trust_remote_code=True) for auto_class, f in pairs]
+    assert "peft" not in sys.modules, "a remote-code load imported peft"
+    del sys.modules["coreformer"]
+    import coreformer
+    assert "peft" not in sys.modules, "import coreformer imported peft"
+    models.append(transformers.AutoModelForCausalLM.from_pretrained(pairs[1][1]))  # the installed class
+    from peft import LoraConfig, get_peft_model
+    for model in models:
+        targets = get_peft_model(model, LoraConfig()).base_model.targeted_module_names
+        print(type(model).__module__.split(".")[0], len(targets), sorted({name.rsplit(".", 1)[1] for name in targets}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_peft_imported_after_coreformer_or_a_remote_code_load_still_gives_the_default_targets(tmp_path):
+    # `import coreformer` leaves peft unimported (PEFT's tables are filled when peft is imported)
+    arguments, expected = [], []
+    for family, (head, auto_class, _) in CASES.items():
+        torch.manual_seed(0)
+        model = head(tiny_config(family, num_labels=2))
+        model.save_pretrained(tmp_path / family)
+        arguments += [auto_class.__name__, str(tmp_path / family)]
+        expected.append(f"transformers_modules {len(_attention_query_value_names(model))} ['q_proj', 'v_proj']")
+    expected.append(expected[1].replace("transformers_modules", "coreformer"))  # the decoder, loaded as installed
+    result = subprocess.run(
+        [sys.executable, "-c", PEFT_AFTER_CHILD, *arguments], capture_output=True, text=True, env=OFFLINE
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == expected
+
+
+def test_the_tables_of_a_peft_imported_later_are_filled_as_it_is_imported(tmp_path, monkeypatch):
+    # A stand-in for peft.utils.constants, not yet imported: registering installs the one-shot import hook, which
+    # fills the module's tables as it is imported and then leaves sys.meta_path.
+    (tmp_path / "stand_in_peft").mkdir()
+    (tmp_path / "stand_in_peft" / "__init__.py").write_text("")
+    tables = 'TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING = {"llama": ["q_proj", "v_proj"], "bert": ["query"]}\n'
+    (tmp_path / "stand_in_peft" / "constants.py").write_text(tables)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(families, "PEFT_TABLES", "stand_in_peft.constants")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    families.register_with_peft()
+    families.register_with_peft()  # twice: still one hook
+    hooks = [finder for finder in sys.meta_path if isinstance(finder, families._FillPeftTablesOnImport)]
+    assert len(hooks) == 1
+
+    constants = importlib.import_module("stand_in_peft.constants")
+    mapping = constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    assert {family.model_type: mapping[family.model_type] for family in FAMILIES.values()} == {
+        family.model_type: ["q_proj", "v_proj"] for family in FAMILIES.values()
+    }
+    assert not any(isinstance(finder, families._FillPeftTablesOnImport) for finder in sys.meta_path)
 
 
 @pytest.mark.parametrize("family", list(CASES))
