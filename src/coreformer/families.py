@@ -240,7 +240,8 @@ class _FillPeftTablesOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path, target=None) -> ModuleSpec | None:
         if fullname != PEFT_TABLES:
             return None
-        sys.meta_path.remove(self)
+        if self in sys.meta_path:  # once, whoever asks
+            sys.meta_path.remove(self)
         for finder in list(sys.meta_path):  # a copy: another copy of this hook removes itself too
             spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
             if spec is not None:

@@ -4,8 +4,10 @@
 README.md: every ```bash and ```python block is found under its heading. COVERAGE says, per heading, what is done
 with each of its blocks, in order: RUN (a test below runs it: shell blocks with substitutions that only shrink sizes,
 keep what is written in a temporary folder, or stand in for a step that needs the network; Python blocks as written,
-in-process, in a temporary folder) or a reason it is not run. A block under a heading that COVERAGE does not list
-fails `test_every_readme_block_is_classified`, so a new block is either covered or has its reason written down.
+in-process, in a temporary folder; a block of `coreformer` lines runs each line in-process through
+`coreformer_cli.main`, what the console script calls) or a reason it is not run. A block under a heading that
+COVERAGE does not list fails `test_every_readme_block_is_classified`, so a new block is either covered or has its
+reason written down.
 
 docs/**/*.md: the HTML comment on the line before each ```bash / ```python block says what is done with it:
 `<!-- test: run -->` (Python: run in-process with the page's other run blocks, in order, in a temporary folder),
