@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,15 +184,23 @@ REMOTE_PEFT_CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_default_lora_config_works_with_trust_remote_code_when_peft_is_imported_first(tmp_path):
-    arguments, expected = [], []
+def save_every_family(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """Each family's CASES head saved in `folder`: (the children's arguments, AUTO_CLASS FOLDER for each, and for each
+    its Auto class's name with the number of modules LoRA's default config adapts)."""
+    arguments, adapted = [], []
     for family, (head, auto_class, _) in CASES.items():
         torch.manual_seed(0)
         model = head(tiny_config(family, num_labels=2))
-        model.save_pretrained(tmp_path / family)
-        arguments += [auto_class.__name__, str(tmp_path / family)]
-        expected.append(f"{auto_class.__name__} {len(_attention_query_value_names(model))} ['q_proj', 'v_proj']")
+        model.save_pretrained(folder / family)
+        arguments += [auto_class.__name__, str(folder / family)]
+        adapted.append((auto_class.__name__, len(_attention_query_value_names(model))))
+    return arguments, adapted
+
+
+@pytest.mark.slow
+def test_default_lora_config_works_with_trust_remote_code_when_peft_is_imported_first(tmp_path):
+    arguments, adapted = save_every_family(tmp_path)
+    expected = [f"{auto_class} {count} ['q_proj', 'v_proj']" for auto_class, count in adapted]
     result = subprocess.run(
         [sys.executable, "-c", REMOTE_PEFT_CHILD, *arguments], capture_output=True, text=True, env=OFFLINE
     )
@@ -224,13 +233,8 @@ PEFT_AFTER_CHILD = textwrap.dedent(
 @pytest.mark.slow
 def test_peft_imported_after_coreformer_or_a_remote_code_load_still_gives_the_default_targets(tmp_path):
     # `import coreformer` leaves peft unimported (PEFT's tables are filled when peft is imported)
-    arguments, expected = [], []
-    for family, (head, auto_class, _) in CASES.items():
-        torch.manual_seed(0)
-        model = head(tiny_config(family, num_labels=2))
-        model.save_pretrained(tmp_path / family)
-        arguments += [auto_class.__name__, str(tmp_path / family)]
-        expected.append(f"transformers_modules {len(_attention_query_value_names(model))} ['q_proj', 'v_proj']")
+    arguments, adapted = save_every_family(tmp_path)
+    expected = [f"transformers_modules {count} ['q_proj', 'v_proj']" for _, count in adapted]
     expected.append(expected[1].replace("transformers_modules", "coreformer"))  # the decoder, loaded as installed
     result = subprocess.run(
         [sys.executable, "-c", PEFT_AFTER_CHILD, *arguments], capture_output=True, text=True, env=OFFLINE
