@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -592,18 +591,18 @@ def finetune_script_module():
 
 
 @pytest.mark.slow
-def test_script_fine_tunes_the_embedded_default_with_example_script_flag_names(bases, tmp_path, monkeypatch, capsys):
-    # The script as `python training/finetune.py` runs it, in this process: a fresh one would mostly import torch.
+def test_script_fine_tunes_the_embedded_default_with_example_script_flag_names(
+    bases, tmp_path, capsys, finetune_script_module
+):
+    # The script's main in this process: a fresh one would mostly import torch.
     folder = tmp_path / "cli"
-    argv = [str(FINETUNE), "--task", "sequence-classification"]
+    argv = ["--task", "sequence-classification"]
     argv += ["--model_name_or_path", str(bases["encoder"]), "--output_dir", str(folder)]
     argv += ["--max-steps", "2", "--per_device_train_batch_size", "8", "--max_train_samples", "16"]
     argv += ["--max_eval_samples", "8", "--max_seq_length", "48", "--learning_rate", "1e-3"]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exited:
-        runpy.run_path(str(FINETUNE), run_name="__main__")
+    code = finetune_script_module.main(argv)
     printed = capsys.readouterr()
-    assert exited.value.code == 0, printed.err[-3000:]
+    assert code == 0, printed.err[-3000:]
     assert "done: {'eval_loss'" in printed.out and "(before training: {'eval_loss'" in printed.out
     settings = json.loads((folder / "run_config.json").read_text())
     assert (settings["max_length"], settings["batch_size"], settings["lr"]) == (48, 8, 1e-3)
