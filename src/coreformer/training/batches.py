@@ -12,13 +12,14 @@ number them. So a 2-process run and a 1-process run with `--grad-accum 2` put th
 into each optimizer step, and a resumed run restarts at the first unconsumed g (no batches to skip over).
 """
 
-import dataclasses
 import hashlib
 from collections.abc import Iterator
 from typing import Any
 
 import datasets
 import torch
+
+from .data import SeededCollator
 
 
 def derive_seed(seed: int, stream: str, index: int) -> int:
@@ -28,10 +29,9 @@ def derive_seed(seed: int, stream: str, index: int) -> int:
 
 
 def _reseeded(collator: Any, seed: int) -> Any:
-    """A copy of a seeded collator (MLM, denoising) whose generator starts from `seed`; others as they are."""
-    if dataclasses.is_dataclass(collator) and hasattr(collator, "seed"):
-        return dataclasses.replace(collator, seed=seed)
-    return collator
+    """A copy of a seeded collator (MLM, denoising) drawing from `seed` alone, in the loop's process or a loader
+    worker alike; others as they are."""
+    return collator.pinned(seed) if isinstance(collator, SeededCollator) else collator
 
 
 class GlobalBatches(torch.utils.data.Dataset):

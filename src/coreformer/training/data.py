@@ -36,7 +36,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -433,15 +433,26 @@ class SeededCollator:
     In the main process (`num_workers=0`, the Trainer default) one stream seeded with `seed` runs through every
     epoch. A DataLoader worker holds a copy of the collator made when the epoch's iterator starts, so it reseeds from
     `seed` and the worker's own seed, which differs per worker and per epoch (and follows `torch.manual_seed`);
-    otherwise every worker, every epoch, would repeat the same masks.
+    otherwise every worker, every epoch, would repeat the same masks. A `pinned` copy draws from its seed alone,
+    in any process: for callers that seed each batch themselves.
     """
 
     seed: int = 0
     _generator: torch.Generator | None = field(default=None, init=False, repr=False)
     _worker_seed: int | None = field(default=None, init=False, repr=False)
+    _pinned: bool = field(default=False, init=False, repr=False)
+
+    def pinned(self, seed: int) -> "SeededCollator":
+        """A copy drawing from `seed` alone, whichever process or DataLoader worker calls it: pretraining seeds each
+        global batch from its number (batches.py), and the worker that happens to build it must not change it."""
+        copy = replace(self, seed=seed)
+        copy._generator, copy._pinned = torch.Generator().manual_seed(seed), True
+        return copy
 
     @property
     def generator(self) -> torch.Generator:
+        if self._pinned:
+            return self._generator
         info = torch.utils.data.get_worker_info()
         worker_seed = None if info is None else info.seed
         if self._generator is None or self._worker_seed != worker_seed:
