@@ -28,9 +28,12 @@ held-out loss during training (its own objective's, at --eval-points steps) show
 randomly initialised one are then fine-tuned on --tasks (benchmarks/recipes.py's tasks: context ones and the lexical
 control) with --seeds seeds, paired by seed against random init and ELECTRA against masked LM.
 
-On a GPU the runs train at the same time, one process each (--parallel), and so do the fine-tunings (one process per
-encoder and task): the processes share the GPU, so the runs' times are not a speed comparison; FLOPs are the budget.
-A run whose loss diverges is reported with its error and the others go on. Results are written after the pretraining
+On a GPU (--parallel) each run trains in a process of its own, one after the other, its batches built by --num-workers
+loader workers while the GPU computes (the same batches as without: each is seeded by its number); the fine-tunings
+then run at the same time, one process per encoder and task. --runs-together trains the runs side by side, as the
+calls before this one did (their files say so): see Sizing. FLOPs are the budget. Each stage's GPU utilization, as
+nvidia-smi samples it each second, goes into the report: its mean and how often the GPU was idle. A run whose loss
+diverges is reported with its error and the others go on. Results are written after the pretraining
 and after each encoder's fine-tuning on each task, so a call cut off at its time limit keeps what it finished:
 results/NAME.json and .md (--name; machine, packages, date and command at the top).
 
@@ -42,10 +45,16 @@ tokenizer, each run's data) took about 1.3 minutes, where it took about 2 when e
 rows read no more tokens a second than 128 did, and building a batch of 512 on the CPU takes tens of milliseconds of
 a step of hundreds: what bounds them is most likely the GPU, which the two processes take turns on, at a few percent
 of its peak FLOPs (a 512-wide model in eager mode is mostly elementwise work). --compile, which fuses that work, and
-a wider model (--plan: 768 x 12 reads about half the text at 1e16), which does more per element it moves, are the
-next things to try; neither is measured here yet. So the default, 3e15, fits one call of 10 minutes, and 1e16 at
-this size needs two: --work-dir keeps the text, the runs and the fine-tunings in a folder, and a second call with
-the same folder and settings does only what the first did not finish.
+a wider model (--plan: 768 x 12 reads about half the text at 1e16), which does more per element it moves, were the
+next things to try. --compile (results/electra_vs_mlm_gpu_1e16_compiled.md: the same settings) made the runs a
+little faster and did not fit one call either, and what nvidia-smi sampled beside that call (not a results file: the
+script did not sample then) contradicts the inference above: while the two runs trained side by side the GPU was
+idle in most samples, and ELECTRA's steps ran several times faster once masked LM's run had ended. So the runs were
+bound by their hosts' side and by sharing, not by the GPU's arithmetic. Hence the defaults now: the runs one after
+the other, each building its batches in loader workers, and the utilization sampled by the script; their time on a
+GPU is not measured yet. Until it is, the default, 3e15, fits one call of 10 minutes, and 1e16 at this size may need
+two: --work-dir keeps the text, the runs and the fine-tunings in a folder, and a second call with the same folder and
+settings does only what the first did not finish.
 
 A larger budget at the same model size reads the text more times: --plan, on any machine, builds the text and the
 tokenizer, then prints each run's steps and epochs for the settings given and trains nothing, so a budget and a model
@@ -69,9 +78,12 @@ import platform
 import random
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -98,7 +110,9 @@ NEAR_DUPLICATE_SHARE, SHINGLE_LINES = 0.5, 5
 SKIPPED_PACKAGE_DIRS = frozenset({"__pycache__", "test", "tests", "testing"})  # test suites: repetitive fixtures
 PROGRESS = "progress.json"  # in --work-dir: what the calls so far finished
 # Settings a call may change and still continue another's work: they decide no result.
-SETTINGS_NOT_DECIDING = frozenset({"note", "name", "output_dir", "work_dir", "command", "plan", "parallel"})
+SETTINGS_NOT_DECIDING = frozenset(
+    {"note", "name", "output_dir", "work_dir", "command", "plan", "parallel", "runs_together", "num_workers"}
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,7 +131,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--parallel",
         action=argparse.BooleanOptionalAction,
         default=torch.cuda.is_available(),
-        help="train the runs, and then fine-tune, at the same time, one process each (default: on a GPU)",
+        help="each run and each fine-tuning in a process of its own, the fine-tunings at the same time (default: on a "
+        "GPU)",
+    )
+    parser.add_argument(
+        "--runs-together",
+        action="store_true",
+        help="with --parallel: train the runs side by side too (sharing one GPU, they ran slower than one at a time)",
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=2 if torch.cuda.is_available() else 0,
+        help="loader workers building each run's batches while it computes (default: 2 on a GPU); the same batches",
     )
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile each pretraining run's model (not measured here yet)"
@@ -209,7 +235,7 @@ def run_settings(variant: str, args, folder: Path, steps: int, tokenizer: Path |
     overrides.update(extra, batch_size=args.batch_size, lr=args.lr, warmup_steps=max(1, steps // 20))
     overrides.update(save_every=0, eval_every=max(1, steps // args.eval_points), report_to="none", zero_shot_pairs=0)
     overrides.update(mixed_precision="bf16" if torch.cuda.is_available() else "no", vocab_size=16384)
-    overrides.update(compile=args.compile)
+    overrides.update(compile=args.compile, num_workers=args.num_workers)
     if args.corpus == "installed":
         overrides["dataset"] = str(args.corpus_file)
     if tokenizer is not None:
@@ -279,14 +305,58 @@ def curve(history: dict) -> list[dict]:
     return points
 
 
-def in_processes(function: Callable, calls: dict[Hashable, tuple], parallel: bool) -> Iterator[tuple[Hashable, Any]]:
-    """(name, function(*arguments)) for each of `calls` (name -> arguments), as each finishes: one after the other,
-    or (`parallel`) at the same time, one process each."""
+class GpuUtilization:
+    """While a stage runs, a thread asks nvidia-smi for the GPU's utilization every `interval` seconds (the share of
+    its last sample period in which a kernel ran); at the stage's end its mean and the share of samples at 0 (the GPU
+    idle) go into report["gpu_utilization"][stage]: whether the GPU or the host bounded the stage. Nothing where
+    nvidia-smi is missing (a CPU machine) or the stage has no `work` (a continued call that finished it before)."""
+
+    def __init__(self, report: dict, stage: str, work: Any, interval: float = 1.0, executable: str = "nvidia-smi"):
+        self.report, self.stage, self.interval = report, stage, interval
+        self.executable = shutil.which(executable) if work else None
+        device = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or "0"  # the GPU this process uses
+        self.query = [self.executable, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", device]
+        self.samples: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+
+    def sample(self) -> None:
+        while True:
+            answer = subprocess.run(self.query, capture_output=True, text=True).stdout.strip()
+            if answer.isdigit():
+                self.samples.append(int(answer))
+            if self.stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> "GpuUtilization":
+        if self.executable is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        if self.executable is None:
+            return
+        self.stop.set()
+        self.thread.join()
+        if self.samples:
+            self.report.setdefault("gpu_utilization", {})[self.stage] = {
+                "samples": len(self.samples),
+                "mean_percent": sum(self.samples) / len(self.samples),
+                "idle_share": self.samples.count(0) / len(self.samples),
+            }
+
+
+def in_processes(
+    function: Callable, calls: dict[Hashable, tuple], parallel: bool, at_once: int | None = None
+) -> Iterator[tuple[Hashable, Any]]:
+    """(name, function(*arguments)) for each of `calls` (name -> arguments), as each finishes: in this process one
+    after the other, or (`parallel`) each in a fresh process of its own, `at_once` at a time (default: all)."""
     if not parallel or not calls:  # none left: a pool of no processes is an error
         yield from ((name, function(*arguments)) for name, arguments in calls.items())
         return
     spawn = multiprocessing.get_context("spawn")  # CUDA in every worker: fork would share the parent's state
-    with concurrent.futures.ProcessPoolExecutor(len(calls), mp_context=spawn) as pool:
+    processes = min(len(calls), at_once or len(calls))
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=spawn, max_tasks_per_child=1) as pool:
         names = {pool.submit(function, *arguments): name for name, arguments in calls.items()}
         yield from ((names[done], done.result()) for done in concurrent.futures.as_completed(names))
 
@@ -324,6 +394,7 @@ def markdown(report: dict) -> str:
         f"- command: `{report['command']}`",
         f"- training text: {corpus_line(report['settings']['corpus'], corpus)}",
         f"- unigram entropy of the training text: {report['unigram_entropy']:.3f} nats per token",
+        *([utilization_line(report["gpu_utilization"])] if "gpu_utilization" in report else []),
         "",
         "| encoder | steps | epochs | training FLOPs | time (s) | "
         "held-out MLM loss at the [MASK] tokens (ELECTRA: generator) | below unigram by | over all selected tokens | "
@@ -346,7 +417,8 @@ def markdown(report: dict) -> str:
             f"{row['train_time_s']:.1f} | {at_masks:.4f} | {report['unigram_entropy'] - at_masks:+.3f} | "
             f"{row['mlm_loss']:.4f} | {auc} | {rtd} | {accuracy} |"
         )
-    if report["settings"]["parallel"]:
+    settings = report["settings"]
+    if settings.get("runs_together", settings["parallel"]):  # calls before --runs-together: --parallel did both
         lines += ["", "The runs trained at the same time on the one GPU: their times are not a speed comparison."]
     during = "Held-out loss during pretraining (each run's own objective; in brackets the mean training loss since the "
     lines += ["", during + "evaluation before):", ""] + [curve_line(row) for row in report["runs"] if "curve" in row]
@@ -370,6 +442,14 @@ def markdown(report: dict) -> str:
             f"{comparison['wins']} / {comparison['seeds']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def utilization_line(stages: dict[str, dict]) -> str:
+    parts = [
+        f"{stage} {row['mean_percent']:.0f}% on average, idle in {row['idle_share']:.0%} of {row['samples']} samples"
+        for stage, row in stages.items()
+    ]
+    return "- GPU utilization (nvidia-smi, each second): " + "; ".join(parts)
 
 
 def corpus_line(kind: str, corpus: dict) -> str:
@@ -482,9 +562,10 @@ def pretrain_every_variant(
     pretrained = {row["variant"]: row for row in report["runs"]}
     tokens_per_step = progress["tokenizer_run"]["tokens_per_step"]
     to_train = {v: (v, args, work, tokenizer, tokens_per_step) for v in args.variants if v not in pretrained}
-    with concurrent.futures.ThreadPoolExecutor(1) as beside:
+    with concurrent.futures.ThreadPoolExecutor(1) as beside, GpuUtilization(report, "pretraining", to_train):
         entropy = None if "unigram_entropy" in report else beside.submit(EVM.unigram_entropy, tokenizer, first_settings)
-        for variant, row in in_processes(pretrain, to_train, args.parallel):
+        at_once = None if args.runs_together else 1
+        for variant, row in in_processes(pretrain, to_train, args.parallel, at_once):
             if "folder" in row:
                 encoders[variant] = row.pop("folder")
             pretrained[variant] = row
@@ -507,11 +588,12 @@ def finetune_every_encoder(args, work: Path, progress: dict, tokenizer: Path) ->
     pending = [(name, task) for task in args.tasks for name in encoders if task not in finetuning.get(name, {})]
     files = {task: RECIPES.task_files(task, args, work) for task in dict.fromkeys(task for _, task in pending)}
     to_finetune = {(name, task): (Path(encoders[name]), task, files[task], args, work) for name, task in pending}
-    for (name, task), result in in_processes(finetuned, to_finetune, args.parallel):
-        finetuning.setdefault(name, {})[task] = result
-        report["comparisons"] = comparisons(finetuning, args.tasks)
-        save_progress(work, progress)
-        write(report, args)
+    with GpuUtilization(report, "fine-tuning", to_finetune):
+        for (name, task), result in in_processes(finetuned, to_finetune, args.parallel):
+            finetuning.setdefault(name, {})[task] = result
+            report["comparisons"] = comparisons(finetuning, args.tasks)
+            save_progress(work, progress)
+            write(report, args)
 
 
 def new_report(args) -> dict:

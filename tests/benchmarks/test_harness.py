@@ -6,6 +6,7 @@ import json
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -365,13 +366,41 @@ def test_electra_gpu_benchmark_pairs_every_encoder_with_random_init_and_electra_
     assert rows["electra, 1/4 width - random init"]["wins"] == 2
     del finetuning["masked-lm"]  # not fine-tuned yet: ELECTRA is paired with random init alone
     assert [row["what"] for row in gpu.comparisons(finetuning, ["task"])] == ["electra, 1/4 width - random init"]
-    for flags, compiled in (([], False), (["--compile"], True)):
+    for flags, compiled, workers in (([], False, 0), (["--compile", "--num-workers", "2"], True, 2)):
         args = gpu.parse_args(["--tiny", "--corpus", "stdlib", *flags])
         settings = gpu.run_settings("electra, 1/4 width", args, ROOT / "unused", 3, None)
-        assert settings.compile is compiled and settings.max_steps == 3
+        assert settings.compile is compiled and settings.num_workers == workers and settings.max_steps == 3
     assert set(gpu.VARIANTS) == {"masked-lm", "electra, 1/4 width", "electra, 1/2 width"}
     widths = {gpu.VARIANTS[name][1].get("generator_fraction") for name in gpu.VARIANTS}
     assert widths == {None, 0.25, 0.5}
+
+
+def test_electra_gpu_benchmark_samples_the_gpu_utilization_of_each_stage_where_nvidia_smi_answers(tmp_path):
+    from results_files import sibling
+
+    gpu = sibling("electra_vs_mlm_gpu")
+    for name, answer in (("busy-smi", "40"), ("idle-smi", "0"), ("broken-smi", "No devices were found")):
+        stand_in = tmp_path / name  # nvidia-smi's answer to the query the script sends
+        stand_in.write_text(f"#!/bin/sh\necho '{answer}'\n")
+        stand_in.chmod(0o755)
+    report = {}
+    with gpu.GpuUtilization(report, "pretraining", ["a run"], interval=0.01, executable=str(tmp_path / "busy-smi")):
+        time.sleep(0.1)
+    with gpu.GpuUtilization(report, "fine-tuning", ["a task"], interval=0.01, executable=str(tmp_path / "idle-smi")):
+        pass  # a stage shorter than one interval still has its first sample
+    stages = report["gpu_utilization"]
+    assert stages["pretraining"]["mean_percent"] == 40 and stages["pretraining"]["idle_share"] == 0
+    assert stages["pretraining"]["samples"] >= 2 and stages["fine-tuning"]["idle_share"] == 1
+    line = gpu.utilization_line(stages)
+    assert line.startswith("- GPU utilization (nvidia-smi, each second): pretraining 40% on average, idle in 0% of")
+    assert "fine-tuning 0% on average, idle in 100% of 1 samples" in line
+    quiet = {}  # nothing sampled: no nvidia-smi, nothing to do, or an answer that is not a number
+    for executable, work in (("no-such-smi", ["a run"]), (str(tmp_path / "busy-smi"), [])):
+        with gpu.GpuUtilization(quiet, "pretraining", work, interval=0.01, executable=executable):
+            pass
+    with gpu.GpuUtilization(quiet, "pretraining", ["a run"], interval=0.01, executable=str(tmp_path / "broken-smi")):
+        pass
+    assert quiet == {}
 
 
 def test_electra_gpu_corpus_holds_the_standard_library_and_each_package_text_once_without_near_duplicates(tmp_path):
