@@ -39,22 +39,17 @@ results/NAME.json and .md (--name; machine, packages, date and command at the to
 
 Sizing. At 1.5e15 FLOPs a run (results/electra_vs_mlm_gpu.md, an H200) the text, the tokenizer and the two runs side
 by side took about 3 minutes, and the fine-tunings (2 learning rates on dev and 3 seeds, every encoder and task at
-the same time) about 2.7 more. At 1e16 (results/electra_vs_mlm_gpu_1e16.md) the setup before the runs (text,
-tokenizer, each run's data) took about 1.3 minutes, where it took about 2 when each run tokenized the text again
-(datasets' cache key held the folder the tokenizer came from); the runs took about 6 minutes. Their batches of 512
-rows read no more tokens a second than 128 did, and building a batch of 512 on the CPU takes tens of milliseconds of
-a step of hundreds: what bounds them is most likely the GPU, which the two processes take turns on, at a few percent
-of its peak FLOPs (a 512-wide model in eager mode is mostly elementwise work). --compile, which fuses that work, and
-a wider model (--plan: 768 x 12 reads about half the text at 1e16), which does more per element it moves, were the
-next things to try. --compile (results/electra_vs_mlm_gpu_1e16_compiled.md: the same settings) made the runs a
-little faster and did not fit one call either, and what nvidia-smi sampled beside that call (not a results file: the
-script did not sample then) contradicts the inference above: while the two runs trained side by side the GPU was
-idle in most samples, and ELECTRA's steps ran several times faster once masked LM's run had ended. So the runs were
-bound by their hosts' side and by sharing, not by the GPU's arithmetic. Hence the defaults now: the runs one after
-the other, each building its batches in loader workers, and the utilization sampled by the script; their time on a
-GPU is not measured yet. Until it is, the default, 3e15, fits one call of 10 minutes, and 1e16 at this size may need
-two: --work-dir keeps the text, the runs and the fine-tunings in a folder, and a second call with the same folder and
-settings does only what the first did not finish.
+the same time) about 2.7 more. At 1e16 (results/electra_vs_mlm_gpu_1e16.md, batches of 512 rows) the setup before the
+runs took about 1.3 minutes and the two runs side by side about 6; compiled (the same settings and --compile:
+results/electra_vs_mlm_gpu_1e16_compiled.md) a little less, and both left the fine-tunings to a second call.
+During the compiled call nvidia-smi, run beside the script, found the GPU idle in most of its samples while the two
+runs shared it, and ELECTRA's steps ran several times faster once masked LM's run had ended: the runs were bound by
+the host's side of each step and by sharing the GPU, not by its arithmetic. Hence the defaults: one run after the
+other, each building its batches in loader workers while the GPU computes, and each stage's utilization sampled by
+the script. How long a call takes that way is not measured on a GPU yet; until it is, 1e16 at this size may need two
+calls: --work-dir keeps the text, the runs and the fine-tunings in a folder, and a second call with the same folder
+and settings does only what the first did not finish. A wider model (--plan: 768 x 12 reads about half the text at
+1e16) does more arithmetic per element it moves and is untried.
 
 A larger budget at the same model size reads the text more times: --plan, on any machine, builds the text and the
 tokenizer, then prints each run's steps and epochs for the settings given and trains nothing, so a budget and a model
@@ -145,9 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2 if torch.cuda.is_available() else 0,
         help="loader workers building each run's batches while it computes (default: 2 on a GPU); the same batches",
     )
-    parser.add_argument(
-        "--compile", action="store_true", help="torch.compile each pretraining run's model (not measured here yet)"
-    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile each pretraining run's model")
     parser.add_argument("--eval-points", type=int, default=8, help="held-out evaluations during each run")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds per encoder and task")
     parser.add_argument(
