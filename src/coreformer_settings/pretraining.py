@@ -157,7 +157,7 @@ class PretrainingSettings(RunSettings):
         "'latest' (newest checkpoint in --output-dir; starts fresh when the folder is empty) or a checkpoint folder",
     )
     report_to: str = arg("auto", "tracker: tensorboard, none, or auto (tensorboard when installed)", choices=REPORT_TO)
-    num_workers: int = arg(0, "DataLoader worker processes")
+    num_workers: int = arg(0, "DataLoader worker processes building the batches ahead (the same batches as with 0)")
     sample_prompt: str | None = arg(
         None,
         "at the end, reload the final folder with its Auto class and print a sample for this prompt (generated text; "
