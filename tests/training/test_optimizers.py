@@ -1,6 +1,7 @@
 """The optimizer and schedule settings (coreformer.training.optimizers): Muon takes exactly the blocks' linear
-weights, warmup-stable-decay gives its rates at chosen steps, each optimizer and schedule resumes exactly, and Muon
-on sharded weights or a resume with another optimizer is one clear refusal."""
+weights, every optimizer setting and --max-grad-norm reach what they configure, warmup-stable-decay gives its rates at
+chosen steps, each optimizer and schedule resumes exactly, and Muon on sharded weights or a resume with another
+optimizer is one clear refusal."""
 
 import re
 import types
@@ -53,6 +54,39 @@ def test_muon_takes_exactly_the_hidden_matrices_and_adamw_the_rest(family):
     ]
     assert {group["lr"] for group in optimizer.muon.param_groups} == {0.02}
     assert {group["lr"] for group in optimizer.adamw.param_groups} == {1e-3}
+
+
+def test_every_optimizer_setting_reaches_the_optimizers_it_builds():
+    # A setting that parses but is never read fails silently: each one must show in the groups it configures.
+    adamw = dict(lr=2e-3, weight_decay=0.05, adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6)
+    muon = dict(muon_lr=0.03, muon_momentum=0.9, muon_ns_steps=3, muon_adjust_lr="match_rms_adamw")
+    model = tiny_model("decoder")
+    for optimizer in ("adamw", "muon"):
+        args = PretrainingArguments(family="decoder", optimizer=optimizer, **adamw, **muon)
+        built = build_optimizer(model, args, torch.device("cpu"))
+        groups = built.adamw.param_groups if optimizer == "muon" else built.param_groups
+        assert {(group["lr"], group["betas"], group["eps"]) for group in groups} == {(2e-3, (0.8, 0.99), 1e-6)}
+        decay = {parameter.ndim >= 2: group["weight_decay"] for group in groups for parameter in group["params"]}
+        assert decay == {True: 0.05, False: 0.0}  # matrices and embeddings decay; biases and norm gains do not
+    (group,) = built.muon.param_groups
+    assert (group["lr"], group["momentum"], group["ns_steps"]) == (0.03, 0.9, 3)
+    assert (group["adjust_lr_fn"], group["weight_decay"]) == ("match_rms_adamw", 0.05)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.5, 0.0])
+def test_max_grad_norm_clips_every_step_and_zero_turns_clipping_off(tmp_path, monkeypatch, max_grad_norm):
+    from accelerate import Accelerator
+
+    norms, clip = [], Accelerator.clip_grad_norm_
+
+    def recorded(self, parameters, max_norm, *args, **kwargs):
+        norms.append(max_norm)
+        return clip(self, parameters, max_norm, *args, **kwargs)
+
+    monkeypatch.setattr(Accelerator, "clip_grad_norm_", recorded)
+    settings = {**tiny_settings(), "max_grad_norm": max_grad_norm, "max_steps": 3, "save_every": 0}
+    run_pretraining(PretrainingArguments(**settings, output_dir=str(tmp_path / "run")))
+    assert norms == ([max_grad_norm] * 3 if max_grad_norm else [])  # once per optimizer step (grad_accum 2)
 
 
 def schedule_rates(**settings) -> list[float]:
