@@ -452,6 +452,29 @@ def test_embedded_datasets_are_the_same_on_every_build():
 
 
 @pytest.mark.slow
+def test_every_trainer_setting_reaches_the_training_arguments_and_lora_adapts_the_named_modules(bases, tmp_path):
+    # A setting that parses but is never read fails silently: each must show in what it configures.
+    from coreformer.training.finetuning import _attach_lora
+    from coreformer.training.finetuning_trainer import _training_arguments
+
+    given = dict(weight_decay=0.05, num_train_epochs=2.5, eval_steps=3, warmup_steps=2, save_every=4, seed=7)
+    given.update(lora_target_modules=" q_proj, k_proj ,o_proj", max_steps=None)
+    args = tiny_args("sequence-classification", bases["encoder"], tmp_path / "out", **given)
+    trainer = _training_arguments(args, tmp_path / "out", evaluate_first=False)
+    assert (trainer.weight_decay, trainer.num_train_epochs, trainer.max_steps) == (0.05, 2.5, -1)
+    assert (trainer.eval_strategy, trainer.eval_steps, trainer.save_steps) == ("steps", 3, 4)
+    assert (trainer.warmup_steps, trainer.seed) == (2, 7)
+    no_evaluations = tiny_args("sequence-classification", bases["encoder"], tmp_path / "out", eval_steps=0)
+    assert _training_arguments(no_evaluations, tmp_path / "out", evaluate_first=False).eval_strategy == "no"
+    model = AutoModelForSequenceClassification.from_pretrained(bases["encoder"], num_labels=2)
+    adapted = _attach_lora(model, args)
+    assert set(adapted.peft_config["default"].target_modules) == {"q_proj", "k_proj", "o_proj"}
+    names = {
+        name.split(".lora_A.")[0].rsplit(".", 1)[-1] for name, _ in adapted.named_parameters() if ".lora_A." in name
+    }
+    assert names == {"q_proj", "k_proj", "o_proj"}
+
+
 def test_lora_saves_an_adapter_and_a_merged_model_with_the_same_outputs(bases, tmp_path):
     folder = tmp_path / "lora"
     args = tiny_args("sequence-classification", bases["encoder"], folder, peft="lora", lora_r=4, lora_alpha=8)
