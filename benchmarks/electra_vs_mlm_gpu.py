@@ -348,10 +348,13 @@ def in_processes(
         yield from ((name, function(*arguments)) for name, arguments in calls.items())
         return
     spawn = multiprocessing.get_context("spawn")  # CUDA in every worker: fork would share the parent's state
-    processes = min(len(calls), at_once or len(calls))
-    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=spawn, max_tasks_per_child=1) as pool:
-        names = {pool.submit(function, *arguments): name for name, arguments in calls.items()}
-        yield from ((names[done], done.result()) for done in concurrent.futures.as_completed(names))
+    names, size = list(calls), at_once or len(calls)
+    # A pool per group of `size`, as many processes as calls: each call gets a fresh one. (One pool with
+    # max_tasks_per_child=1 would say the same, but can stop replacing its workers: CPython gh-115634.)
+    for group in (names[start : start + size] for start in range(0, len(names), size)):
+        with concurrent.futures.ProcessPoolExecutor(len(group), mp_context=spawn) as pool:
+            futures = {pool.submit(function, *calls[name]): name for name in group}
+            yield from ((futures[done], done.result()) for done in concurrent.futures.as_completed(futures))
 
 
 def args_batches(args) -> int:
