@@ -419,7 +419,6 @@ def markdown(report: dict) -> str:
     during = "Held-out loss during pretraining (each run's own objective; in brackets the mean training loss since the "
     lines += ["", during + "evaluation before):", ""] + [curve_line(row) for row in report["runs"] if "curve" in row]
     if report["comparisons"]:
-        settings = report["settings"]
         lrs = settings.get("finetune_lrs")
         listed = ", ".join(f"{lr:g}" for lr in lrs or [])
         how = f"chosen per encoder and task on dev from {listed}" if lrs else f"fixed at {settings['finetune_lr']:g}"

@@ -384,8 +384,11 @@ def test_electra_gpu_benchmark_samples_the_gpu_utilization_of_each_stage_where_n
         stand_in.write_text(f"#!/bin/sh\necho '{answer}'\n")
         stand_in.chmod(0o755)
     report = {}
-    with gpu.GpuUtilization(report, "pretraining", ["a run"], interval=0.01, executable=str(tmp_path / "busy-smi")):
-        time.sleep(0.1)
+    busy = gpu.GpuUtilization(report, "pretraining", ["a run"], interval=0.01, executable=str(tmp_path / "busy-smi"))
+    with busy:
+        deadline = time.monotonic() + 60
+        while len(busy.samples) < 2 and time.monotonic() < deadline:  # several samples, however busy the host
+            time.sleep(0.01)
     with gpu.GpuUtilization(report, "fine-tuning", ["a task"], interval=0.01, executable=str(tmp_path / "idle-smi")):
         pass  # a stage shorter than one interval still has its first sample
     stages = report["gpu_utilization"]

@@ -451,7 +451,6 @@ def test_embedded_datasets_are_the_same_on_every_build():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_every_trainer_setting_reaches_the_training_arguments_and_lora_adapts_the_named_modules(bases, tmp_path):
     # A setting that parses but is never read fails silently: each must show in what it configures.
     from coreformer.training.finetuning import _attach_lora
@@ -475,6 +474,7 @@ def test_every_trainer_setting_reaches_the_training_arguments_and_lora_adapts_th
     assert names == {"q_proj", "k_proj", "o_proj"}
 
 
+@pytest.mark.slow
 def test_lora_saves_an_adapter_and_a_merged_model_with_the_same_outputs(bases, tmp_path):
     folder = tmp_path / "lora"
     args = tiny_args("sequence-classification", bases["encoder"], folder, peft="lora", lora_r=4, lora_alpha=8)

@@ -31,12 +31,13 @@ reproducible without touching the global RNG. Nothing here imports the modeling 
 """
 
 import bisect
+import copy
 import glob
 import math
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -445,9 +446,9 @@ class SeededCollator:
     def pinned(self, seed: int) -> "SeededCollator":
         """A copy drawing from `seed` alone, whichever process or DataLoader worker calls it: pretraining seeds each
         global batch from its number (batches.py), and the worker that happens to build it must not change it."""
-        copy = replace(self, seed=seed)
-        copy._generator, copy._pinned = torch.Generator().manual_seed(seed), True
-        return copy
+        pinned = copy.copy(self)  # not dataclasses.replace: __post_init__'s tables (vocabulary-sized) stay shared
+        pinned.seed, pinned._generator, pinned._pinned = seed, torch.Generator().manual_seed(seed), True
+        return pinned
 
     @property
     def generator(self) -> torch.Generator:
