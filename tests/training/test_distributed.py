@@ -6,8 +6,9 @@ engine asked for but not set up is refused. (DDP on one machine: test_pretrainin
 
 Every launch of the module starts at once in one fixture (the 2 cores are shared; the runs are tiny: hidden 32,
 2 layers, vocab 384, blocks of 32, 12 steps) on its own free port, with the tokenizers trained once here, so that the
-1-process references can run in this process meanwhile. Every launcher is its own process group, killed at the end
-whatever happened.
+1-process references can run in this process meanwhile. The run killed mid-save and its resume are real
+`accelerate launch`es, each launcher its own process group, killed at the end whatever happened; the other runs'
+ranks are forked as that launch would start them (ranks.py), since what they check is what the ranks compute.
 """
 
 import contextlib
@@ -28,6 +29,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 from conftest import free_port
+from ranks import Ranks, launch_ranks
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -156,23 +158,34 @@ class Launches:
             "ACCELERATE_USE_CPU": "1",
         }
 
-    def start(self, name: str, settings: dict, launcher: list[str], *, marker: str = "-", **extra) -> Path:
-        """Launch pretrain.py (through CHILD) with `launcher` flags; returns the output folder."""
+    def start(
+        self, name: str, settings: dict, launcher: list[str], *, marker: str = "-", forked: bool = True, **extra
+    ) -> Path:
+        """Start pretrain.py (through CHILD) as `accelerate launch` with `launcher` flags would: its ranks forked
+        (ranks.py) or, with `forked=False`, the launch itself; returns the output folder."""
         config = self.tmp / f"{settings['family']}.json"
         config.write_text(json.dumps({"family": settings["family"], "model": settings["model"]}))
-        output_dir, report = self.tmp / name, self.tmp / f"{name}-shards"
+        output_dir, report, log = self.tmp / name, self.tmp / f"{name}-shards", self.tmp / f"{name}.log"
         report.mkdir(exist_ok=True)
-        command = [str(ACCELERATE), "launch", *launcher, "--dynamo_backend", "no"]
-        command += [str(self.tmp / "child.py"), str(report), marker, str(PRETRAIN), "--config", str(config)]
-        command += cli_flags({**settings, **extra, "output_dir": str(output_dir)})
-        log = (self.tmp / f"{name}.log").open("w")
-        self.children[name] = subprocess.Popen(
-            command, env=self.env, cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        launcher = [*launcher, "--dynamo_backend", "no"]
+        script = [str(self.tmp / "child.py"), str(report), marker, str(PRETRAIN), "--config", str(config)]
+        script += cli_flags({**settings, **extra, "output_dir": str(output_dir)})
+        log.write_text("")
+        if forked:
+            self.children[name] = launch_ranks(launcher, script, self.env, self.tmp, log)
+        else:
+            self.children[name] = subprocess.Popen(
+                [str(ACCELERATE), "launch", *launcher, *script],
+                env=self.env,
+                cwd=self.tmp,
+                stdout=log.open("w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return output_dir
 
     def finish(self, name: str, timeout: float = 600) -> int:
-        return self.children[name].wait(timeout=timeout)
+        return self.children[name].wait(timeout=timeout)  # Popen.wait and Ranks.wait alike
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()
@@ -188,7 +201,9 @@ class Launches:
         """SIGKILL the launcher and every process under it: torchrun starts each rank in a session of its own, so
         the launcher's process group alone would leave the ranks waiting on each other forever."""
         child = self.children[name]
-        if child.poll() is None:
+        if isinstance(child, Ranks):
+            child.kill()
+        elif child.poll() is None:
             ranks = psutil.Process(child.pid).children(recursive=True)
             os.killpg(child.pid, signal.SIGKILL)
             for rank in ranks:
@@ -238,7 +253,8 @@ def runs(tmp_path_factory):
         bf16 = fsdp_launcher(free_port())
         bf16[bf16.index("--mixed_precision") + 1] = "bf16"
         launches.start("fsdp-bf16", {**decoder, "mixed_precision": "bf16"}, bf16)
-        launches.start("killed", decoder, fsdp_launcher(free_port()), marker=str(tmp / "marker"))
+        # the launch itself, killed with every process under it, and resumed by another
+        launches.start("killed", decoder, fsdp_launcher(free_port()), marker=str(tmp / "marker"), forked=False)
         port = free_port()
         for rank in (0, 1):
             launches.start(f"machine-{rank}", decoder, machine_launcher(port, rank))
@@ -264,7 +280,7 @@ def runs(tmp_path_factory):
         }
         saved_by_two = tmp / "saved-by-two" / "step-6"  # a copy the resumed run's pruning cannot remove
         shutil.copytree(tmp / "killed" / "checkpoints" / "step-6", saved_by_two)
-        launches.start("killed", decoder, fsdp_launcher(free_port()), resume_from_checkpoint="latest")
+        launches.start("killed", decoder, fsdp_launcher(free_port()), resume_from_checkpoint="latest", forked=False)
         four = fsdp_launcher(free_port())
         four[four.index("--num_processes") + 1] = "4"
         launches.start("four", decoder, four, grad_accum=1, resume_from_checkpoint=str(saved_by_two))
@@ -481,7 +497,7 @@ def test_fsdp_config_launched_on_one_process_is_refused_in_one_line(tmp_path):
     try:
         launcher = ["--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"), "--num_processes", "1"]
         launcher += ["--main_process_port", str(free_port())]
-        output_dir = launches.start("one", settings, launcher)
+        output_dir = launches.start("one", settings, launcher, forked=False)
         assert launches.finish("one", timeout=300) != 0
     finally:
         launches.close()

@@ -27,7 +27,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, run_launch
+from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker
+from ranks import launch_ranks
 from safetensors.torch import load_file
 from test_finetuning import _texts
 from transformers import AutoModelForSequenceClassification, set_seed
@@ -359,11 +360,10 @@ def test_ctrl_c_after_a_checkpoint_hints_a_resume_that_works(base, uninterrupted
     assert_same_run(folder, uninterrupted)
 
 
-def launch_two(script: list[str], tmp_path: Path) -> list[str]:
-    """`accelerate launch` of `script` on 2 CPU processes (gloo), on a port of its own."""
-    command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
-    return command + script
+def two_processes() -> list[str]:
+    """The `accelerate launch` flags of 2 CPU processes (gloo), on a port of their own."""
+    launcher = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    return launcher + ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
 
 
 @pytest.mark.slow
@@ -372,10 +372,10 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
     wrapper = tmp_path / "killed_while_saving.py"
     wrapper.write_text(KILLED_WHILE_SAVING)
 
-    reference = tmp_path / "uninterrupted"
-    command = launch_two([str(FINETUNE)] + flags(base, reference), tmp_path)
-    result = run_launch(command, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
+    # The killed run is a real launch; the reference's and the resume's ranks are forked as it starts them (ranks.py).
+    reference, log = tmp_path / "uninterrupted", tmp_path / "launch.log"
+    ranks = launch_ranks(two_processes(), [str(FINETUNE)] + flags(base, reference), env, tmp_path, log)
+    assert ranks.wait(timeout=300) == 0, log.read_text()[-4000:]
     # Both processes train into one staged folder; only the main one writes and swaps it in, so the folder is
     # complete whichever process finishes last.
     assert {"config.json", "model.safetensors", "README.md", "all_results.json"} <= {
@@ -388,7 +388,8 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
     os.environ["ACCELERATE_USE_CPU"] = "1"
     try:
         kill_while_saving(
-            launch_two([str(wrapper), str(tmp_path / "marker"), str(FINETUNE)] + flags(base, folder), tmp_path),
+            [str(ACCELERATE), "launch", *two_processes(), str(wrapper), str(tmp_path / "marker"), str(FINETUNE)]
+            + flags(base, folder),
             tmp_path,
         )
     finally:
@@ -401,9 +402,9 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
     with pytest.raises(FinetuningError, match=r"saved by 2 process\(es\) and this run has 1: Trainer continues"):
         run_finetuning(settings(base, folder, resume_from_checkpoint="latest"))
 
-    command = launch_two([str(FINETUNE)] + flags(base, folder, resume_from_checkpoint="latest"), tmp_path)
-    result = run_launch(command, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
+    resume = [str(FINETUNE)] + flags(base, folder, resume_from_checkpoint="latest")
+    ranks = launch_ranks(two_processes(), resume, env, tmp_path, log)
+    assert ranks.wait(timeout=300) == 0, log.read_text()[-4000:]
     assert_same_run(folder, reference)
 
 
@@ -484,12 +485,15 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
-def launch_fsdp(child: Path, report: Path, marker: str, arguments: list[str]) -> list[str]:
-    """`accelerate launch` with the FSDP config users pass for GPUs, on 2 CPU processes, through FSDP_CHILD."""
-    command = [str(ACCELERATE), "launch", "--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"), "--num_processes"]
-    command += ["2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(free_port())]
-    return command + [str(child), str(report), marker, str(FINETUNE)] + arguments
+def fsdp_launcher() -> list[str]:
+    """The `accelerate launch` flags of the FSDP config users pass for GPUs, on 2 CPU processes."""
+    launcher = ["--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"), "--num_processes", "2", "--num_machines", "1"]
+    return launcher + ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+
+
+def fsdp_script(child: Path, report: Path, marker: str, arguments: list[str]) -> list[str]:
+    """finetune.py with `arguments`, through FSDP_CHILD."""
+    return [str(child), str(report), marker, str(FINETUNE)] + arguments
 
 
 @pytest.fixture(scope="module")
@@ -508,42 +512,30 @@ def fsdp(base, tmp_path_factory):
     for name in ("uninterrupted", "killed"):
         (tmp / f"{name}-shards").mkdir()
     uninterrupted, killed = tmp / "uninterrupted", tmp / "killed"
-    with open(tmp / "uninterrupted.log", "w") as log:
-        running = subprocess.Popen(
-            launch_fsdp(child, tmp / "uninterrupted-shards", "-", flags(plain, uninterrupted)),
-            env=env,
-            cwd=tmp,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            marker = str(tmp / "marker")
-            kill_while_saving(launch_fsdp(child, tmp / "killed-shards", marker, flags(plain, killed)), tmp, **env)
-            killed_state = {
-                "checkpoints": [path.name for path in list_checkpoints(killed)],
-                "half": sorted(p.name for p in (killed / CHECKPOINTS_DIR / ".saving" / "checkpoint-4").iterdir()),
-                "final": (killed / "config.json").exists(),
-            }
-            resume = flags(plain, killed, resume_from_checkpoint="latest")
-            with open(tmp / "resumed.log", "w") as resumed_log:
-                resumed = subprocess.Popen(
-                    launch_fsdp(child, tmp / "killed-shards", "-", resume),
-                    env=env,
-                    cwd=tmp,
-                    stdout=resumed_log,
-                    stderr=subprocess.STDOUT,
-                )
-                one = tmp / "one"
-                run_finetuning(settings(plain, one, grad_accum=2))
-                assert resumed.wait(timeout=300) == 0, (tmp / "resumed.log").read_text()[-4000:]
-            assert running.wait(timeout=300) == 0, (tmp / "uninterrupted.log").read_text()[-4000:]
-        finally:
-            for launched in (running, locals().get("resumed")):
-                if launched is not None and launched.poll() is None:
-                    for pid in [launched.pid, *descendants(launched.pid)]:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                    launched.wait(timeout=60)
+    # The killed run is a real launch, SIGKILLed with every process under it; the other two runs' ranks are forked
+    # as the launch would start them (ranks.py).
+    script = fsdp_script(child, tmp / "uninterrupted-shards", "-", flags(plain, uninterrupted))
+    running = launch_ranks(fsdp_launcher(), script, env, tmp, tmp / "uninterrupted.log")
+    resumed = None
+    try:
+        marker = str(tmp / "marker")
+        command = [str(ACCELERATE), "launch", *fsdp_launcher()]
+        kill_while_saving(command + fsdp_script(child, tmp / "killed-shards", marker, flags(plain, killed)), tmp, **env)
+        killed_state = {
+            "checkpoints": [path.name for path in list_checkpoints(killed)],
+            "half": sorted(p.name for p in (killed / CHECKPOINTS_DIR / ".saving" / "checkpoint-4").iterdir()),
+            "final": (killed / "config.json").exists(),
+        }
+        script = fsdp_script(child, tmp / "killed-shards", "-", flags(plain, killed, resume_from_checkpoint="latest"))
+        resumed = launch_ranks(fsdp_launcher(), script, env, tmp, tmp / "resumed.log")
+        one = tmp / "one"
+        run_finetuning(settings(plain, one, grad_accum=2))
+        assert resumed.wait(timeout=300) == 0, (tmp / "resumed.log").read_text()[-4000:]
+        assert running.wait(timeout=300) == 0, (tmp / "uninterrupted.log").read_text()[-4000:]
+    finally:
+        for launched in (running, resumed):
+            if launched is not None:
+                launched.kill()
     shards = [json.loads((tmp / "uninterrupted-shards" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     log = (tmp / "uninterrupted.log").read_text()
     return SimpleNamespace(

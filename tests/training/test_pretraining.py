@@ -24,6 +24,7 @@ import pytest
 import torch
 from accelerate.utils.other import clean_state_dict_for_safetensors
 from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, kill_at_marker, run_launch
+from ranks import launch_ranks
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -285,20 +286,24 @@ def test_global_batch_holds_the_same_examples_and_masks_whoever_builds_it():
     assert not torch.equal(other_seed[0][1]["input_ids"], forward[0]["input_ids"])
 
 
-def two_processes_and_one(settings: dict, tmp_path: Path) -> tuple[dict, dict]:
+def two_processes_and_one(settings: dict, tmp_path: Path, *, forked: bool = False) -> tuple[dict, dict]:
     """(metrics of a 2-process run launched with accelerate, metrics of the same run in this process with
     --grad-accum 2). Both use the tokenizer the 2-process run's main process trained and sent to the other; the
-    one-process run reads it rather than training the same one again."""
+    one-process run reads it rather than training the same one again. With `forked`, the launch's ranks are forked
+    as it would start them (ranks.py) instead of launched."""
     config = tmp_path / "tiny-test.json"
     config.write_text(json.dumps({"family": settings["family"], "model": settings["model"]}))
     two = tmp_path / "two-processes"
-    command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
-    command += [str(PRETRAIN), "--config", str(config)]
-    command += cli_flags({**settings, "output_dir": str(two), "grad_accum": 1})
+    launcher = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
+    launcher += ["--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    script = [str(PRETRAIN), "--config", str(config), *cli_flags({**settings, "output_dir": str(two), "grad_accum": 1})]
     env = {**child_env(tmp_path), "ACCELERATE_USE_CPU": "1"}
-    result = run_launch(command, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
+    if forked:
+        log = tmp_path / "launch.log"
+        assert launch_ranks(launcher, script, env, tmp_path, log).wait(timeout=300) == 0, log.read_text()[-4000:]
+    else:
+        result = run_launch([str(ACCELERATE), "launch", *launcher, *script], env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
     one = run_pretraining(args_from(settings, tmp_path / "one-process", grad_accum=2, tokenizer=str(two)))
     return json.loads((two / "metrics.json").read_text()), one
 

@@ -389,7 +389,7 @@ def test_electra_in_bf16_trains_with_finite_losses(tmp_path, fresh_accelerator_s
 def test_electra_two_processes_match_one_process_with_grad_accum_2(tmp_path):
     # Dropout and the generator's samples both follow the global batch number, not the process.
     settings = electra_settings(model=dict(hidden_dropout=0.1), max_steps=8, eval_every=4, warmup_steps=2)
-    two_metrics, one = two_processes_and_one(settings, tmp_path)
+    two_metrics, one = two_processes_and_one(settings, tmp_path, forked=True)  # the launch: test_pretraining's
     assert_same_steps(two_metrics, one, steps=8)
 
 
