@@ -90,11 +90,13 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files that hold slow tests first, each file's tests kept together and in order: under xdist the long runs then
     start at once and the quick tests fill the gaps at the end, instead of one worker running a long test collected
     late alone (test_readme's fine-tuning block, 80 s, once ended a run with the other worker idle). And the tests
-    that share a module fixture run on one worker (`group_module_fixture_users`)."""
+    that share a module fixture run on one worker (`group_module_fixture_users`). First of the hooks: xdist's worker
+    turns the xdist_group marks into node ids in its own, and a mark added after that groups nothing."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
     group_module_fixture_users(items)
