@@ -6,8 +6,6 @@ against the single-process model, logits and a backward pass (loss, sharded grad
 
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import torch
 from accelerate import infer_auto_device_map
 from accelerate.utils import compute_module_sizes
 from conftest import free_port, padded_batch, tiny_model
+from ranks import launch_ranks
 from torch import nn
 
 import coreformer as cf
@@ -272,19 +271,19 @@ def backward_cases(tmp_path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tensor_parallel(tmp_path_factory) -> dict[str, tuple[list[dict], list[str]]]:
-    """Both kinds of cases run by one `torch.distributed.run` on 2 processes (a launch's imports cost more than the
-    tiny models): {"forward" | "backward": (the cases, rank 0's lines for them)}."""
+    """Both kinds of cases run by 2 processes at once (a launch's imports cost more than the tiny models), forked
+    with the environment torchrun gives its ranks (ranks.py): {"forward" | "backward": (the cases, rank 0's lines
+    for them)}."""
     tmp_path = tmp_path_factory.mktemp("tensor-parallel")
     cases = {"forward": forward_cases(tmp_path / "forward"), "backward": backward_cases(tmp_path / "backward")}
     torch.save(cases, tmp_path / "cases.pt")
-    script = tmp_path / "child.py"
+    script, log = tmp_path / "child.py", tmp_path / "ranks.log"
     script.write_text(TP_CHILD)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_port", str(free_port()), str(script)]
-    result = subprocess.run([*command, str(tmp_path / "cases.pt")], capture_output=True, text=True, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
+    launcher = ["--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port())]
+    ranks = launch_ranks(launcher, [str(script), str(tmp_path / "cases.pt")], env, tmp_path, log)
+    assert ranks.wait(timeout=600) == 0, log.read_text()[-3000:]
+    lines = log.read_text().splitlines()
     return {kind: (cases[kind], [line for line in lines if line.startswith(f"{kind} ")]) for kind in cases}
 
 
