@@ -1,16 +1,21 @@
-"""The processes of an `accelerate launch`, started without the launcher: for the multi-process tests whose check is
-what the ranks compute (FSDP2 against one process, a DCP checkpoint resharded), not the launch itself.
+"""Test processes forked from one server per test process that imported the training code once (multiprocessing's
+forkserver), instead of fresh interpreters: the processes of an `accelerate launch` (`launch_ranks`), for the tests
+whose check is what the ranks compute (FSDP2 against one process, a DCP checkpoint resharded), and a single
+`python -c CODE ...` or `python SCRIPT ...` (`fork_python`), for the tests whose check is what a killed run leaves on
+disk.
 
-Each rank of a real launch is a fresh interpreter that spends about 8 CPU-seconds importing torch, transformers and
-coreformer before its tiny run, and the launcher about 3 more; on the suite's 2 cores that was most of what these
-tests cost. Here the ranks are forked from one server per test process that imported the training code once
-(multiprocessing's forkserver), and each rank gets the environment the launch would give it: Accelerate's own launcher
-code reads the same flags and config file (`prepare_multi_gpu_env`), and the variables torchrun adds per rank are set
-as torchrun sets them, with rank 0 hosting the rendezvous store instead of an agent. The tests that check the launch
-(its refusals, a SIGKILL of the whole process tree, the README's commands) still run `accelerate launch`.
+A fresh interpreter spends about 8 CPU-seconds importing torch, transformers and coreformer before its tiny run (a
+launcher about 3 more); on the suite's 2 cores that was most of what these tests cost. Each rank gets the environment
+the launch would give it: Accelerate's own launcher code reads the same flags and config file
+(`prepare_multi_gpu_env`), and the variables torchrun adds per rank are set as torchrun sets them, with rank 0 hosting
+the rendezvous store instead of an agent (tests/test_run_launch.py compares both with a real launch). The tests that
+check a launch or a fresh interpreter (its refusals, a SIGKILL of a launcher's process tree, Ctrl-C, loading without
+coreformer imported, the README's commands) still start them.
 
     ranks = launch_ranks(["--config_file", "fsdp.yaml", "--num_processes", "2"], [script, *flags], env, cwd, log)
     assert ranks.wait(timeout=600) == 0
+    child = fork_python(["-c", CODE, *argv], env, cwd, log)
+    child.kill_at_marker(marker)
 """
 
 import multiprocessing
@@ -61,8 +66,9 @@ def rank_environments(launcher: list[str], env: dict[str, str]) -> list[dict[str
     ]
 
 
-def _run_rank(argv: list[str], env: dict[str, str], cwd: str, log: str) -> None:
-    """A rank: `python ARGV...` in `cwd` with `env`, its output appended to `log` (runs in the forked process)."""
+def _run_python(args: list[str], env: dict[str, str], cwd: str, log: str) -> None:
+    """`python ARGS...` (`-c CODE ...` or `SCRIPT ...`) in `cwd` with `env`, its output appended to `log` (runs in
+    the forked process)."""
     os.environ.clear()
     os.environ.update(env)
     if "OMP_NUM_THREADS" in env:  # read by torch when it is imported, which the server did
@@ -71,15 +77,19 @@ def _run_rank(argv: list[str], env: dict[str, str], cwd: str, log: str) -> None:
     output = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     os.dup2(output, 1)
     os.dup2(output, 2)
-    sys.argv = list(argv)
-    runpy.run_path(argv[0], run_name="__main__")
+    if args[0] == "-c":
+        sys.argv = ["-c", *args[2:]]
+        exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        sys.argv = list(args)
+        runpy.run_path(args[0], run_name="__main__")
 
 
-class Ranks:
-    """The forked processes of one launch; like a launcher, it fails as soon as one rank fails and stops the rest."""
+class Processes:
+    """Forked processes that end together: like a launcher, it fails as soon as one fails and stops the rest."""
 
-    def __init__(self, processes: list[multiprocessing.Process]) -> None:
-        self.processes = processes
+    def __init__(self, processes: list[multiprocessing.Process], log: Path) -> None:
+        self.processes, self.log = processes, log
 
     def poll(self) -> int | None:
         codes = [process.exitcode for process in self.processes]
@@ -104,13 +114,29 @@ class Ranks:
         for process in self.processes:
             process.join(timeout=60)
 
+    def kill_at_marker(self, marker: Path, timeout: float = 240) -> None:
+        """Wait until a process writes `marker` (in the middle of a save, say), then SIGKILL them all; fail with the
+        log's end if they ended first."""
+        deadline = time.monotonic() + timeout
+        while not marker.exists() and self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ended = self.poll() is not None
+        self.kill()
+        assert marker.exists(), Path(self.log).read_text()[-3000:] if ended else "timed out"
 
-def launch_ranks(launcher: list[str], argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> Ranks:
-    """Start the processes of `accelerate launch LAUNCHER ARGV...`, each writing to `log`."""
-    processes = [
-        _FORKSERVER.Process(target=_run_rank, args=(argv, rank_env, str(cwd), str(log)))
-        for rank_env in rank_environments(launcher, env)
-    ]
+
+def _start(args: list[str], environments: list[dict[str, str]], cwd: Path, log: Path) -> Processes:
+    processes = [_FORKSERVER.Process(target=_run_python, args=(args, env, str(cwd), str(log))) for env in environments]
     for process in processes:
         process.start()
-    return Ranks(processes)
+    return Processes(processes, log)
+
+
+def launch_ranks(launcher: list[str], argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> Processes:
+    """Start the processes of `accelerate launch LAUNCHER ARGV...`, each writing to `log`."""
+    return _start(argv, rank_environments(launcher, env), cwd, log)
+
+
+def fork_python(args: list[str], env: dict[str, str], cwd: Path, log: Path) -> Processes:
+    """Start `python ARGS...` (`-c CODE ...` or `SCRIPT ...`) as one process, writing to `log`."""
+    return _start(args, [env], cwd, log)

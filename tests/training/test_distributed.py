@@ -29,7 +29,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 from conftest import free_port
-from ranks import Ranks, launch_ranks
+from ranks import Processes, launch_ranks
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -185,7 +185,7 @@ class Launches:
         return output_dir
 
     def finish(self, name: str, timeout: float = 600) -> int:
-        return self.children[name].wait(timeout=timeout)  # Popen.wait and Ranks.wait alike
+        return self.children[name].wait(timeout=timeout)  # Popen.wait and Processes.wait alike
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()
@@ -201,7 +201,7 @@ class Launches:
         """SIGKILL the launcher and every process under it: torchrun starts each rank in a session of its own, so
         the launcher's process group alone would leave the ranks waiting on each other forever."""
         child = self.children[name]
-        if isinstance(child, Ranks):
+        if isinstance(child, Processes):
             child.kill()
         elif child.poll() is None:
             ranks = psutil.Process(child.pid).children(recursive=True)

@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ctrl_c_as_in_a_terminal, interrupt_at_marker, kill_at_marker
+from conftest import ctrl_c_as_in_a_terminal, interrupt_at_marker
 from peft import PeftModel
+from ranks import fork_python
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMultipleChoice,
@@ -659,13 +660,12 @@ def test_sigkill_while_saving_a_rerun_leaves_the_previous_run(bases, tmp_path):
     run_finetuning(tiny_args("sequence-classification", bases["encoder"], folder, max_steps=2))
     before = contents(folder)
     marker = tmp_path / "marker"
-    command = [sys.executable, "-c", KILLED_FINETUNE, str(marker), str(FINETUNE), "--task", "sequence-classification"]
+    command = ["-c", KILLED_FINETUNE, str(marker), str(FINETUNE), "--task", "sequence-classification"]
     command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--overwrite", "--max-steps", "2"]
     command += ["--max-train-examples", "16", "--max-eval-examples", "8", "--max-length", "48"]
     command += ["--save-every", "0"]  # no checkpoints: the rerun writes nothing in place (with them: resume tests)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    kill_at_marker(child, marker)
+    fork_python(command, env, tmp_path, tmp_path / "child.log").kill_at_marker(marker)
 
     assert contents(folder) == before  # the previous run, byte for byte
     assert list(tmp_path.glob(".out.partial-*")), "the killed run's staging folder should be what is left over"

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker
-from ranks import launch_ranks
+from ranks import fork_python, launch_ranks
 from safetensors.torch import load_file
 from test_finetuning import _texts
 from transformers import AutoModelForSequenceClassification, set_seed
@@ -177,8 +177,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_while_saving(command: list[str], tmp_path: Path, **env: str) -> None:
-    """Run `command` (finetune.py under KILLED_WHILE_SAVING, possibly under a launcher) and SIGKILL it and every
-    process it started once it is in the middle of saving checkpoint-4, as a machine that loses power would."""
+    """Run `command` (a launch of finetune.py under a wrapper that stops in the middle of saving checkpoint-4) and
+    SIGKILL it and every process it started once it is there, as a machine that loses power would."""
     marker = tmp_path / "marker"
     child = subprocess.Popen(
         command,
@@ -224,8 +224,8 @@ def killed(base, tmp_path_factory) -> Path:
     """A 1-process fine-tune SIGKILLed while saving checkpoint-4 (checkpoint-2 complete)."""
     tmp_path = tmp_path_factory.mktemp("killed")
     folder = tmp_path / "out"
-    command = [sys.executable, "-c", KILLED_WHILE_SAVING, str(tmp_path / "marker"), str(FINETUNE)]
-    kill_while_saving(command + flags(base, folder), tmp_path)
+    command = ["-c", KILLED_WHILE_SAVING, str(tmp_path / "marker"), str(FINETUNE)] + flags(base, folder)
+    fork_python(command, child_env(tmp_path), tmp_path, tmp_path / "child.log").kill_at_marker(tmp_path / "marker")
     return folder
 
 
@@ -430,8 +430,9 @@ def test_a_rerun_killed_in_its_final_save_keeps_the_previous_model_and_resumes_f
     folder = tmp_path / "out"
     shutil.copytree(uninterrupted, folder)
     previous = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json", "all_results.json")}
-    command = [sys.executable, "-c", KILLED_IN_THE_FINAL_SAVE, str(tmp_path / "marker"), str(FINETUNE)]
-    kill_while_saving(command + flags(base, folder, max_steps=4) + ["--overwrite"], tmp_path)
+    command = ["-c", KILLED_IN_THE_FINAL_SAVE, str(tmp_path / "marker"), str(FINETUNE)]
+    command += flags(base, folder, max_steps=4) + ["--overwrite"]
+    fork_python(command, child_env(tmp_path), tmp_path, tmp_path / "child.log").kill_at_marker(tmp_path / "marker")
 
     # The final model is still the previous run's; the checkpoints are the rerun's (its first save replaced them).
     assert {name: (folder / name).read_bytes() for name in previous} == previous

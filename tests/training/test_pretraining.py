@@ -23,8 +23,8 @@ import datasets
 import pytest
 import torch
 from accelerate.utils.other import clean_state_dict_for_safetensors
-from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, kill_at_marker, run_launch
-from ranks import launch_ranks
+from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, run_launch
+from ranks import fork_python, launch_ranks
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -410,17 +410,15 @@ def test_sigkill_during_a_save_then_resume_latest_is_bit_identical(tmp_path):
     config.write_text(json.dumps({"family": "seq2seq", "model": settings["model"]}))
     killed = tmp_path / "killed"
     marker = tmp_path / "marker"
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
+    child = fork_python(
+        ["-c", KILLED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
         + cli_flags({**settings, "output_dir": str(killed)}),
-        env=child_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+        child_env(tmp_path),
+        tmp_path,
+        tmp_path / "child.log",
     )
     uninterrupted = run_pretraining(args_from(settings, tmp_path / "uninterrupted"))
-    kill_at_marker(child, marker)
+    child.kill_at_marker(marker)
 
     # The kill hit step 20's save: its temporary folder is there, half done, and `latest` is step 10.
     checkpoints = killed / "checkpoints"
@@ -792,16 +790,13 @@ def test_sigkill_during_the_final_save_leaves_the_previous_final_model(tmp_path)
     config.write_text(json.dumps({"family": "decoder", "model": settings["model"]}))
     marker = tmp_path / "marker"
     longer = {**settings, "max_steps": 20, "resume_from_checkpoint": "latest", "output_dir": str(output_dir)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_FINAL_SAVE, str(marker), str(PRETRAIN), "--config", str(config)]
-        + cli_flags(longer),
-        env=child_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+    child = fork_python(
+        ["-c", KILLED_FINAL_SAVE, str(marker), str(PRETRAIN), "--config", str(config)] + cli_flags(longer),
+        child_env(tmp_path),
+        tmp_path,
+        tmp_path / "child.log",
     )
-    kill_at_marker(child, marker)
+    child.kill_at_marker(marker)
 
     assert {name: (output_dir / name).read_bytes() for name in final_files} == before
     assert find_latest_checkpoint(output_dir) == output_dir / "checkpoints" / "step-20"  # saved before the kill

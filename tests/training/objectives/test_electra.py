@@ -8,12 +8,11 @@ Runs are the tiny ones of test_pretraining.py (hidden 32, 2 layers, 12 documents
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import kill_at_marker, tiny_electra
+from conftest import tiny_electra
+from ranks import fork_python
 from test_pretraining import (
     KILLED_CHILD,
     PRETRAIN,
@@ -401,17 +400,15 @@ def test_electra_killed_during_a_save_resumes_bit_identically(electra_run, tmp_p
     config = tmp_path / "electra-tiny-test.json"
     config.write_text(json.dumps({"family": "encoder", "model": settings["model"]}))
     killed, marker = tmp_path / "killed", tmp_path / "marker"
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
+    child = fork_python(
+        ["-c", KILLED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
         + cli_flags({**settings, "output_dir": str(killed)}),
-        env=child_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+        child_env(tmp_path),
+        tmp_path,
+        tmp_path / "child.log",
     )
     uninterrupted = run_pretraining(args_from(settings, tmp_path / "uninterrupted"))
-    kill_at_marker(child, marker)
+    child.kill_at_marker(marker)
     assert find_latest_checkpoint(killed) == killed / "checkpoints" / "step-10"
 
     resumed = run_pretraining(args_from(settings, killed, resume_from_checkpoint="latest"))
