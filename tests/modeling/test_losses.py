@@ -1,12 +1,12 @@
 """coreformer.losses: the loss and gradient of transformers' up-casting loss, without fp32 (tokens, vocab) tensors."""
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import padded_batch, tiny_model
+from ranks import fork_python
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
@@ -356,9 +356,10 @@ def test_skip_logits_with_a_lora_adapted_head_keeps_the_adapter_in_the_loss():
     assert (without_adapter - expected).abs() > 1e-3  # the adapter changes the loss, so the check above can fail
 
 
-# In a fresh interpreter: Dynamo's state is per process, and earlier tests' compiled entries share these frames (a
-# frame that once hit the recompile limit is never compiled again); torch._dynamo.reset() would clear that, but after
-# one, flex_attention's CPU kernels fail to build later in the process (tests/modeling/test_layer_types.py).
+# In a process of its own (forked from ranks.py's server, which never compiled anything): Dynamo's state is per
+# process, and earlier tests' compiled entries share these frames (a frame that once hit the recompile limit is never
+# compiled again); torch._dynamo.reset() would clear that, but after one, flex_attention's CPU kernels fail to build
+# later in the process (tests/modeling/test_layer_types.py).
 COMPILED_HEAD_CHILD = """
 import sys
 import torch
@@ -375,21 +376,17 @@ _, loss, grads = head_loss_and_grads(torch.compile(model, backend=counter), ids,
 difference = max([(loss - expected_loss).abs().item()] + [
     (grad - expected_grads[name.removeprefix("_orig_mod.")]).abs().max().item() for name, grad in grads.items()
 ])
-print(counter.frame_count, len(grads) == len(expected_grads), difference)
+print("result:", counter.frame_count, len(grads) == len(expected_grads), difference)
 """
 
 
 @pytest.mark.slow
-def test_compiled_model_runs_the_fused_loss_eagerly_after_one_graph_and_gives_its_loss_and_gradients():
-    tests = Path(__file__).resolve().parent
-    result = subprocess.run(
-        [sys.executable, "-c", COMPILED_HEAD_CHILD, str(tests), str(tests.parent)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    frames, same_parameters, difference = result.stdout.split()[-3:]
+def test_compiled_model_runs_the_fused_loss_eagerly_after_one_graph_and_gives_its_loss_and_gradients(tmp_path):
+    tests, log = Path(__file__).resolve().parent, tmp_path / "child.log"
+    child = fork_python(["-c", COMPILED_HEAD_CHILD, str(tests), str(tests.parent)], dict(os.environ), tmp_path, log)
+    assert child.wait(timeout=600) == 0, log.read_text()[-3000:]
+    result = next(line for line in log.read_text().splitlines() if line.startswith("result: "))
+    frames, same_parameters, difference = result.split()[1:]
     # the stack to the final hidden states is one graph; the head's row selection (a data-dependent shape) and the
     # chunked loss run eagerly after it, instead of breaking the graph three times
     assert int(frames) == 1
