@@ -1,31 +1,33 @@
 """Test processes forked from one server per test process that imported the training code once (multiprocessing's
 forkserver), instead of fresh interpreters: the processes of an `accelerate launch` (`launch_ranks`), for the tests
 whose check is what the ranks compute (FSDP2 against one process, a DCP checkpoint resharded), and a single
-`python -c CODE ...` or `python SCRIPT ...` (`fork_python`), for the tests whose check is what a killed run leaves on
-disk.
+`python -c CODE ...` or `python SCRIPT ...` (`fork_python`), for the tests whose check is what a run killed or
+interrupted (Ctrl-C) leaves on disk and prints, or a fresh Dynamo state.
 
 A fresh interpreter spends about 8 CPU-seconds importing torch, transformers and coreformer before its tiny run (a
 launcher about 3 more); on the suite's 2 cores that was most of what these tests cost. Each rank gets the environment
 the launch would give it: Accelerate's own launcher code reads the same flags and config file
 (`prepare_multi_gpu_env`), and the variables torchrun adds per rank are set as torchrun sets them, with rank 0 hosting
 the rendezvous store instead of an agent (tests/test_run_launch.py compares both with a real launch). The tests that
-check a launch or a fresh interpreter (its refusals, a SIGKILL of a launcher's process tree, Ctrl-C, loading without
+check a launch or a fresh interpreter (its refusals, a SIGKILL of a launcher's process tree, loading without
 coreformer imported, the README's commands) still start them.
 
     ranks = launch_ranks(["--config_file", "fsdp.yaml", "--num_processes", "2"], [script, *flags], env, cwd, log)
     assert ranks.wait(timeout=600) == 0
     child = fork_python(["-c", CODE, *argv], env, cwd, log)
-    child.kill_at_marker(marker)
+    child.kill_at_marker(marker)  # or: exit_code, stderr = child.interrupt_at_marker(marker)
 """
 
 import multiprocessing
 import os
 import runpy
+import signal
 import sys
 import time
 from pathlib import Path
 from unittest import mock
 
+import pytest
 import torch
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils.launch import prepare_multi_gpu_env
@@ -66,17 +68,19 @@ def rank_environments(launcher: list[str], env: dict[str, str]) -> list[dict[str
     ]
 
 
-def _run_python(args: list[str], env: dict[str, str], cwd: str, log: str) -> None:
-    """`python ARGS...` (`-c CODE ...` or `SCRIPT ...`) in `cwd` with `env`, its output appended to `log` (runs in
-    the forked process)."""
+def _run_python(args: list[str], env: dict[str, str], cwd: str, log: str, stdout: str) -> None:
+    """`python ARGS...` (`-c CODE ...` or `SCRIPT ...`) in `cwd` with `env`, its stderr appended to `log` and its
+    stdout to `stdout` (runs in the forked process)."""
     os.environ.clear()
     os.environ.update(env)
     if "OMP_NUM_THREADS" in env:  # read by torch when it is imported, which the server did
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    # Ctrl-C raises KeyboardInterrupt, as in an interpreter started in a terminal's foreground (the server may have
+    # been started with SIGINT ignored, as a CI runner's background jobs are)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(cwd)
-    output = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    os.dup2(output, 1)
-    os.dup2(output, 2)
+    os.dup2(os.open(stdout, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 1)
+    os.dup2(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 2)
     if args[0] == "-c":
         sys.argv = ["-c", *args[2:]]
         exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
@@ -124,9 +128,26 @@ class Processes:
         self.kill()
         assert marker.exists(), Path(self.log).read_text()[-3000:] if ended else "timed out"
 
+    def interrupt_at_marker(self, marker: Path, timeout: float = 240) -> tuple[int, str]:
+        """Wait until a process writes `marker`, send them all SIGINT (Ctrl-C), and return (the exit code, the log);
+        fail with the log's end if they ended first."""
+        deadline = time.monotonic() + timeout
+        while not marker.exists() and self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not marker.exists():
+            ended = self.poll() is not None
+            self.kill()
+            pytest.fail(Path(self.log).read_text()[-3000:] if ended else "timed out")
+        for process in self.processes:
+            os.kill(process.pid, signal.SIGINT)
+        return self.wait(timeout=120), Path(self.log).read_text()
 
-def _start(args: list[str], environments: list[dict[str, str]], cwd: Path, log: Path) -> Processes:
-    processes = [_FORKSERVER.Process(target=_run_python, args=(args, env, str(cwd), str(log))) for env in environments]
+
+def _start(
+    args: list[str], environments: list[dict[str, str]], cwd: Path, log: Path, stdout: Path | None = None
+) -> Processes:
+    output = (str(log), str(stdout or log))
+    processes = [_FORKSERVER.Process(target=_run_python, args=(args, env, str(cwd), *output)) for env in environments]
     for process in processes:
         process.start()
     return Processes(processes, log)
@@ -137,6 +158,7 @@ def launch_ranks(launcher: list[str], argv: list[str], env: dict[str, str], cwd:
     return _start(argv, rank_environments(launcher, env), cwd, log)
 
 
-def fork_python(args: list[str], env: dict[str, str], cwd: Path, log: Path) -> Processes:
-    """Start `python ARGS...` (`-c CODE ...` or `SCRIPT ...`) as one process, writing to `log`."""
-    return _start(args, [env], cwd, log)
+def fork_python(args: list[str], env: dict[str, str], cwd: Path, log: Path, *, stdout: Path | None = None) -> Processes:
+    """Start `python ARGS...` (`-c CODE ...` or `SCRIPT ...`) as one process, writing to `log` (its stdout to
+    `stdout` where given)."""
+    return _start(args, [env], cwd, log, stdout)

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ctrl_c_as_in_a_terminal, interrupt_at_marker
 from peft import PeftModel
 from ranks import fork_python
 from transformers import (
@@ -699,26 +698,11 @@ def finetune_env() -> dict:
 @pytest.mark.slow
 def test_ctrl_c_before_the_first_checkpoint_is_one_line_saying_the_step_and_that_the_run_starts_over(bases, tmp_path):
     folder, marker = tmp_path / "out", tmp_path / "marker"
-    command = [
-        sys.executable,
-        "-c",
-        INTERRUPTED_FINETUNE,
-        str(marker),
-        str(FINETUNE),
-        "--task",
-        "sequence-classification",
-    ]
+    command = ["-c", INTERRUPTED_FINETUNE, str(marker), str(FINETUNE), "--task", "sequence-classification"]
     command += ["--model", str(bases["encoder"]), "--output-dir", str(folder), "--max-steps", "6", "--batch-size", "4"]
     command += ["--max-train-examples", "32", "--max-eval-examples", "8", "--max-length", "48"]
-    child = subprocess.Popen(
-        command,
-        env=finetune_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ctrl_c_as_in_a_terminal,
-    )
-    returncode, stderr = interrupt_at_marker(child, marker)
+    child = fork_python(command, finetune_env(), tmp_path, tmp_path / "stderr.log", stdout=Path(os.devnull))
+    returncode, stderr = child.interrupt_at_marker(marker)
     assert returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     last = stderr.strip().splitlines()[-1]

@@ -23,7 +23,7 @@ import datasets
 import pytest
 import torch
 from accelerate.utils.other import clean_state_dict_for_safetensors
-from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker, run_launch
+from conftest import free_port, run_launch
 from ranks import fork_python, launch_ranks
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
@@ -465,17 +465,15 @@ def test_ctrl_c_during_pretraining_is_one_line_naming_the_step_and_the_resume_fl
     config = tmp_path / "decoder-tiny-test.json"
     config.write_text(json.dumps({"family": "decoder", "model": settings["model"]}))
     marker, output_dir = tmp_path / "marker", tmp_path / "stopped"
-    child = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
+    child = fork_python(
+        ["-c", INTERRUPTED_CHILD, str(marker), str(PRETRAIN), "--config", str(config)]
         + cli_flags({**settings, "output_dir": str(output_dir)}),
-        env=child_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        preexec_fn=ctrl_c_as_in_a_terminal,
+        child_env(tmp_path),
+        tmp_path,
+        tmp_path / "stderr.log",
+        stdout=Path(os.devnull),
     )
-    returncode, stderr = interrupt_at_marker(child, marker)
+    returncode, stderr = child.interrupt_at_marker(marker)
     assert returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     expected = "pretrain.py: stopped at step 12; continue with --resume-from-checkpoint latest (from its checkpoint at "
