@@ -372,7 +372,8 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
     wrapper = tmp_path / "killed_while_saving.py"
     wrapper.write_text(KILLED_WHILE_SAVING)
 
-    # The killed run is a real launch; the reference's and the resume's ranks are forked as it starts them (ranks.py).
+    # Every run's ranks are forked as `accelerate launch` starts them (ranks.py); the FSDP2 fixture below kills a real
+    # launch.
     reference, log = tmp_path / "uninterrupted", tmp_path / "launch.log"
     ranks = launch_ranks(two_processes(), [str(FINETUNE)] + flags(base, reference), env, tmp_path, log)
     assert ranks.wait(timeout=300) == 0, log.read_text()[-4000:]
@@ -385,15 +386,8 @@ def test_two_process_fine_tune_killed_mid_save_resumes_to_the_same_losses_and_we
     AutoModelForSequenceClassification.from_pretrained(reference)  # complete and loadable
 
     folder = tmp_path / "out"
-    os.environ["ACCELERATE_USE_CPU"] = "1"
-    try:
-        kill_while_saving(
-            [str(ACCELERATE), "launch", *two_processes(), str(wrapper), str(tmp_path / "marker"), str(FINETUNE)]
-            + flags(base, folder),
-            tmp_path,
-        )
-    finally:
-        del os.environ["ACCELERATE_USE_CPU"]
+    script = [str(wrapper), str(tmp_path / "marker"), str(FINETUNE)] + flags(base, folder)
+    launch_ranks(two_processes(), script, env, tmp_path, log).kill_at_marker(tmp_path / "marker")
     assert_killed_while_saving(folder)
     assert sorted(path.name for path in (folder / CHECKPOINTS_DIR / "step-2").glob("rng_state*")) == [
         "rng_state_0.pth",
