@@ -108,7 +108,7 @@ class Processes:
         while (code := self.poll()) is None:
             if time.monotonic() > deadline:
                 self.kill()
-                raise TimeoutError(f"the ranks ran past {timeout:g} s")
+                raise TimeoutError(f"the forked processes ran past {timeout:g} s")
             time.sleep(0.05)
         return code
 
