@@ -119,28 +119,27 @@ class Processes:
             process.join(timeout=60)
 
     def kill_at_marker(self, marker: Path, timeout: float = 240) -> None:
-        """Wait until a process writes `marker` (in the middle of a save, say), then SIGKILL them all; fail with the
-        log's end if they ended first."""
-        deadline = time.monotonic() + timeout
-        while not marker.exists() and self.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        ended = self.poll() is not None
+        """Wait until a process writes `marker` (in the middle of a save, say), then SIGKILL them all."""
+        self._wait_for(marker, timeout)
         self.kill()
-        assert marker.exists(), Path(self.log).read_text()[-3000:] if ended else "timed out"
 
     def interrupt_at_marker(self, marker: Path, timeout: float = 240) -> tuple[int, str]:
-        """Wait until a process writes `marker`, send them all SIGINT (Ctrl-C), and return (the exit code, the log);
-        fail with the log's end if they ended first."""
+        """Wait until a process writes `marker`, send them all SIGINT (Ctrl-C), and return (the exit code, the
+        log)."""
+        self._wait_for(marker, timeout)
+        for process in self.processes:
+            os.kill(process.pid, signal.SIGINT)
+        return self.wait(timeout=120), Path(self.log).read_text()
+
+    def _wait_for(self, marker: Path, timeout: float) -> None:
+        """Return once `marker` exists; fail (stopping them) with the log's end if the processes ended first."""
         deadline = time.monotonic() + timeout
         while not marker.exists() and self.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         if not marker.exists():
             ended = self.poll() is not None
             self.kill()
-            pytest.fail(Path(self.log).read_text()[-3000:] if ended else "timed out")
-        for process in self.processes:
-            os.kill(process.pid, signal.SIGINT)
-        return self.wait(timeout=120), Path(self.log).read_text()
+            pytest.fail(Path(self.log).read_text()[-3000:] if ended else f"no {marker.name} after {timeout:g} s")
 
 
 def _start(

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ctrl_c_as_in_a_terminal, free_port, interrupt_at_marker
+from conftest import ctrl_c_as_in_a_terminal, descendants, free_port, interrupt_at_marker
 from ranks import fork_python, launch_ranks
 from safetensors.torch import load_file
 from test_finetuning import _texts
@@ -158,24 +158,6 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process started by `pid`, its children's children included (from /proc: torchrun's workers run in
-    process groups of their own, so a group kill misses them)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def kill_while_saving(command: list[str], tmp_path: Path, **env: str) -> None:
     """Run `command` (a launch of finetune.py under a wrapper that stops in the middle of saving checkpoint-4) and
     SIGKILL it and every process it started once it is there, as a machine that loses power would."""
@@ -191,8 +173,9 @@ def kill_while_saving(command: list[str], tmp_path: Path, **env: str) -> None:
     deadline = time.monotonic() + 240
     while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    workers = descendants(child.pid)
-    for pid in [child.pid, *workers]:
+    launch = descendants(child.pid)  # the launcher, then every process under it
+    workers = launch[1:]
+    for pid in launch:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _, stderr = child.communicate(timeout=60)
