@@ -234,17 +234,33 @@ def family_section(family: str, args, work: Path) -> dict:
 
 
 def next_line_rows(rng: random.Random) -> list[dict]:
-    """Half the rows pair a line with the line after it (label "next"), half with another line of the same file."""
+    """Half the rows pair a line with the line after it (label "next"), half with another line of the same file.
+
+    Every row draws the other line, a uniform choice among the file's lines that differ from the next one, and
+    "next" rows then leave it unused: the draws, so the rows, stay those of the seed."""
     rows = []
     for file, lines in enumerate(package_lines(rng)):
+        positions: dict[str, list[int]] = {}  # line -> where it occurs in the file, ascending
+        for position, line in enumerate(lines):
+            positions.setdefault(line, []).append(position)
         for index in range(len(lines) - 1):
             follows = len(rows) % 2 == 0
-            other = rng.choice([line for line in lines if line != lines[index + 1]])
+            repeats = positions[lines[index + 1]]  # the next line and its copies: never the other line
+            other = lines[position_skipping(rng.choice(range(len(lines) - len(repeats))), repeats)]
             second = lines[index + 1] if follows else other
             rows.append(
                 {"text": lines[index], "text_pair": second, "label": "next" if follows else "other", FILE: file}
             )
     return rows
+
+
+def position_skipping(rank: int, skipped: list[int]) -> int:
+    """The position of item `rank` (from 0) of a list read without the items at the ascending positions `skipped`."""
+    for position in skipped:
+        if position > rank:
+            break
+        rank += 1
+    return rank
 
 
 def corrupted_rows(rng: random.Random) -> list[dict]:

@@ -3,14 +3,15 @@
 import ast
 import importlib.metadata
 import json
+import os
 import runpy
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from ranks import fork_python
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_CONTEXT = ROOT / "benchmarks" / "long_context.py"
@@ -70,11 +71,13 @@ def test_long_context_decoder_prefill_mode_writes_its_own_results(tmp_path, monk
 
 
 def run_compare(tmp_path, *flags: str, timeout: float = 600) -> tuple[dict, str]:
-    output = tmp_path / "compare.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "compare.py"), *flags, "--output", str(output)]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(output.read_text()), result.stdout
+    """`python benchmarks/compare.py FLAGS` in a process forked from the one that imported coreformer's training code
+    (tests/ranks.py): its own process, with a fresh Dynamo state. Returns (its report, what it printed)."""
+    output, log, printed = tmp_path / "compare.json", tmp_path / "compare.log", tmp_path / "compare.out"
+    script = [str(ROOT / "benchmarks" / "compare.py"), *flags, "--output", str(output)]
+    child = fork_python(script, dict(os.environ), ROOT, log, stdout=printed)
+    assert child.wait(timeout=timeout) == 0, log.read_text()[-2000:]
+    return json.loads(output.read_text()), printed.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -301,6 +304,32 @@ def test_recipes_few_shot_learning_rate_is_chosen_on_few_rows_scored_on_dev_rows
         assert all(row in pool for row in few)
         assert sorted(row["label"] for row in few) == ["corrupted"] * 4 + ["original"] * 4
     assert not any(row in dev for row in few_dev_train) and not any(row in test for row in few_train)
+
+
+def test_recipes_next_line_rows_draw_the_other_line_among_the_lines_that_differ_from_the_next(monkeypatch):
+    import random
+
+    from results_files import sibling
+
+    recipes = sibling("recipes")
+    files = [["a", "b", "a", "c", "a", "d"], ["x", "y", "x", "y", "z"], ["p", "p", "q"]]  # repeated lines
+    monkeypatch.setattr(recipes, "package_lines", lambda rng: [list(lines) for lines in files])
+
+    def by_definition(rng):  # a choice among the list of the other lines, drawn for every row
+        rows = []
+        for file, lines in enumerate(files):
+            for index in range(len(lines) - 1):
+                follows = len(rows) % 2 == 0
+                other = rng.choice([line for line in lines if line != lines[index + 1]])
+                second = lines[index + 1] if follows else other
+                label = "next" if follows else "other"
+                rows.append({"text": lines[index], "text_pair": second, "label": label, recipes.FILE: file})
+        return rows
+
+    for seed in range(20):
+        rows = recipes.next_line_rows(random.Random(seed))
+        assert rows == by_definition(random.Random(seed)), seed
+    assert recipes.position_skipping(0, [0, 2]) == 1 and recipes.position_skipping(1, [0, 2]) == 3
 
 
 def test_recipes_context_tasks_keep_each_file_in_one_split_and_balance_every_split(tmp_path):

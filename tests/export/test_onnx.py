@@ -164,18 +164,30 @@ def test_a_failed_check_exits_1_naming_the_difference_and_writes_nothing(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_native_folder_exports_through_its_conversion_and_the_manifest_names_it(tmp_path):
+def test_the_command_exports_a_native_folder_through_its_conversion_with_its_tokenizer(tmp_path, capsys):
+    # `coreformer export --to onnx --check` end to end: a GPT-2 folder (converted first), the check's printed lines,
+    # the tokenizer beside the graphs and the manifest naming the folder the user gave.
+    from test_publish import CORPUS
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from coreformer.export import export_to
+    from coreformer import cli
+    from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
+    tokenizer = train_tokenizer("decoder", CORPUS, vocab_size=300)
+    tokens = token_config_kwargs(tokenizer, "decoder")
     torch.manual_seed(0)
-    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=32, bos_token_id=1, eos_token_id=2)
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, n_positions=32, **tokens)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
-    report = export_to(tmp_path / "gpt2", tmp_path / "onnx", to="onnx", check=True)
-    assert report["check"]["tokens_equal"] is True and report["check"]["max_abs_difference"] <= CHECK_TOLERANCE
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    assert cli.main(["export", str(tmp_path / "gpt2"), str(tmp_path / "onnx"), "--to", "onnx", "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert float(printed.split("max abs difference: ")[1].split()[0]) <= CHECK_TOLERANCE
+    assert f"(tolerance {CHECK_TOLERANCE})" in printed and "greedy tokens equal: True" in printed
+    written = {path.name for path in (tmp_path / "onnx").iterdir()}
+    assert {"model.onnx", "decoder_with_past.onnx", "tokenizer.json", MANIFEST_NAME} <= written
     manifest = json.loads((tmp_path / "onnx" / MANIFEST_NAME).read_text())
     assert manifest["source"] == str(tmp_path / "gpt2")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["gpt2", "onnx"]  # no temporary conversion left
 
 
 def test_a_folder_without_config_is_refused(tmp_path):
