@@ -165,7 +165,7 @@ def test_probe_auc_is_the_share_of_replaced_original_pairs_ranked_right():
 
 
 def test_probe_gradient_groups_split_every_parameter_once():
-    from conftest import tiny_electra
+    from tiny import tiny_electra
 
     model, _ = tiny_electra()
     groups = load_probe().parameter_groups(model)

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
-from conftest import padded_batch, tiny_config, tiny_model
 from test_readme import DOCS, code_blocks
+from tiny import padded_batch, tiny_config, tiny_model
 
 import coreformer as cf
 from coreformer.forward_plan import LayerPlan

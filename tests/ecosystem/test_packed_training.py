@@ -15,7 +15,7 @@ flattening collator gives no decoder positions, so it does not apply there.
 import datasets
 import pytest
 import torch
-from conftest import VOCAB, tiny_model
+from tiny import VOCAB, tiny_model
 from transformers import DataCollatorWithFlattening
 from trl import SFTConfig, SFTTrainer
 

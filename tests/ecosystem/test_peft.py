@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EOS, tiny_config
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from tiny import EOS, tiny_config
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
 import coreformer as cf

@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from tiny import tiny_model
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,

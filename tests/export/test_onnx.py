@@ -6,7 +6,8 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from conftest import MODERNBERT, VARIANTS, padded_batch, tiny_model
+from conftest import MODERNBERT, VARIANTS
+from tiny import padded_batch, tiny_model
 
 import coreformer as cf
 from coreformer.onnx_export import CHECK_TOLERANCE, MANIFEST_NAME, export_onnx, without_eos

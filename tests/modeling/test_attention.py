@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from conftest import FAMILY_CLASSES, PAD, VARIANTS, VOCAB, padded_batch, tiny_config, tiny_model
+from conftest import VARIANTS
+from tiny import FAMILY_CLASSES, PAD, VOCAB, padded_batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import coreformer as cf

@@ -4,7 +4,7 @@ sparse kernels under sdpa, the dense reference under eager, and a function regis
 
 import pytest
 import torch
-from conftest import padded_batch, tiny_model
+from tiny import padded_batch, tiny_model
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

@@ -3,7 +3,7 @@ attention under the explicit block mask, cached decoding."""
 
 import pytest
 import torch
-from conftest import decode_incrementally, padded_batch, tiny_config, tiny_model
+from tiny import decode_incrementally, padded_batch, tiny_config, tiny_model
 
 import coreformer as cf
 from coreformer.block_attention import block_attention

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import transformers
-from conftest import tiny_model
+from tiny import tiny_model
 from transformers import PreTrainedModel
 
 import coreformer as cf

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import padded_batch, tiny_model
+from tiny import padded_batch, tiny_model
 from transformers.cache_utils import DynamicCache
 
 import coreformer as cf

@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from conftest import PAD, VARIANTS, VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
+from conftest import VARIANTS
+from tiny import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache, StaticCache
 
 import coreformer as cf

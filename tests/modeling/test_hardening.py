@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAMILY_CLASSES, VOCAB, padded_batch, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny import FAMILY_CLASSES, VOCAB, padded_batch, tiny_model
 from transformers import AutoModel, AutoModelForCausalLM
 
 import coreformer as cf
@@ -202,7 +202,7 @@ DETERMINISM = textwrap.dedent(
     """
     import hashlib, sys, torch
     sys.path.insert(0, sys.argv[1])
-    from conftest import padded_batch, tiny_model
+    from tiny import padded_batch, tiny_model
     import coreformer as cf
     model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", seed=7, hidden_dropout=0.1).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -223,7 +223,7 @@ DETERMINISM = textwrap.dedent(
 @pytest.mark.slow
 def test_the_same_seed_gives_identical_weights_and_losses_across_runs():
     # Two fresh processes (dropout on, so the RNG matters) must agree bit for bit.
-    tests_dir = str(Path(__file__).resolve().parents[1])  # where conftest.py lives
+    tests_dir = str(Path(__file__).resolve().parents[1])  # where tiny.py lives
     runs = [
         subprocess.run([sys.executable, "-c", DETERMINISM, tests_dir], capture_output=True, text=True, check=True)
         for _ in range(2)

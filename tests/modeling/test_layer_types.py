@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
+from tiny import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache
 
 import coreformer as cf

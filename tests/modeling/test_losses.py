@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import padded_batch, tiny_model
 from ranks import fork_python
+from tiny import padded_batch, tiny_model
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
@@ -364,9 +364,9 @@ COMPILED_HEAD_CHILD = """
 import sys
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
-sys.path[:0] = [sys.argv[1], sys.argv[2]]  # tests/modeling (this file) and tests/ (conftest)
+sys.path[:0] = [sys.argv[1], sys.argv[2]]  # tests/modeling (this file) and tests/ (tiny.py)
 from test_losses import head_loss_and_grads, lm_head_model
-from conftest import padded_batch
+from tiny import padded_batch
 
 model = lm_head_model("decoder").train()
 ids, _ = padded_batch()

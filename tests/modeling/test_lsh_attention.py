@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
+from tiny import VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
 from transformers import ReformerConfig
 from transformers.configuration_utils import ALLOWED_LAYER_TYPES
 from transformers.models.reformer.modeling_reformer import LSHSelfAttention

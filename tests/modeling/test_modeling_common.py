@@ -5,7 +5,7 @@ import inspect
 import pytest
 import torch
 import transformers
-from conftest import EOS, VOCAB, padded_batch, tiny_config, tiny_model
+from tiny import EOS, VOCAB, padded_batch, tiny_config, tiny_model
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 

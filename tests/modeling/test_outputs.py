@@ -3,7 +3,7 @@ type, hidden states recorded by `capture_outputs` (selectable by index) and in t
 
 import pytest
 import torch
-from conftest import PAD, padded_batch, tiny_config, tiny_model
+from tiny import PAD, padded_batch, tiny_config, tiny_model
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

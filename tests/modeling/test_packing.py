@@ -11,7 +11,7 @@ import functools
 
 import pytest
 import torch
-from conftest import EOS, VOCAB, tiny_model
+from tiny import EOS, VOCAB, tiny_model
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS

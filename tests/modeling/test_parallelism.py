@@ -13,8 +13,9 @@ import pytest
 import torch
 from accelerate import infer_auto_device_map
 from accelerate.utils import compute_module_sizes
-from conftest import free_port, padded_batch, tiny_model
+from conftest import free_port
 from ranks import launch_ranks
+from tiny import padded_batch, tiny_model
 from torch import nn
 
 import coreformer as cf

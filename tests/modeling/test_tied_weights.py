@@ -4,8 +4,8 @@ between parameters, and a checkpoint missing a tied weight is reported and initi
 
 import pytest
 import torch
-from conftest import tiny_model
 from safetensors.torch import load_file, save_file
+from tiny import tiny_model
 
 import coreformer as cf
 from coreformer.families import FAMILIES

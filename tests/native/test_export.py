@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MODERNBERT, PAD, tiny_model
+from conftest import MODERNBERT
+from tiny import PAD, tiny_model
 from transformers import AutoTokenizer
 
 import coreformer as cf

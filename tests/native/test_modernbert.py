@@ -8,7 +8,7 @@ Export to ModernBERT (and export -> convert) is tested with the other targets in
 import pytest
 import torch
 import transformers
-from conftest import PAD, VOCAB, padded_batch, tiny_config, tiny_model
+from tiny import PAD, VOCAB, padded_batch, tiny_config, tiny_model
 
 import coreformer as cf
 from coreformer.conversion import convert_from_hf

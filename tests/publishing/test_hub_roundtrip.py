@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import EOS, padded_batch, tiny_model
+from tiny import EOS, padded_batch, tiny_model
 from transformers import (
     AutoConfig,
     AutoModel,

@@ -29,8 +29,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import FAMILY_CLASSES, tiny_model
 from test_pretraining import args_from, tiny_settings
+from tiny import FAMILY_CLASSES, tiny_model
 from transformers import AutoTokenizer
 
 from coreformer.training.pretraining import run_pretraining

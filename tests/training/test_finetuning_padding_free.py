@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EOS, VOCAB, tiny_model
+from tiny import EOS, VOCAB, tiny_model
 
 import coreformer as cf
 from coreformer.training.finetuning import TASKS, FinetuningArguments, FinetuningError, embedded_dataset, run_finetuning

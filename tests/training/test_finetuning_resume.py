@@ -672,7 +672,7 @@ def test_seq2seq_evaluation_gathers_generations_without_the_copies_that_fill_the
     # Seq2SeqTrainer gathers with accelerator.gather, which keeps the copies Accelerate's even_batches adds on every
     # process but the first (2 processes: 8 validation examples came back as 16 prediction rows, DDP and FSDP2);
     # gather_for_metrics drops them. One process here: the gather the trainer calls is what is checked.
-    from conftest import tiny_model
+    from tiny import tiny_model
     from transformers import Seq2SeqTrainingArguments
 
     from coreformer.training.trainer_checkpoints import CheckpointingSeq2SeqTrainer

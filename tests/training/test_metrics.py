@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from tiny import tiny_model
 from transformers import EvalPrediction
 
 import coreformer as cf

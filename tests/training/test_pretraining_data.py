@@ -6,7 +6,7 @@ from collections import Counter
 import datasets
 import pytest
 import torch
-from conftest import tiny_config
+from tiny import tiny_config
 from transformers import AutoTokenizer
 from transformers.masking_utils import find_packed_sequence_indices
 

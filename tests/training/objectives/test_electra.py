@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_electra
 from ranks import fork_python
 from test_pretraining import (
     KILLED_CHILD,
@@ -25,6 +24,7 @@ from test_pretraining import (
     two_processes_and_one,
     weights,
 )
+from tiny import tiny_electra
 from transformers import (
     AutoModel,
     AutoModelForMaskedLM,

@@ -1,0 +1,86 @@
+"""Tiny models and batches for the tests: a config of each family (hidden 32, 2 layers, 4 heads, dropout off, so
+outputs are deterministic), seeded models, padded batches, incremental decoding through the cache, a tiny ELECTRA."""
+
+import torch
+from conftest import FAMILIES
+
+import coreformer as cf
+
+VOCAB = 99
+PAD, BOS, EOS = 0, 1, 2
+
+FAMILY_CLASSES = {  # family -> (config class, base model class)
+    "encoder": (cf.CoreformerEncoderConfig, cf.CoreformerEncoderModel),
+    "decoder": (cf.CoreformerDecoderConfig, cf.CoreformerDecoderModel),
+    "seq2seq": (cf.CoreformerSeq2SeqConfig, cf.CoreformerSeq2SeqModel),
+}
+assert tuple(FAMILY_CLASSES) == FAMILIES  # the families the `family` fixture runs
+
+
+def tiny_config(family: str, **overrides):
+    """A tiny config of `family` with dropout off, so outputs are deterministic."""
+    config_class = FAMILY_CLASSES[family][0]
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+    if family == "seq2seq":
+        fields.update(encoder_layers=2, decoder_layers=2, decoder_start_token_id=EOS)
+    else:
+        fields.update(num_hidden_layers=2)
+    fields.update(overrides)
+    return config_class(**fields)
+
+
+def tiny_model(model_class, family: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    return model_class(tiny_config(family, **overrides)).eval()
+
+
+def padded_batch(batch: int = 3, length: int = 10, left: bool = False, seed: int = 0):
+    """Random ids (no special tokens) with rows of decreasing length padded with PAD; returns (ids, mask)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=generator)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for row in range(1, batch):
+        pad = min(2 * row, length - 1)
+        if left:
+            mask[row, :pad] = 0
+        else:
+            mask[row, length - pad :] = 0
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+def decode_incrementally(model, ids: torch.Tensor, mask: torch.Tensor, prefix: int = 6):
+    """Full-forward logits and logits from a prefix then one token at a time through the cache; returns
+    (incremental, full, cache)."""
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        out = model(ids[:, :prefix], attention_mask=mask[:, :prefix], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(prefix, ids.shape[1]):
+            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+    return torch.cat(steps, 1), full, cache
+
+
+def tiny_electra(vocab: int = 40):
+    """A seeded tiny ELECTRA module (generator + discriminator) and the run arguments it was built from."""
+    from coreformer.training.objectives.electra import ELECTRA
+    from coreformer.training.pretraining import PretrainingArguments
+
+    config = cf.CoreformerEncoderConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=64,
+    )  # fmt: skip
+    args = PretrainingArguments(family="encoder", objective="electra", output_dir="unused")
+    torch.manual_seed(0)
+    return ELECTRA.build_model(config, args), args
