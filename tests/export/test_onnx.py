@@ -107,8 +107,8 @@ def test_seq2seq_graphs_decode_greedily_like_generate_with_and_without_the_cache
 
 
 # ModernBERT's options in one graph: no first attention norm, global and local layers with a rotary table each, the
-# head transform, mean pooling over padded choices.
-MODERNBERT_MEAN = dict(MODERNBERT, classifier_pooling="mean")
+# head transform, mean pooling over padded choices (one layer of each type: the export traces every layer).
+MODERNBERT_MEAN = dict(MODERNBERT, classifier_pooling="mean", num_hidden_layers=2, layer_types=["full", "sliding"])
 
 
 @pytest.mark.slow
