@@ -164,3 +164,18 @@ def test_presets_that_extend_each_other_in_a_circle_are_refused(tmp_path):
     config.write_text("extends: tiny\n")
     with pytest.raises(PretrainingError, match="extends a preset but names no family; add `family:`"):
         pretraining.gather_settings(config_file=config, configs_dir=tmp_path)
+
+
+def test_a_config_file_that_does_not_parse_or_holds_no_mapping_is_refused_naming_it(tmp_path):
+    from coreformer_settings.base import load_config_file
+
+    broken, listed, commented = tmp_path / "broken.yaml", tmp_path / "listed.yml", tmp_path / "commented.yaml"
+    broken.write_text("lr: [1, 2\nmax_steps: 3\n")
+    listed.write_text("- lr\n- max_steps\n")
+    commented.write_text("_why: a note\nlr: 1.0e-3\nmodel:\n  hidden_size: 64\nname: 'off'\nflag: off\n")
+    with pytest.raises(PretrainingError, match=r"broken\.yaml' does not parse: while parsing a flow sequence"):
+        load_config_file(broken, error=PretrainingError)
+    with pytest.raises(PretrainingError, match=r"listed\.yml' must hold a mapping of settings"):
+        load_config_file(listed, error=PretrainingError)
+    # YAML 1.1 as PyYAML reads it, whichever loader parses: an unquoted off is False, a quoted one a string
+    assert load_config_file(commented) == {"lr": 1.0e-3, "model": {"hidden_size": 64}, "name": "off", "flag": False}
