@@ -84,14 +84,3 @@ def test_block_decoding_through_the_cache_equals_the_full_forward():
 def test_block_layers_need_a_block_size():
     with pytest.raises(ValueError, match="need `block_size`, a positive integer"):
         tiny_config("decoder", layer_types=["block", "full"])
-
-
-@pytest.mark.slow
-def test_block_decoder_exports_to_onnx_and_decodes_through_the_cache_graphs(tmp_path):
-    from coreformer.onnx_export import export_onnx
-
-    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=["block", "full"], block_size=3)
-    model.save_pretrained(tmp_path / "model")
-    report = export_onnx(tmp_path / "model", tmp_path / "onnx", check=True)
-    assert report["max_abs_diff"] <= report["tolerance"]
-    assert report["greedy_tokens"]["onnxruntime"] == report["greedy_tokens"]["pytorch"]
