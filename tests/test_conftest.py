@@ -1,7 +1,11 @@
 """The session's hooks (conftest.py) take effect: under `--dist loadgroup`, the tests that share a module fixture
-of their own file are one xdist group, so the fixture is built once."""
+of their own file are one xdist group, so the fixture is built once; and loading conftest.py, as pytest-xdist's
+controller does, imports neither torch nor coreformer."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,3 +25,11 @@ def test_a_module_fixture_user_is_in_its_files_group_under_loadgroup(shared, req
 
 def test_a_test_without_a_module_fixture_stays_ungrouped(request):
     assert "@" not in request.node.nodeid
+
+
+def test_loading_conftest_imports_neither_torch_nor_coreformer():
+    tests = Path(__file__).resolve().parent
+    loaded = "import sys; import conftest; print(sorted({name.split('.')[0] for name in sys.modules}))"
+    result = subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, cwd=tests, check=True)
+    top_level = result.stdout
+    assert "'pytest'" in top_level and "'torch'" not in top_level and "'coreformer'" not in top_level, top_level
