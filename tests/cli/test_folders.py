@@ -215,27 +215,32 @@ def test_prepare_for_serving_keeps_only_the_auto_map_of_code_the_folder_holds(tm
 
 
 # A process without coreformer, whose stdin is closed: transformers' "Do you wish to run the custom code? [y/N]"
-# prints its question and then reads nothing.
-LOAD_TOKENIZER = """
+# prints its question and then reads nothing. Each folder's output follows a line naming it.
+LOAD_TOKENIZERS = """
 import sys
 sys.modules["coreformer"] = None
 from transformers import AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
-print("padding", tokenizer.padding_side)
+for folder in sys.argv[1:]:
+    print("==", folder, flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    print("padding", tokenizer.padding_side, flush=True)
 """
 
 
-def _load_tokenizer_without_coreformer(folder: Path) -> str:
+def _load_tokenizers_without_coreformer(*folders: Path) -> dict[str, str]:
+    """What loading each folder's tokenizer printed, in one process without coreformer, in the order given."""
     result = subprocess.run(
-        [sys.executable, "-c", LOAD_TOKENIZER, str(folder)],
-        capture_output=True,
+        [sys.executable, "-c", LOAD_TOKENIZERS, *map(str, folders)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # warnings and the question in the order they came
         text=True,
         stdin=subprocess.DEVNULL,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
         timeout=120,
     )
-    assert result.returncode == 0, result.stderr
-    return result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout
+    printed = result.stdout.split("== ")[1:]
+    return dict(part.split("\n", 1) for part in printed)
 
 
 @pytest.mark.slow
@@ -249,6 +254,8 @@ def test_an_onnx_exports_tokenizer_loads_without_asking_to_run_custom_code(tmp_p
         (tmp_path / name).mkdir()
         copy_companions(tmp_path / "model", tmp_path / name)
     folders.prepare_for_serving(tmp_path / "served", causal_lm=True)
-    assert "Do you wish to run the custom code?" in _load_tokenizer_without_coreformer(tmp_path / "as-copied")
-    output = _load_tokenizer_without_coreformer(tmp_path / "served")
-    assert "custom code" not in output and "padding left" in output, output
+    # the served folder first, while the process has loaded nothing: its load must not ask
+    printed = _load_tokenizers_without_coreformer(tmp_path / "served", tmp_path / "as-copied")
+    served, as_copied = printed[str(tmp_path / "served")], printed[str(tmp_path / "as-copied")]
+    assert "custom code" not in served and "padding left" in served, served
+    assert "Do you wish to run the custom code?" in as_copied, as_copied
