@@ -134,7 +134,7 @@ def load_config_file(path: str | Path, *, error: type[Exception] = ValueError) -
         elif path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
-            # libyaml's safe loader where PyYAML has it (the same values, ~8x faster: every command's --help reads
+            # libyaml's safe loader where PyYAML has it (the same values, read faster: every command's --help reads
             # every preset file); PyYAML's own otherwise.
             values = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         else:
