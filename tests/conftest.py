@@ -1,7 +1,7 @@
-"""The session's hooks (slow files first, the tests sharing a module fixture on one xdist worker, the imports frozen
-out of the garbage collector's sight once collected), the offline Hub, the `family` and `variant` fixtures with the
-block options every family supports, and the helpers that start, watch and stop test processes. The tiny models
-themselves are in tiny.py.
+"""pytest's hooks for the whole run (slow files first, the tests sharing a module fixture on one xdist worker, the
+imports frozen out of the garbage collector's sight once collected), the offline Hub, the `family` and `variant`
+fixtures with the block options every family supports, and the helpers that start, watch and stop test processes.
+The tiny models themselves are in tiny.py.
 
 Nothing here imports torch or coreformer: pytest-xdist's controller loads this file but runs no test, and those
 imports would cost it seconds before it starts the workers."""
@@ -135,13 +135,20 @@ def variant(request) -> dict:
 def kill_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) -> None:
     """Wait until `child` (started with stderr=PIPE, text=True) writes `marker`, which it does in the middle of a
     save, then SIGKILL it; fail with the child's stderr if it ended first."""
-    deadline = time.monotonic() + timeout
-    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
+    _wait_for_marker(child, marker, timeout)
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=60)
     child.stderr.close()
+
+
+def _wait_for_marker(child: subprocess.Popen, marker: Path, timeout: float) -> None:
+    """Return once `marker` exists; fail with the child's stderr if it ended first, or name the marker at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not marker.exists():
+        ended = child.poll() is not None
+        pytest.fail(child.stderr.read()[-3000:] if ended else f"no {marker.name} after {timeout:g} s")
 
 
 def descendants(pid: int) -> list[int]:
@@ -208,10 +215,7 @@ def ctrl_c_as_in_a_terminal() -> None:
 def interrupt_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) -> tuple[int, str]:
     """Wait until `child` (started with stderr=PIPE, text=True, preexec_fn=ctrl_c_as_in_a_terminal) writes `marker`,
     send it SIGINT (Ctrl-C), and return (its exit code, its stderr); fail with the child's stderr if it ended first."""
-    deadline = time.monotonic() + timeout
-    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), child.stderr.read()[-3000:] if child.poll() is not None else "timed out"
+    _wait_for_marker(child, marker, timeout)
     child.send_signal(signal.SIGINT)
     _, stderr = child.communicate(timeout=120)
     return child.returncode, stderr

@@ -1,4 +1,4 @@
-"""The session's hooks (conftest.py) take effect: under `--dist loadgroup`, the tests that share a module fixture
+"""The pytest hooks of conftest.py take effect: under `--dist loadgroup`, the tests that share a module fixture
 of their own file are one xdist group, so the fixture is built once; and loading conftest.py, as pytest-xdist's
 controller does, imports neither torch nor coreformer."""
 
