@@ -1,6 +1,7 @@
 """pytest's hooks for the whole run (slow files first, the tests sharing a module fixture on one xdist worker, the
 imports frozen out of the garbage collector's sight once collected), the offline Hub, the `family` and `variant`
-fixtures with the block options every family supports, and the helpers that start, watch and stop test processes.
+fixtures with the block options every family supports, the `flex_attention` fixture, and the helpers that
+start, watch and stop test processes.
 The tiny models themselves are in tiny.py.
 
 Nothing here imports torch or coreformer: pytest-xdist's controller loads this file but runs no test, and those
@@ -130,6 +131,21 @@ def family(request) -> str:
 @pytest.fixture(params=list(VARIANTS))
 def variant(request) -> dict:
     return VARIANTS[request.param]
+
+
+@pytest.fixture
+def flex_attention() -> None:
+    """Skip where torch's flex_attention cannot build its kernel; asked when the test runs, not at collection (the
+    probe compiles a kernel, seconds on CPU, once per process). Each test starts from a clean Dynamo state:
+    transformers compiles flex_attention once per process, and after earlier tests' masks and shapes have made it
+    recompile, inductor's CPU flex template can fail to build the next kernel (C++ errors in this torch), so whether
+    a test passed would depend on the tests its worker ran before it."""
+    import torch
+    from tiny import flex_attention_compiles
+
+    if not flex_attention_compiles():
+        pytest.skip("flex_attention does not compile with this torch build here")
+    torch._dynamo.reset()
 
 
 def kill_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) -> None:

@@ -1,5 +1,8 @@
 """Tiny models and batches for the tests: a config of each family (hidden 32, 2 layers, 4 heads, dropout off, so
-outputs are deterministic), seeded models, padded batches, incremental decoding through the cache, a tiny ELECTRA."""
+outputs are deterministic), seeded models, padded batches, incremental decoding through the cache, a tiny ELECTRA,
+and whether flex_attention builds its kernel here."""
+
+import functools
 
 import torch
 from conftest import FAMILIES
@@ -43,6 +46,20 @@ def tiny_config(family: str, **overrides):
 def tiny_model(model_class, family: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
     return model_class(tiny_config(family, **overrides)).eval()
+
+
+@functools.cache
+def flex_attention_compiles() -> bool:
+    """Whether torch's flex_attention builds its kernel on this machine (on CPU it needs inductor's C++ compiler): a
+    tiny encoder's forward, once per process, by the first test that asks for the `flex_attention` fixture."""
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+    model.set_attn_implementation("flex_attention")
+    try:
+        with torch.no_grad():  # torch's flex_attention has no CPU backward: the tests compare inference
+            model(torch.randint(3, VOCAB, (1, 4)))
+    except Exception:  # noqa: BLE001 - any failure to build the kernel means flex is unusable here
+        return False
+    return True
 
 
 def padded_batch(batch: int = 3, length: int = 10, left: bool = False, seed: int = 0):

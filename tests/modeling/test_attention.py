@@ -10,20 +10,6 @@ import coreformer as cf
 from coreformer.attention import Attention, eager_attention_forward, repeat_kv
 
 
-def _flex_runs() -> bool:
-    try:
-        model = tiny_model(cf.CoreformerEncoderModel, "encoder")
-        model.set_attn_implementation("flex_attention")
-        with torch.no_grad():  # torch's flex_attention has no CPU backward; inference is what we compare
-            model(torch.randint(3, VOCAB, (1, 4)))
-        return True
-    except Exception:  # flex_attention needs a torch build with a working compiler for this device
-        return False
-
-
-FLEX = _flex_runs()
-
-
 def _forward(model, ids, mask, family):
     with torch.no_grad():
         if family == "seq2seq":
@@ -49,9 +35,8 @@ def test_sdpa_matches_eager_with_padding(family, variant):
     _assert_backend_matches_eager(family, "sdpa", variant)
 
 
-@pytest.mark.skipif(not FLEX, reason="flex_attention does not run with this torch build on this CPU")
 @pytest.mark.parametrize("variant_name", ["default", "rotary_rmsnorm_swiglu_gqa"])
-def test_flex_attention_matches_eager_with_padding(family, variant_name):
+def test_flex_attention_matches_eager_with_padding(family, variant_name, flex_attention):
     # Each flex configuration compiles a kernel (seconds on CPU): two variants cover both position paths.
     _assert_backend_matches_eager(family, "flex_attention", VARIANTS[variant_name])
 

@@ -1,7 +1,6 @@
 """Efficient attention per layer (`layer_types`): each type against an explicit reference, caches, and whole models."""
 
 import ast
-import functools
 import json
 import os
 import subprocess
@@ -211,23 +210,10 @@ def test_sparse_kernels_under_sdpa_match_eager_on_long_padded_sequences(layer_ty
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-@functools.cache  # compiling flex takes seconds; two tests ask
-def _flex_compiles_here() -> bool:
-    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["sliding"] * 2, **PARAMETERS)
-    model.set_attn_implementation("flex_attention")
-    try:
-        with torch.no_grad():
-            model(torch.randint(3, VOCAB, (1, 4)))
-        return True
-    except Exception:  # flex_attention needs torch's compiler for this device
-        return False
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _flex_compiles_here(), reason="flex_attention does not compile with this torch build here")
 @pytest.mark.parametrize("layer_type", ["sliding", "strided"])
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
-def test_masked_types_under_flex_attention_match_eager(layer_type, family):
+def test_masked_types_under_flex_attention_match_eager(layer_type, family, flex_attention):
     # flex turns the same mask function into a block-sparse BlockMask.
     model_class = cf.CoreformerEncoderModel if family == "encoder" else cf.CoreformerDecoderModel
     model = tiny_model(model_class, family, layer_types=[layer_type] * 2, **PARAMETERS)
@@ -525,8 +511,7 @@ def test_a_folder_with_mixed_layer_types_gives_its_tokenizer_without_coreformer(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _flex_compiles_here(), reason="flex_attention does not compile with this torch build here")
-def test_flex_block_mask_skips_blocks_for_sliding_layers():
+def test_flex_block_mask_skips_blocks_for_sliding_layers(flex_attention):
     # The point of flex for a band: whole 128 x 128 blocks outside the window are never computed.
     model = tiny_model(
         cf.CoreformerEncoderModel, "encoder", layer_types=["sliding", "full"], sliding_window=64, stride=4

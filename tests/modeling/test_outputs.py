@@ -18,31 +18,21 @@ LAYER_TYPES = {
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
 
 
-def _flex_runs() -> bool:
-    try:
-        model = tiny_model(cf.CoreformerEncoderModel, "encoder")
-        model.set_attn_implementation("flex_attention")
-        with torch.no_grad():
-            model(torch.randint(3, 50, (1, 4)))
-        return True
-    except Exception:  # flex_attention needs a torch build with a working compiler for this device
-        return False
-
-
-def _custom_sdpa(module, query, key, value, attention_mask, **kwargs):
-    """A registered attention function that, like a hub kernel, returns no probabilities."""
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def backends() -> list[str]:
+@pytest.fixture
+def custom_sdpa():
+    """A registered attention function that, like a hub kernel, returns no probabilities, under the name
+    "custom_sdpa"."""
     AttentionInterface.register("custom_sdpa", _custom_sdpa)
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionMaskInterface.register("custom_sdpa", sdpa_mask)
-    yield ["sdpa", "custom_sdpa"] + (["flex_attention"] if _flex_runs() else [])
+    yield
     AttentionInterface._global_mapping.pop("custom_sdpa", None)
     AttentionMaskInterface._global_mapping.pop("custom_sdpa", None)
+
+
+def _custom_sdpa(module, query, key, value, attention_mask, **kwargs):
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
 def _model(family: str, types: list[str] | None = None):
@@ -51,30 +41,38 @@ def _model(family: str, types: list[str] | None = None):
     return tiny_model(model_class, family, num_hidden_layers=len(types), layer_types=types, **PARAMETERS)
 
 
+def _assert_attentions_match_eager_and_change_no_output(family: str, backend: str, types: list[str]) -> None:
+    ids, mask = padded_batch(length=12, left=family == "decoder")
+    model = _model(family, types)
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        reference = model(ids, attention_mask=mask, output_attentions=True).attentions
+        model.set_attn_implementation(backend)
+        plain = model(ids, attention_mask=mask)
+        output = model(ids, attention_mask=mask, output_attentions=True)
+    assert torch.equal(output.last_hidden_state, plain.last_hidden_state)
+    assert len(output.attentions) == len(types)
+    real_queries = mask.bool()[:, None, :, None]
+    for layer_type, ours, eager in zip(types, output.attentions, reference):
+        assert ours.shape == eager.shape, layer_type
+        # Padded query rows are undefined (their outputs are discarded); real rows must be eager's.
+        torch.testing.assert_close(ours * real_queries, eager * real_queries, atol=1e-5, rtol=0, msg=layer_type)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "custom_sdpa"])
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_attentions_under_every_backend_and_layer_type_match_eager_and_change_no_output(family, backend, custom_sdpa):
+    _assert_attentions_match_eager_and_change_no_output(family, backend, LAYER_TYPES[family])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
-def test_attentions_under_every_backend_and_layer_type_match_eager_and_change_no_output(family, backends):
-    ids, mask = padded_batch(length=12, left=family == "decoder")
-    for backend in backends:
-        # flex: inductor's CPU code generation fails on the strided pattern's mask in this torch build, with or
-        # without attentions (a plain flex forward of a strided layer fails the same way), so flex runs the rest.
-        types = [name for name in LAYER_TYPES[family] if not (backend == "flex_attention" and name == "strided")]
-        model = _model(family, types)
-        with torch.no_grad():
-            model.set_attn_implementation("eager")
-            reference = model(ids, attention_mask=mask, output_attentions=True).attentions
-            model.set_attn_implementation(backend)
-            plain = model(ids, attention_mask=mask)
-            output = model(ids, attention_mask=mask, output_attentions=True)
-            assert torch.equal(output.last_hidden_state, plain.last_hidden_state), backend
-            assert len(output.attentions) == len(types), backend
-            real_queries = mask.bool()[:, None, :, None]
-            for layer_type, ours, eager in zip(types, output.attentions, reference):
-                assert ours.shape == eager.shape, (backend, layer_type)
-                # Padded query rows are undefined (their outputs are discarded); real rows must be eager's.
-                torch.testing.assert_close(
-                    ours * real_queries, eager * real_queries, atol=1e-5, rtol=0, msg=f"{backend} {layer_type}"
-                )
+def test_attentions_under_flex_attention_match_eager_and_change_no_output(family, flex_attention):
+    # Strided is left out: after the layers before it compiled flex_attention for their masks, its recompile for the
+    # strided mask fails to build (C++ errors from inductor's CPU flex template in this torch); as a model's only
+    # layer type it builds and matches (test_layer_types).
+    types = [name for name in LAYER_TYPES[family] if name != "strided"]
+    _assert_attentions_match_eager_and_change_no_output(family, "flex_attention", types)
 
 
 @pytest.mark.parametrize("layer_type", ["sliding", "strided", "linear"])

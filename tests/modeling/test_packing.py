@@ -7,8 +7,6 @@ cost on packed rows (sparse bands, linear scans, blocks restarting at each docum
 per-document runs where documents cross their chunks, what the attention function receives, and the refusal.
 """
 
-import functools
-
 import pytest
 import torch
 from tiny import EOS, VOCAB, tiny_model
@@ -150,24 +148,9 @@ def test_packed_row_gives_each_document_what_it_gets_alone(family, layer_type, b
     assert_same(*packed_and_alone(family, layer_type, backend, described_by))
 
 
-@functools.cache  # compiling flex takes seconds
-def _flex_compiles_here() -> bool:
-    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
-    model.set_attn_implementation("flex_attention")
-    try:
-        with torch.no_grad():
-            model(torch.randint(3, VOCAB, (1, 8)))
-    except Exception:  # noqa: BLE001 - any failure to build the kernel means flex is unusable on this machine
-        return False
-    return True
-
-
 @pytest.mark.slow
-def test_packed_row_gives_each_document_what_it_gets_alone_under_flex():
-    # One case: compiling flex takes most of a minute here. Outputs and loss only: torch's flex_attention has no
-    # backward on CPU.
-    if not _flex_compiles_here():
-        pytest.skip("flex_attention does not compile with this torch build here")
+def test_packed_row_gives_each_document_what_it_gets_alone_under_flex(flex_attention):
+    # One case: flex compiles a kernel per mask. Outputs and loss only: torch's flex_attention has no backward on CPU.
     assert_same(*packed_and_alone("decoder", "sliding", "flex_attention", "positions", gradients=False))
 
 
