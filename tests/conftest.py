@@ -94,7 +94,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     turns the xdist_group marks into node ids in its own, and a mark added after that groups nothing."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+    group_flex_attention_users(items)
     group_module_fixture_users(items)
+
+
+def group_flex_attention_users(items: list[pytest.Item]) -> None:
+    """Put the tests that ask for the `flex_attention` fixture in one xdist_group: flex_attention compiles a kernel
+    per mask and shape in the process that calls it, so on one worker a kernel one test built serves the next."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is not None and "flex_attention" in info.names_closure and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("flex_attention"))
 
 
 def group_module_fixture_users(items: list[pytest.Item]) -> None:
@@ -134,18 +144,22 @@ def variant(request) -> dict:
 
 
 @pytest.fixture
-def flex_attention() -> None:
+def flex_attention(monkeypatch) -> None:
     """Skip where torch's flex_attention cannot build its kernel; asked when the test runs, not at collection (the
-    probe compiles a kernel, seconds on CPU, once per process). Each test starts from a clean Dynamo state:
-    transformers compiles flex_attention once per process, and after earlier tests' masks and shapes have made it
-    recompile, inductor's CPU flex template can fail to build the next kernel (C++ errors in this torch), so whether
-    a test passed would depend on the tests its worker ran before it."""
+    probe compiles a kernel, seconds on CPU, once per process). The test's compiles are static: transformers compiles
+    flex_attention once per process with automatic dynamic shapes, and once a new shape or mask has made it recompile
+    with dynamic shapes, inductor's CPU flex template fails to build some masks (C++ errors in this torch: the strided
+    one), so whether a test passed would depend on the tests its worker ran before it. A static kernel is the same
+    whoever built it; the recompile limit is raised and made an error, so a test never falls back to eager silently."""
     import torch
     from tiny import flex_attention_compiles
 
+    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1000)
+    monkeypatch.setattr(torch._dynamo.config, "accumulated_recompile_limit", 10000)
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
     if not flex_attention_compiles():
         pytest.skip("flex_attention does not compile with this torch build here")
-    torch._dynamo.reset()
 
 
 def kill_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 240) -> None:

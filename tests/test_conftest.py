@@ -1,6 +1,7 @@
 """The pytest hooks of conftest.py take effect: under `--dist loadgroup`, the tests that share a module fixture
-of their own file are one xdist group, so the fixture is built once; and loading conftest.py, as pytest-xdist's
-controller does, imports neither torch nor coreformer."""
+of their own file are one xdist group, so the fixture is built once, and the tests that run flex_attention are one
+group, so its kernels are built once; and loading conftest.py, as pytest-xdist's controller does, imports neither
+torch nor coreformer."""
 
 import os
 import subprocess
@@ -21,6 +22,12 @@ def test_a_module_fixture_user_is_in_its_files_group_under_loadgroup(shared, req
         pytest.skip("groups exist only in an xdist worker under --dist loadgroup (make test runs so)")
     # xdist's worker names the group in the node id, from the marks that exist when its own hook runs.
     assert request.node.nodeid.endswith("@tests/test_conftest.py")
+
+
+def test_a_flex_attention_user_is_in_the_flex_attention_group_under_loadgroup(flex_attention, request):
+    if not getattr(request.config.option, "loadgroup", False) or "PYTEST_XDIST_WORKER" not in os.environ:
+        pytest.skip("groups exist only in an xdist worker under --dist loadgroup (make test runs so)")
+    assert request.node.nodeid.endswith("@flex_attention")
 
 
 def test_a_test_without_a_module_fixture_stays_ungrouped(request):

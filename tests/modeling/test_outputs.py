@@ -68,11 +68,7 @@ def test_attentions_under_every_backend_and_layer_type_match_eager_and_change_no
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
 def test_attentions_under_flex_attention_match_eager_and_change_no_output(family, flex_attention):
-    # Strided is left out: after the layers before it compiled flex_attention for their masks, its recompile for the
-    # strided mask fails to build (C++ errors from inductor's CPU flex template in this torch); as a model's only
-    # layer type it builds and matches (test_layer_types).
-    types = [name for name in LAYER_TYPES[family] if name != "strided"]
-    _assert_attentions_match_eager_and_change_no_output(family, "flex_attention", types)
+    _assert_attentions_match_eager_and_change_no_output(family, "flex_attention", LAYER_TYPES[family])
 
 
 @pytest.mark.parametrize("layer_type", ["sliding", "strided", "linear"])
