@@ -163,7 +163,9 @@ class Launches:
     ) -> Path:
         """Start pretrain.py (through CHILD) as `accelerate launch` with `launcher` flags would: its ranks forked
         (ranks.py) or, with `forked=False`, the launch itself; returns the output folder."""
-        config = self.tmp / f"{settings['family']}.json"
+        # a file per run: a family's runs start one after another, and rewriting a shared file while the ranks of
+        # the run before read it once gave them an empty file
+        config = self.tmp / f"{name}-config.json"
         config.write_text(json.dumps({"family": settings["family"], "model": settings["model"]}))
         output_dir, report, log = self.tmp / name, self.tmp / f"{name}-shards", self.tmp / f"{name}.log"
         report.mkdir(exist_ok=True)
