@@ -1,8 +1,7 @@
 """pytest's hooks for the whole run (slow files first, the tests sharing a module fixture on one xdist worker, the
 imports frozen out of the garbage collector's sight once collected), the offline Hub, the `family` and `variant`
-fixtures with the block options every family supports, the `flex_attention` fixture, and the helpers that
-start, watch and stop test processes.
-The tiny models themselves are in tiny.py.
+fixtures with the block options every family supports, the `flex_attention` fixture, and the helpers that start,
+watch and stop test processes. The tiny models themselves are in tiny.py.
 
 Nothing here imports torch or coreformer: pytest-xdist's controller loads this file but runs no test, and those
 imports would cost it seconds before it starts the workers."""
