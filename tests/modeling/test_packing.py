@@ -100,22 +100,30 @@ def hidden_states(family: str, outputs) -> tuple[torch.Tensor, ...]:
     return outputs.hidden_states
 
 
-def packed_and_alone(family: str, layer_type: str, backend: str, described_by: str, gradients: bool = True):
+def packed_and_alone(
+    family: str,
+    layer_type: str,
+    backend: str,
+    described_by: str,
+    gradients: bool = True,
+    alone_backend: str | None = None,
+):
     """(packed run, per-document runs joined): hidden states, logits, loss, gradients of each (none without
-    `gradients`)."""
+    `gradients`). The documents alone run under `alone_backend` where given, else under `backend` too."""
     overrides = dict(layer_types=[layer_type] * 2, **PARAMETERS)
     if family == "seq2seq":
         overrides["decoder_layer_types"] = [layer_type] * 2
     model = tiny_model(HEADS[family], family, **overrides)
-    model.set_attn_implementation(backend)
     sources, targets = documents(LENGTHS, seed=1), documents(TARGET_LENGTHS, seed=2)
     alone = [document_inputs(family, index, sources, targets) for index in range(len(LENGTHS))]
     total = sum(labelled(family, inputs) for inputs in alone)
     runs = []
-    for batches, weights in (
-        ([packed_inputs(family, alone, described_by)], [1.0]),
-        (alone, [labelled(family, inputs) / total for inputs in alone]),  # the packed mean, document by document
+    for batches, weights, implementation in (
+        ([packed_inputs(family, alone, described_by)], [1.0], backend),
+        # the packed mean, document by document
+        (alone, [labelled(family, inputs) / total for inputs in alone], alone_backend or backend),
     ):
+        model.set_attn_implementation(implementation)
         model.zero_grad()
         with torch.set_grad_enabled(gradients):
             outputs = [model(**inputs, output_hidden_states=True) for inputs in batches]
@@ -150,8 +158,12 @@ def test_packed_row_gives_each_document_what_it_gets_alone(family, layer_type, b
 
 @pytest.mark.slow
 def test_packed_row_gives_each_document_what_it_gets_alone_under_flex(flex_attention):
-    # One case: flex compiles a kernel per mask. Outputs and loss only: torch's flex_attention has no backward on CPU.
-    assert_same(*packed_and_alone("decoder", "sliding", "flex_attention", "positions", gradients=False))
+    # One case, against each document alone under eager: flex compiles a kernel per mask and length, and one packed
+    # row is one length. Outputs and loss only: torch's flex_attention has no backward on CPU.
+    packed_under_flex, alone_under_eager = packed_and_alone(
+        "decoder", "sliding", "flex_attention", "positions", gradients=False, alone_backend="eager"
+    )
+    assert_same(packed_under_flex, alone_under_eager)
 
 
 def test_documents_are_read_from_each_description():
