@@ -218,8 +218,7 @@ def test_static_cache_generation_compiles_fullgraph_once_and_matches_eager(famil
     generate = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, cache_implementation="static")
     eager_tokens = model.generate(ids, attention_mask=mask, pad_token_id=PAD, **generate)
     model.forward = torch.compile(model.forward, fullgraph=True, backend=counting_backend)
-    # Other models' compiled entries share transformers' forward wrapper: room enough that none is evicted. (No
-    # torch._dynamo.reset() here: after one, flex_attention's CPU kernels fail to build later in the process.)
+    # Other models' compiled entries share transformers' forward wrapper: room enough that none is evicted.
     with torch._dynamo.config.patch(recompile_limit=64):
         tokens = model.generate(ids, attention_mask=mask, pad_token_id=PAD, **generate)
     assert torch.equal(tokens, eager_tokens)

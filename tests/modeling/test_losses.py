@@ -358,8 +358,8 @@ def test_skip_logits_with_a_lora_adapted_head_keeps_the_adapter_in_the_loss():
 
 # In a process of its own (forked from ranks.py's server, which never compiled anything): Dynamo's state is per
 # process, and earlier tests' compiled entries share these frames (a frame that once hit the recompile limit is never
-# compiled again); torch._dynamo.reset() would clear that, but after one, flex_attention's CPU kernels fail to build
-# later in the process (tests/modeling/test_layer_types.py).
+# compiled again), so the count would depend on the tests before it; the fork starts clean and leaves the worker's
+# state as it is.
 COMPILED_HEAD_CHILD = """
 import sys
 import torch
