@@ -16,18 +16,21 @@ def shared() -> object:
     return object()
 
 
-def test_a_module_fixture_user_is_in_its_files_group_under_loadgroup(shared, request):
-    # xdist tells its workers `loadgroup` (their own `dist` is "no")
+def group_of(request) -> str:
+    """The xdist group in the test's node id: xdist's worker names it there, from the marks that exist when its own
+    hook runs. Skips outside a worker under `--dist loadgroup` (xdist tells its workers `loadgroup`; their own `dist`
+    is "no")."""
     if not getattr(request.config.option, "loadgroup", False) or "PYTEST_XDIST_WORKER" not in os.environ:
         pytest.skip("groups exist only in an xdist worker under --dist loadgroup (make test runs so)")
-    # xdist's worker names the group in the node id, from the marks that exist when its own hook runs.
-    assert request.node.nodeid.endswith("@tests/test_conftest.py")
+    return request.node.nodeid.rpartition("@")[2]
+
+
+def test_a_module_fixture_user_is_in_its_files_group_under_loadgroup(shared, request):
+    assert group_of(request) == "tests/test_conftest.py"
 
 
 def test_a_flex_attention_user_is_in_the_flex_attention_group_under_loadgroup(flex_attention, request):
-    if not getattr(request.config.option, "loadgroup", False) or "PYTEST_XDIST_WORKER" not in os.environ:
-        pytest.skip("groups exist only in an xdist worker under --dist loadgroup (make test runs so)")
-    assert request.node.nodeid.endswith("@flex_attention")
+    assert group_of(request) == "flex_attention"
 
 
 def test_a_test_without_a_module_fixture_stays_ungrouped(request):
