@@ -48,15 +48,23 @@ def tiny_model(model_class, family: str, seed: int = 0, **overrides):
     return model_class(tiny_config(family, **overrides)).eval()
 
 
+# The flex tests' batch length and head layout. flex_attention compiles a kernel per mask function and static shape
+# (seconds each on CPU); tests of one length and layout reuse each other's kernels (the flex tests run on one worker).
+FLEX_LENGTH = 12
+FLEX_HEADS = dict(num_key_value_heads=2)  # grouped key-value heads: flex's enable_gqa path
+
+
 @functools.cache
 def flex_attention_compiles() -> bool:
     """Whether torch's flex_attention builds its kernel on this machine (on CPU it needs inductor's C++ compiler): a
-    tiny encoder's forward, once per process, by the first test that asks for the `flex_attention` fixture."""
-    model = tiny_model(cf.CoreformerEncoderModel, "encoder")
+    tiny encoder's forward at the flex tests' shapes (its kernel serves them), once per process, by the first test
+    that asks for the `flex_attention` fixture."""
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", **FLEX_HEADS)
     model.set_attn_implementation("flex_attention")
+    ids, mask = padded_batch(length=FLEX_LENGTH)
     try:
         with torch.no_grad():  # torch's flex_attention has no CPU backward: the tests compare inference
-            model(torch.randint(3, VOCAB, (1, 4)))
+            model(ids, attention_mask=mask)
     except Exception:  # noqa: BLE001 - any failure to build the kernel means flex is unusable here
         return False
     return True

@@ -3,30 +3,32 @@
 import pytest
 import torch
 from conftest import VARIANTS
-from tiny import FAMILY_CLASSES, PAD, VOCAB, padded_batch, tiny_config, tiny_model
+from tiny import FAMILY_CLASSES, FLEX_HEADS, FLEX_LENGTH, PAD, VOCAB, padded_batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import coreformer as cf
 from coreformer.attention import Attention, eager_attention_forward, repeat_kv
 
 
-def _forward(model, ids, mask, family):
+def _forward(model, ids, mask, family, decoder_length: int = 7):
     with torch.no_grad():
         if family == "seq2seq":
-            decoder_ids, decoder_mask = padded_batch(ids.shape[0], 7, seed=1)
+            decoder_ids, decoder_mask = padded_batch(ids.shape[0], decoder_length, seed=1)
             return model(
                 ids, attention_mask=mask, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask
             ).last_hidden_state, decoder_mask
         return model(ids, attention_mask=mask).last_hidden_state, mask
 
 
-def _assert_backend_matches_eager(family: str, backend: str, variant: dict) -> None:
+def _assert_backend_matches_eager(
+    family: str, backend: str, variant: dict, length: int = 10, decoder_length: int = 7
+) -> None:
     model = tiny_model(FAMILY_CLASSES[family][1], family, **variant)
-    ids, mask = padded_batch(left=family == "decoder")
+    ids, mask = padded_batch(length=length, left=family == "decoder")
     model.set_attn_implementation("eager")
-    reference, out_mask = _forward(model, ids, mask, family)
+    reference, out_mask = _forward(model, ids, mask, family, decoder_length)
     model.set_attn_implementation(backend)
-    output, _ = _forward(model, ids, mask, family)
+    output, _ = _forward(model, ids, mask, family, decoder_length)
     real = out_mask.bool()  # padded query positions are undefined: compare real tokens only
     torch.testing.assert_close(output[real], reference[real], atol=1e-5, rtol=0)
 
@@ -35,10 +37,12 @@ def test_sdpa_matches_eager_with_padding(family, variant):
     _assert_backend_matches_eager(family, "sdpa", variant)
 
 
-@pytest.mark.parametrize("variant_name", ["default", "rotary_rmsnorm_swiglu_gqa"])
-def test_flex_attention_matches_eager_with_padding(family, variant_name, flex_attention):
-    # Each flex configuration compiles a kernel (seconds on CPU): two variants cover both position paths.
-    _assert_backend_matches_eager(family, "flex_attention", VARIANTS[variant_name])
+@pytest.mark.slow
+def test_seq2seq_self_and_cross_attention_under_flex_attention_match_eager_with_padding(flex_attention):
+    # Encoder and decoder stacks under flex, every layer type, are test_outputs'; here the seq2seq model's own
+    # attention calls, cross-attention among them, at the flex tests' shapes (their kernels serve it).
+    variant = {**VARIANTS["rotary_rmsnorm_swiglu_gqa"], **FLEX_HEADS}
+    _assert_backend_matches_eager("seq2seq", "flex_attention", variant, FLEX_LENGTH, FLEX_LENGTH)
 
 
 def _outputs_before_and_after_changing_the_last_token(model_class, family: str, backend: str):

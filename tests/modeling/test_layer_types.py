@@ -210,22 +210,6 @@ def test_sparse_kernels_under_sdpa_match_eager_on_long_padded_sequences(layer_ty
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("layer_type", ["sliding", "strided"])
-@pytest.mark.parametrize("family", ["encoder", "decoder"])
-def test_masked_types_under_flex_attention_match_eager(layer_type, family, flex_attention):
-    # flex turns the same mask function into a block-sparse BlockMask.
-    model_class = cf.CoreformerEncoderModel if family == "encoder" else cf.CoreformerDecoderModel
-    model = tiny_model(model_class, family, layer_types=[layer_type] * 2, **PARAMETERS)
-    ids, mask = padded_batch(length=12, left=family == "decoder")
-    with torch.no_grad():
-        model.set_attn_implementation("eager")
-        expected = model(ids, attention_mask=mask).last_hidden_state
-        model.set_attn_implementation("flex_attention")
-        output = model(ids, attention_mask=mask).last_hidden_state
-    torch.testing.assert_close(output[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=0)
-
-
 def _quadratic_linear_attention(query_features, key_features, value, causal):
     """The O(L²) form: A = φ(Q) φ(K)ᵀ (causally masked), output = A V / rowsum(A)."""
     scores = query_features @ key_features.transpose(-2, -1)

@@ -3,7 +3,7 @@ type, hidden states recorded by `capture_outputs` (selectable by index) and in t
 
 import pytest
 import torch
-from tiny import PAD, padded_batch, tiny_config, tiny_model
+from tiny import FLEX_HEADS, FLEX_LENGTH, PAD, padded_batch, tiny_config, tiny_model
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -35,25 +35,29 @@ def _custom_sdpa(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-def _model(family: str, types: list[str] | None = None):
+def _model(family: str, types: list[str] | None = None, **overrides):
     model_class = {"encoder": cf.CoreformerEncoderModel, "decoder": cf.CoreformerDecoderModel}[family]
     types = types or LAYER_TYPES[family]
-    return tiny_model(model_class, family, num_hidden_layers=len(types), layer_types=types, **PARAMETERS)
+    return tiny_model(model_class, family, num_hidden_layers=len(types), layer_types=types, **PARAMETERS, **overrides)
 
 
-def _assert_attentions_match_eager_and_change_no_output(family: str, backend: str, types: list[str]) -> None:
-    ids, mask = padded_batch(length=12, left=family == "decoder")
-    model = _model(family, types)
+def _assert_outputs_and_attentions_match_eager(family: str, backend: str, types: list[str], **overrides) -> None:
+    """The backend's output is eager's on real tokens, asking for attentions changes it in no bit, and the
+    attentions it returns are eager's for every layer type."""
+    ids, mask = padded_batch(length=FLEX_LENGTH, left=family == "decoder")
+    model = _model(family, types, **overrides)
     with torch.no_grad():
         model.set_attn_implementation("eager")
-        reference = model(ids, attention_mask=mask, output_attentions=True).attentions
+        reference = model(ids, attention_mask=mask, output_attentions=True)
         model.set_attn_implementation(backend)
         plain = model(ids, attention_mask=mask)
         output = model(ids, attention_mask=mask, output_attentions=True)
+    real = mask.bool()
+    torch.testing.assert_close(plain.last_hidden_state[real], reference.last_hidden_state[real], atol=1e-5, rtol=0)
     assert torch.equal(output.last_hidden_state, plain.last_hidden_state)
     assert len(output.attentions) == len(types)
-    real_queries = mask.bool()[:, None, :, None]
-    for layer_type, ours, eager in zip(types, output.attentions, reference):
+    real_queries = real[:, None, :, None]
+    for layer_type, ours, eager in zip(types, output.attentions, reference.attentions):
         assert ours.shape == eager.shape, layer_type
         # Padded query rows are undefined (their outputs are discarded); real rows must be eager's.
         torch.testing.assert_close(ours * real_queries, eager * real_queries, atol=1e-5, rtol=0, msg=layer_type)
@@ -61,14 +65,15 @@ def _assert_attentions_match_eager_and_change_no_output(family: str, backend: st
 
 @pytest.mark.parametrize("backend", ["sdpa", "custom_sdpa"])
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
-def test_attentions_under_every_backend_and_layer_type_match_eager_and_change_no_output(family, backend, custom_sdpa):
-    _assert_attentions_match_eager_and_change_no_output(family, backend, LAYER_TYPES[family])
+def test_outputs_and_attentions_under_every_backend_and_layer_type_match_eager(family, backend, custom_sdpa):
+    _assert_outputs_and_attentions_match_eager(family, backend, LAYER_TYPES[family])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
-def test_attentions_under_flex_attention_match_eager_and_change_no_output(family, flex_attention):
-    _assert_attentions_match_eager_and_change_no_output(family, "flex_attention", LAYER_TYPES[family])
+def test_outputs_and_attentions_under_flex_attention_match_eager_for_every_layer_type(family, flex_attention):
+    # flex turns each layer type's mask function into a block-sparse BlockMask: one model holds every type.
+    _assert_outputs_and_attentions_match_eager(family, "flex_attention", LAYER_TYPES[family], **FLEX_HEADS)
 
 
 @pytest.mark.parametrize("layer_type", ["sliding", "strided", "linear"])
