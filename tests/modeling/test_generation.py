@@ -137,12 +137,17 @@ def test_training_never_builds_a_cache():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layer_types", [None, ["sliding", "full"]])
-def test_static_cache_decode_step_compiles_with_fullgraph(layer_types):
+def test_static_cache_decode_step_compiles_with_fullgraph():
     # torch.compile(fullgraph=True) fails on any graph break: the input checks (.item()) must step aside while
-    # compiling, and masks, positions and the cache update (sliding layers: a static sliding-window layer) must trace.
-    overrides = {"layer_types": layer_types, "sliding_window": 3} if layer_types else {}
-    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", position_embedding_type="rotary", **overrides)
+    # compiling, and masks, positions and the cache update (a full layer's static layer and a sliding layer's static
+    # sliding-window layer) must trace; inductor's code for the step must compute what eager does.
+    model = tiny_model(
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        position_embedding_type="rotary",
+        layer_types=["sliding", "full"],
+        sliding_window=3,
+    )
     ids = torch.randint(3, VOCAB, (2, 6))
     next_ids, positions = torch.randint(3, VOCAB, (2, 1)), torch.full((2, 1), 6)
     logits = []
