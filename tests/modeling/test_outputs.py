@@ -44,7 +44,7 @@ def _model(family: str, types: list[str] | None = None, **overrides):
 def _assert_outputs_and_attentions_match_eager(family: str, backend: str, types: list[str], **overrides) -> None:
     """The backend's output is eager's on real tokens, asking for attentions changes it in no bit, and the
     attentions it returns are eager's for every layer type."""
-    ids, mask = padded_batch(length=FLEX_LENGTH, left=family == "decoder")
+    ids, mask = padded_batch(length=FLEX_LENGTH, left=family == "decoder")  # under flex, the other flex tests' kernels
     model = _model(family, types, **overrides)
     with torch.no_grad():
         model.set_attn_implementation("eager")
