@@ -19,6 +19,9 @@ from packaging.version import Version
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Inductor builds its kernels in a pool of processes it starts, each importing torch, in every process that compiles;
+# the two xdist workers already keep both cores busy, so each builds its own kernels one after another instead.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pytest  # noqa: E402
 
