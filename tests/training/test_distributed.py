@@ -163,8 +163,8 @@ class Launches:
     ) -> Path:
         """Start pretrain.py (through CHILD) as `accelerate launch` with `launcher` flags would: its ranks forked
         (ranks.py) or, with `forked=False`, the launch itself; returns the output folder."""
-        # a file per run: a family's runs start one after another, and rewriting a shared file while the ranks of
-        # the run before read it once gave them an empty file
+        # a file per run: a family's runs start one after another, and the ranks of the run before may still be
+        # reading a shared file while the next start rewrites it (they would read it empty)
         config = self.tmp / f"{name}-config.json"
         config.write_text(json.dumps({"family": settings["family"], "model": settings["model"]}))
         output_dir, report, log = self.tmp / name, self.tmp / f"{name}-shards", self.tmp / f"{name}.log"
