@@ -16,6 +16,7 @@ import copy
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+from .compat import CACHE_KEYWORDS, assigned_tp_plan_entries
 from .families import MODEL_TYPES, register_with_peft
 from .layer_types import LAYER_TYPES as LAYER_TYPE_TABLE
 
@@ -255,6 +256,18 @@ class CoreformerConfig(PreTrainedConfig):
             plan |= {f"{stack}.layers.*.mlp.{name}": style for name, style in mlp.items()}
         return plan
 
+    @base_model_tp_plan.setter
+    def base_model_tp_plan(self, assigned: dict[str, str] | None) -> None:
+        # The plan is derived from the fields above, so there is nothing to store: an assignment that only restates
+        # it (as transformers before 5.21 makes at init, `compat.assigned_tp_plan_entries`) is accepted, any other
+        # refused by name rather than ignored.
+        extra = assigned_tp_plan_entries(assigned, self.base_model_tp_plan)
+        if extra:
+            raise ValueError(
+                f"base_model_tp_plan is derived from the config (the stacks, gated_mlp); it cannot take {extra}. "
+                f"Pass a plan to from_pretrained(..., tp_plan={{...}}) instead."
+            )
+
     @property
     def base_model_pp_plan(self) -> dict[str, tuple[list[str], list[str]]] | None:
         """Pipeline stages (read by pipeline-parallel trainers): each stack's embedding, its blocks and its final
@@ -486,7 +499,7 @@ class CoreformerDecoderConfig(CoreformerConfig):
     """
 
     model_type = "coreformer_decoder"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = CACHE_KEYWORDS
 
     num_hidden_layers: int = 12
     is_causal_stack = True
@@ -516,7 +529,7 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
     """
 
     model_type = "coreformer_seq2seq"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = CACHE_KEYWORDS
     attribute_map = {"num_hidden_layers": "encoder_layers"}
 
     encoder_layers: int = 6

@@ -424,11 +424,13 @@ class ForwardPlanner:
             else:
                 overlay = with_documents(layer_type.overlay(parameter) if layer_type.overlay else None, documents)
             if self.is_causal:
+                # Positional: the fourth parameter is the cache, named `past_key_values` before transformers 5.24
+                # and `cache` since (compat.CACHE_KEYWORD).
                 masks[name] = create_causal_mask(
-                    config=config,
-                    inputs_embeds=hidden_states,
-                    attention_mask=attention_mask,
-                    past_key_values=cache,
+                    config,
+                    hidden_states,
+                    attention_mask,
+                    cache,
                     position_ids=position_ids if documents is None else None,
                     and_mask_function=overlay,
                     # Size the mask by a cache layer of this type: a sliding layer holds only its window.

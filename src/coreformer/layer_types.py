@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .compat import INDEXED_ATTENTION
 from .layer_kernel import LayerKernel
 
 # transformers' mask functions: (batch, head, query position, key position) tensors -> whether the key is visible.
@@ -229,10 +230,11 @@ LAYER_TYPES: dict[str, LayerType] = {
     ),
     # Reformer (Kitaev et al. 2020): queries hashed into buckets, each attending to the nearest keys of its bucket.
     # It keeps every key (a bucket reaches back indefinitely); packed documents are sorted apart (by document, then
-    # bucket). Saved under transformers' name for attention whose keys an index picks per query.
+    # bucket). Saved under transformers' name for attention whose keys an index picks per query, in the spelling
+    # every supported release accepts (`compat.INDEXED_ATTENTION`).
     "lsh": LayerType(
         "full_attention",
-        "indexed_attention",
+        INDEXED_ATTENTION,
         parameter="lsh_bucket_size",
         padding_mask_only=True,
         kernel=lsh_kernel,

@@ -27,9 +27,10 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPastAndCrossAttentions,
 )
 from transformers.utils.import_utils import is_torchdynamo_compiling
-from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+from transformers.utils.output_capturing import capture_outputs
 
 from .attention import Attention
+from .compat import CACHE_KEYWORDS, SELECTS_HIDDEN_STATES, cache_from, output_recorder, with_cache
 from .configuration_coreformer import CoreformerConfig
 from .forward_plan import PACKING_KWARGS, ForwardPlan, ForwardPlanner, positions_in_documents
 from .layer_types import LAYER_TYPES
@@ -50,7 +51,7 @@ class CoreformerPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["Block"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = CACHE_KEYWORDS
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_flash_attn = True
@@ -78,15 +79,19 @@ class CoreformerPreTrainedModel(PreTrainedModel):
         config: CoreformerConfig,
         inputs_embeds: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        past_key_values: Cache | None = None,
         position_ids: torch.Tensor | None = None,
+        *,
+        cache: Cache | None = None,
         **kwargs,
     ) -> dict[str, torch.Tensor | None]:
         """generate() builds the masks ahead of a compiled forward when the cache is static, so that every decode step
         hands the forward tensors of one shape (no recompiles). transformers' own builder knows only its layer-type
         names (and hands back the raw 2D mask for any other); this builds ours, per layer type, with the causal
-        stack's own `build_masks`. (B, past + T) padding mask -> {layer type: mask for the configured backend}."""
+        stack's own `build_masks`. (B, past + T) padding mask -> {layer type: mask for the configured backend}.
+        The cache comes as `cache` from transformers 5.24, as `past_key_values` before."""
         stack = self.base_model.decoder
+        past_key_values = cache_from(past_key_values, cache)
         cache = (
             past_key_values.self_attention_cache
             if isinstance(past_key_values, EncoderDecoderCache)
@@ -135,8 +140,8 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
     """
 
     _can_record_outputs = {
-        "hidden_states": OutputRecorder(Block, index=0),
-        "attentions": OutputRecorder(Attention, index=1, layer_name="self_attn"),
+        "hidden_states": output_recorder(Block, index=0),
+        "attentions": output_recorder(Attention, index=1, layer_name="self_attn"),
     }
 
     def __init__(
@@ -311,6 +316,7 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | int | list[int] | None = None,
         encoder_documents: torch.Tensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutput | BaseModelOutputWithPastAndCrossAttentions:
         """
@@ -323,7 +329,8 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             position_ids: (B, T); default past + arange(T) (per document in packed rows, below). Generation passes them
                 to skip left padding.
             encoder_hidden_states / encoder_attention_mask: the encoder output and its padding mask (cross-attention).
-            past_key_values: a `Cache`, updated in place (causal stacks only).
+            past_key_values / cache: a `Cache`, updated in place (causal stacks only), under either name (`cache`
+                from transformers 5.24).
             use_cache: build and return a cache; default `config.use_cache` at inference, never while training.
             output_attentions / output_hidden_states: recorded by `capture_outputs` from the blocks
                 (`_can_record_outputs`); hidden states may be selected by index (an int or a list), as transformers
@@ -331,6 +338,7 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             encoder_documents, **kwargs: packed rows (`_packing`); kwargs also reach the attention function.
         """
         inputs_embeds = self._checked_inputs(input_ids, inputs_embeds, encoder_hidden_states)
+        past_key_values = cache_from(past_key_values, cache)
         output_attentions, output_hidden_states = self._recorded_outputs(output_attentions, output_hidden_states)
         inputs = input_ids if input_ids is not None else inputs_embeds
         packing, documents, position_ids, use_cache = self._packing(
@@ -363,6 +371,12 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        if not isinstance(output_hidden_states, bool) and not SELECTS_HIDDEN_STATES:
+            # Older releases' `capture_outputs` read any index as True and would return every layer's state.
+            raise ValueError(
+                f"output_hidden_states={output_hidden_states!r} selects hidden states by index, which needs "
+                f"transformers>=5.23: upgrade it, or pass output_hidden_states=True and index the returned tuple."
+            )
         return output_attentions, output_hidden_states
 
     def _stack_output(
@@ -371,9 +385,7 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         """The stack's output: the last hidden states, with the cache (None when not used) for a causal stack."""
         if not self.is_causal:
             return BaseModelOutput(last_hidden_state=hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
-        )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **with_cache(past_key_values))
 
     def _checked_positions(
         self,
@@ -489,8 +501,8 @@ class CoreformerCrossAttendingStack(CoreformerStack):
     _can_record_outputs = {
         **CoreformerStack._can_record_outputs,
         # negative `output_hidden_states` indices count from this stack's depth, not the encoder's
-        "hidden_states": OutputRecorder(Block, index=0, num_hidden_layers_key="decoder_layers"),
-        "cross_attentions": OutputRecorder(Attention, index=1, layer_name="cross_attn"),
+        "hidden_states": output_recorder(Block, index=0, num_hidden_layers_key="decoder_layers"),
+        "cross_attentions": output_recorder(Attention, index=1, layer_name="cross_attn"),
     }
 
     def __init__(self, config: CoreformerConfig, layer_types: list[str], embed_tokens: nn.Embedding):

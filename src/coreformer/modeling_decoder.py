@@ -11,10 +11,10 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
+from .compat import cache_from, output_cache, slice_logits_to_keep, with_cache
 from .configuration_coreformer import CoreformerDecoderConfig
 from .losses import CAUSAL_LM_LOSS
 from .modeling_base import CoreformerPreTrainedModel, CoreformerStack
@@ -57,16 +57,18 @@ class CoreformerDecoderModel(CoreformerDecoderPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, past + T) with 0 on padding."""
+        """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, past + T) with 0 on padding; the
+        cache as `cache` or `past_key_values` (its name before transformers 5.24)."""
         return self.decoder(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            past_key_values=past_key_values,
+            past_key_values=cache_from(past_key_values, cache),
             use_cache=use_cache,
             **kwargs,
         )
@@ -99,6 +101,7 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         skip_logits: bool = False,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         """
@@ -107,13 +110,14 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
         skip_logits: True returns the loss only (`logits` is None): the vocabulary projection is fused with the loss
             a chunk of rows at a time and the (B, T, vocab) logits never exist. Pretraining passes True; the
             default keeps transformers' contract (logits always returned).
+        cache / past_key_values: the `Cache`, under either name (`cache` from transformers 5.24).
         """
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            past_key_values=cache_from(past_key_values, cache),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -132,9 +136,9 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            **with_cache(output_cache(outputs)),
         )
 
 

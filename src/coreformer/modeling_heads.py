@@ -12,6 +12,7 @@ from transformers.modeling_outputs import SequenceClassifierOutputWithPast, Toke
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
+from .compat import output_cache, with_cache
 from .configuration_coreformer import CoreformerConfig
 from .layers import build_activation, build_norm
 from .losses import LanguageModelLoss, labelled_rows, linear_cross_entropy, token_loss
@@ -286,7 +287,7 @@ class CoreformerSequenceClassifier(CoreformerPreTrainedModel):
         return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=getattr(outputs, "past_key_values", None),
+            **with_cache(output_cache(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

@@ -23,6 +23,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
+from .compat import CACHE_KEYWORD, cache_from, output_cache, with_cache
 from .configuration_coreformer import CoreformerSeq2SeqConfig
 from .forward_plan import PACKING_KWARGS
 from .losses import TOKEN_LOSS
@@ -128,6 +129,7 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
         use_cache: bool | None = None,
         position_ids: torch.LongTensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         """
@@ -140,6 +142,8 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
             position_ids / decoder_position_ids: (B, S) / (B, T) positions of each side; restarting mid-row without
                 a mask, they pack documents (decoder document i answers encoder document i), as do cu_seq_lens_k
                 (encoder) and cu_seq_lens_q (decoder) in kwargs (`packing_by_side`).
+            cache / past_key_values: the decoder's `EncoderDecoderCache`, under either name (`cache` from
+                transformers 5.24).
         """
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             if input_ids is None:
@@ -159,14 +163,14 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            past_key_values=cache_from(past_key_values, cache),
             use_cache=use_cache,
             encoder_documents=encoder_documents,
             **decoder_kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **with_cache(output_cache(decoder_outputs)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -244,12 +248,14 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         skip_logits: bool = False,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """labels: (B, T) target ids, -100 where no loss is taken. Decoder inputs default to labels shifted right,
         so logits[:, t] already predicts labels[:, t]: the loss is taken without a second shift.
         skip_logits: True returns the loss only (`logits` is None), the projection (and final_logits_bias) fused
-            with the loss (pretraining passes True); the default returns logits as transformers' heads do."""
+            with the loss (pretraining passes True); the default returns logits as transformers' heads do.
+        cache / past_key_values: the `EncoderDecoderCache`, under either name (`cache` from transformers 5.24)."""
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -260,7 +266,7 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            past_key_values=cache_from(past_key_values, cache),
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -281,7 +287,7 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **with_cache(output_cache(outputs)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
@@ -295,7 +301,7 @@ class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        cache = model_kwargs.get("past_key_values")
+        cache = model_kwargs.get(CACHE_KEYWORD)
         if isinstance(cache, EncoderDecoderCache) and set(self.config.decoder_layer_types) != {"full"}:
             # generate() lays the cross-attention cache out like the decoder's self-attention (sliding windows,
             # linear states), but cross-attention always keeps every encoder key: give it a plain cache.

@@ -18,7 +18,8 @@ builds the same pipeline from the folder's code. Folders of the other heads get 
 fill-mask, text-classification, token-classification, feature-extraction, zero-shot-classification and
 text-generation pipelines load them through the Auto classes.
 
-This file is copied next to checkpoints: it imports only numpy, torch and transformers, never coreformer.
+This file is copied next to checkpoints: it imports only numpy, torch, transformers and its single-dot sibling
+`compat.py` (copied with it), never coreformer.
 """
 
 import os
@@ -35,6 +36,8 @@ from transformers import (
 )
 from transformers import pipeline as build_pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
+
+from .compat import pipeline_generate_kwargs
 
 QUESTION_ANSWERING = "coreformer-question-answering"
 TEXT2TEXT = "coreformer-text2text"
@@ -218,7 +221,7 @@ class CoreformerText2TextPipeline(Pipeline):
         return {key: value for key, value in encoding.items() if key in ("input_ids", "attention_mask")}
 
     def _forward(self, inputs: dict, **generate_kwargs) -> dict:
-        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        generate_kwargs = pipeline_generate_kwargs(self, generate_kwargs)
         batch = inputs["input_ids"].shape[0]
         output_ids = self.model.generate(**inputs, **generate_kwargs)  # (B * num_return_sequences, T_out)
         return {"output_ids": output_ids.reshape(batch, -1, output_ids.shape[-1])}

@@ -19,6 +19,7 @@ import torch
 import transformers
 
 from coreformer import CoreformerEncoderModel, cli, convert_from_hf
+from coreformer.compat import CACHE_KEYWORDS, RELEASE
 from coreformer.conversion import SUPPORTED_ARCHITECTURES
 from coreformer.model_card import validate_model_card
 
@@ -190,7 +191,7 @@ def compare_outputs(ours, theirs, source_mask: torch.Tensor, target_mask: torch.
     """Max difference of every tensor output present in both, hidden-state and attention tuples element by element."""
     differences = {}
     for key in ours.keys():
-        if key == "past_key_values" or key not in theirs.keys():
+        if key in CACHE_KEYWORDS or key not in theirs.keys():
             continue
         mask = source_mask if key.startswith("encoder_") else target_mask
         mine, reference = ours[key], theirs[key]
@@ -300,6 +301,11 @@ def fine_tune(model: torch.nn.Module, batch: dict[str, torch.Tensor], steps: int
 
 @pytest.mark.parametrize("name", TRAINABLE_CLASSES)
 def test_converted_model_fine_tunes_with_the_source_losses(name):
+    if name.startswith("Bart") and RELEASE < (5, 23):
+        pytest.skip(
+            "BART before transformers 5.23 draws a layerdrop number per layer even at layerdrop=0, so its dropout "
+            "masks come from other random numbers than the converted model's"
+        )
     reference = tiny_model(name, **TRAINING_DROPOUT[family_of(name)])
     converted = convert_from_hf(reference)
     trainable = [p.numel() for p in reference.parameters() if p.requires_grad]
