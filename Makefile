@@ -5,6 +5,9 @@
 #                       a generated sample (uses every core)
 #   make test           the test suite (CPU, offline; one thread per worker, two workers): what CI runs
 #   make test-fast      the fast tier: every test not marked slow (no training runs, launches or exports to disk)
+#   make test-compat TRANSFORMERS=X
+#                       the compatibility tier: the contract tests on transformers X (default: the oldest release
+#                       supported), in venvs of its own; stops at the first contract that breaks (docs/compatibility.md)
 #   make readme-check   run the README's and the docs' code blocks (tests/docs/test_readme.py)
 #   make docs           build the documentation into site/ (mkdocs build --strict); make docs-serve serves it
 #   make docs-screenshot   render the built home page with headless Chromium into docs/assets/home.png
@@ -17,7 +20,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast readme-check docs docs-serve docs-screenshot lint clean
+.PHONY: install demo test test-fast test-compat readme-check docs docs-serve docs-screenshot lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +52,30 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not slow"
 
+# The compatibility tier. Four interpreters: transformers X with coreformer installed as users install it (a wheel
+# built from this checkout, not editable), X alone (torch + transformers), the development release with coreformer
+# (.venv) and the development release alone. The tests marked `compat` run in the first; tests/compat/test_releases.py
+# saves folders on each side and loads them on the other side's bare venv.
+TRANSFORMERS ?= 5.16.1
+DEV_TRANSFORMERS := $(shell sed -n 's/^ *"transformers==\([0-9.]*\)",.*/\1/p' pyproject.toml)
+COMPAT := .venv-compat
+compat-venv = test -x $(1)/bin/python || ($(PYTHON) -m venv $(1) && $(1)/bin/python -m pip install -q --upgrade pip \
+	&& $(1)/bin/python -m pip install -q $(TORCH))
+
+test-compat: $(STAMP)
+	$(call compat-venv,$(COMPAT)/$(TRANSFORMERS))
+	$(COMPAT)/$(TRANSFORMERS)/bin/python -m pip uninstall -q -y coreformer  # a rerun installs this checkout again
+	$(COMPAT)/$(TRANSFORMERS)/bin/python -m pip install -q ".[test]" "transformers==$(TRANSFORMERS)"
+	$(call compat-venv,$(COMPAT)/$(TRANSFORMERS)-bare)
+	$(COMPAT)/$(TRANSFORMERS)-bare/bin/python -m pip install -q "transformers==$(TRANSFORMERS)"
+	$(call compat-venv,$(COMPAT)/$(DEV_TRANSFORMERS)-bare)
+	$(COMPAT)/$(DEV_TRANSFORMERS)-bare/bin/python -m pip install -q "transformers==$(DEV_TRANSFORMERS)"
+	COREFORMER_COMPAT_OTHER=$(BIN)/python \
+	COREFORMER_COMPAT_BARE=$(COMPAT)/$(TRANSFORMERS)-bare/bin/python \
+	COREFORMER_COMPAT_OTHER_BARE=$(COMPAT)/$(DEV_TRANSFORMERS)-bare/bin/python \
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(COMPAT)/$(TRANSFORMERS)/bin/python -m pytest -q -x -n 2 --dist loadgroup \
+		-p no:cacheprovider -m compat
+
 readme-check: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/docs/test_readme.py
 
@@ -67,4 +94,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests training benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(COMPAT) .pytest_cache

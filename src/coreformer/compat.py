@@ -18,6 +18,8 @@ it, with a comment pointing here; where none does, the entry below answers for t
     assigned_tp_plan_entries       5.21        before, PreTrainedConfig.__init__ assigns `base_model_tp_plan` when
                                                embeddings are tied
     pipeline_generate_kwargs       5.20        pipelines merge their generation settings in `_prepare_generate_kwargs`
+    enable_activation_checkpointing  5.23      `gradient_checkpointing_enable` became `activation_checkpointing_enable`
+                                               (the old name warns until 6)
 
 Torch-free: it reads the running release from the installed package's metadata, and imports from transformers only
 inside the functions that need a class of it. Copied next to every checkpoint with the other modeling files
@@ -105,6 +107,12 @@ def assigned_tp_plan_entries(assigned: dict[str, str] | None, derived: dict[str,
     releases add on their own; empty when the assignment changes nothing."""
     known = {**(derived or {}), **_ASSIGNED_TP_PLAN_ENTRIES}
     return {name: style for name, style in (assigned or {}).items() if known.get(name) != style}
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute each block's activations in backward, under the method name the running release declares."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
 
 
 def pipeline_generate_kwargs(pipeline: Any, generate_kwargs: dict) -> dict:

@@ -81,6 +81,7 @@ def trained(tmp_path_factory):
     return out
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("family", list(CASES))
 def test_lora_targets_q_and_v_of_every_attention_and_trains_only_adapters(trained, family):
     _, _, model, _, losses, frozen = trained[family]
@@ -101,6 +102,7 @@ def test_lora_targets_q_and_v_of_every_attention_and_trains_only_adapters(traine
             assert torch.equal(parameter, frozen[base_name]), name
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("family", list(CASES))
 def test_saved_adapter_reloads_onto_a_fresh_base_with_identical_outputs(trained, family):
     base_folder, adapter_folder, model, batch, _, _ = trained[family]
@@ -112,6 +114,7 @@ def test_saved_adapter_reloads_onto_a_fresh_base_with_identical_outputs(trained,
     torch.testing.assert_close(_outputs(reloaded, batch), expected, atol=0, rtol=0)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("family", list(CASES))
 def test_merged_model_matches_the_adapter_and_reloads_with_the_auto_class(trained, family, tmp_path):
     base_folder, adapter_folder, _, batch, _, _ = trained[family]
@@ -269,15 +272,17 @@ def test_the_tables_of_a_peft_imported_later_are_filled_as_it_is_imported(tmp_pa
 
 def _add_adapter_refusal() -> str | None:
     """Why transformers' own PEFT integration cannot run beside the installed peft, or None when it can (5.24
-    requires a peft release newer than any published yet)."""
+    requires peft>=0.22)."""
     from importlib.metadata import version
 
     from packaging.version import Version
     from transformers.integrations.peft import MIN_PEFT_VERSION
 
-    if Version(version("peft")) >= Version(MIN_PEFT_VERSION):
+    installed = version("peft")
+    if Version(installed) >= Version(MIN_PEFT_VERSION):
         return None
-    return f"transformers {transformers.__version__}'s add_adapter requires peft>={MIN_PEFT_VERSION} (installed: {version('peft')})"
+    release = transformers.__version__
+    return f"transformers {release}'s add_adapter requires peft>={MIN_PEFT_VERSION} (installed: {installed})"
 
 
 @pytest.mark.parametrize("family", list(CASES))

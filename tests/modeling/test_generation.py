@@ -14,6 +14,7 @@ def _greedy(model, ids, mask, **kwargs):
     return model.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, **kwargs)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("variant_name", list(VARIANTS))
 def test_decoder_incremental_decoding_equals_full_forward(variant_name):
     model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **VARIANTS[variant_name])
@@ -23,6 +24,7 @@ def test_decoder_incremental_decoding_equals_full_forward(variant_name):
     torch.testing.assert_close(incremental[real], full[real], atol=1e-5, rtol=0)
 
 
+@pytest.mark.compat
 def test_seq2seq_incremental_decoding_equals_full_forward():
     model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq")
     ids, mask = padded_batch()
@@ -51,6 +53,7 @@ def test_seq2seq_incremental_decoding_equals_full_forward():
         ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False),
     ],
 )
+@pytest.mark.compat
 def test_greedy_decoding_is_the_same_with_dynamic_static_and_no_cache(family, head, left):
     model = (
         tiny_model(head, family, position_embedding_type="rotary") if family == "decoder" else tiny_model(head, family)
@@ -71,6 +74,7 @@ def test_greedy_decoding_is_the_same_with_dynamic_static_and_no_cache(family, he
         ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, False),
     ],
 )
+@pytest.mark.compat
 def test_batched_generation_with_padding_equals_one_row_at_a_time(family, head, left):
     model = tiny_model(head, family)
     ids, mask = padded_batch(left=left)

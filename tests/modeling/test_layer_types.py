@@ -247,6 +247,7 @@ def test_linear_attention_state_continues_exactly_token_by_token():
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("layer_type", ["full", "sliding", "strided", "linear"])
 def test_cached_decoding_equals_the_full_forward(layer_type):
     model = tiny_model(
@@ -350,6 +351,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_mixed_layer_types_save_load_and_remote_code(tmp_path):
     # In a process without coreformer: each folder loads with remote code and computes what it did here; the

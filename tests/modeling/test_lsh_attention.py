@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 from tiny import VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
-from transformers import ReformerConfig
-from transformers import PreTrainedConfig
+from transformers import PreTrainedConfig, ReformerConfig
 from transformers.configuration_utils import ALLOWED_LAYER_TYPES
 from transformers.models.reformer.modeling_reformer import LSHSelfAttention
 

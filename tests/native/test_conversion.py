@@ -208,6 +208,7 @@ BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel", "LlamaMode
 BASE_MODELS |= {"GPTNeoXModel", "ModernBertModel"}
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("attn_implementation", ATTN_IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", CLASSES)
 def test_converted_model_matches_transformers(name, attn_implementation):

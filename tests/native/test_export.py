@@ -133,6 +133,7 @@ def exported(tmp_path_factory) -> dict[str, tuple[CoreformerPreTrainedModel, Pat
     return {case: (models[case], folders[case], result) for case, result in zip(CASE_IDS, results)}
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 @pytest.mark.parametrize(("target", "head"), CASES, ids=CASE_IDS)
 def test_export_loads_in_plain_transformers_with_the_same_logits_and_greedy_tokens(exported, target, head):

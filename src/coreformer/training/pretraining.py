@@ -51,6 +51,7 @@ from typing import Any
 from coreformer_settings.families import FAMILY_NAMES
 from coreformer_settings.pretraining import PRESETS
 
+from ..compat import enable_activation_checkpointing
 from .arguments import PretrainingError, RunStoppedError, write_json
 from .batches import GlobalBatches, strided_loader
 from .checkpoints import find_latest_checkpoint, read_trainer_state, remove_stale_temporaries, stopped_message
@@ -249,7 +250,7 @@ def build(run: _Run) -> _Training:
     if args.attn_implementation is not None:
         model.set_attn_implementation(args.attn_implementation)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     if args.compile:
         # In place, not torch.compile(model): the module is not wrapped, so its state_dict keys (and so every checkpoint
         # and the final folder) carry no `_orig_mod.` prefix, and a compiled run resumes from an eager one's checkpoint.

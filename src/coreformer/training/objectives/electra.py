@@ -50,6 +50,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from ...compat import enable_activation_checkpointing
 from ...losses import token_loss
 from ..families import head_class
 from ..flops import flops_per_token, head_parameters, matmul_parameters
@@ -158,8 +159,8 @@ class ElectraPretraining(nn.Module):
         self.discriminator.set_attn_implementation(implementation)
 
     def gradient_checkpointing_enable(self) -> None:
-        self.generator.gradient_checkpointing_enable()
-        self.discriminator.gradient_checkpointing_enable()
+        enable_activation_checkpointing(self.generator)
+        enable_activation_checkpointing(self.discriminator)
 
 
 def electra_loss_terms(
