@@ -2,21 +2,23 @@
 # Reference suite: transformers' own common model tests on BERT/GPT-2/BART (in-library) and on coreformer's families.
 #
 #   ./run.sh CHECKOUT            e.g. ./run.sh /work/main     (uses CHECKOUT/.venv/bin/python, coreformer from CHECKOUT)
+#   PY=/path/to/python ./run.sh CHECKOUT   another interpreter (e.g. a venv with an older transformers); coreformer
+#                                  must still import from CHECKOUT (installed editable in that venv)
 #   REUSE_REF=1 ./run.sh CHECKOUT  reuse the reference results of an earlier run with the same transformers version
 #   WORKERS=1 ./run.sh CHECKOUT    pytest-xdist workers (default 2, the most this machine should use)
 #   EXTRA="-k generate" ./run.sh CHECKOUT   extra pytest arguments for both runs
 #
-# Results: results/<checkout name>/{ref.xml,ours.xml,ref.log,ours.log,summary.json}; the summary is printed.
-# The test tree in upstream/ is transformers' (see upstream/SOURCES.md); nothing here is committed to the project.
+# Test tree: upstream/<transformers version>/ (e.g. upstream/5.24.0), chosen by the version PY imports; it is
+# transformers' (see UPSTREAM.md and upstream/<version>/SOURCES.md); nothing under upstream/ is committed to the project.
+# Results: results/<checkout name>-<transformers version>/{ref.xml,ours.xml,ref.log,ours.log,summary.json}; the summary
+# is printed.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CHECKOUT="$(cd "${1:?usage: run.sh CHECKOUT}" && pwd)"
-PY="$CHECKOUT/.venv/bin/python"
-[ -x "$PY" ] || { echo "no $PY: the checkout needs its .venv (with coreformer installed editable)" >&2; exit 2; }
+PY="${PY:-$CHECKOUT/.venv/bin/python}"
+[ -x "$PY" ] || { echo "no $PY: the checkout needs its .venv (with coreformer installed editable), or set PY" >&2; exit 2; }
 WORKERS="${WORKERS:-2}"
 NAME="$(basename "$CHECKOUT")"
-OUT="$HERE/results/$NAME${EXTRA:+-partial}"   # a run narrowed by EXTRA never overwrites a full one
-mkdir -p "$OUT"
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 # Test-only packages the upstream tests import and the checkouts' venvs lack (parameterized, httpx, timeout-decorator,
@@ -28,22 +30,27 @@ export PYTHONPATH="$HERE/pydeps${PYTHONPATH:+:$PYTHONPATH}"
 import os, sys, coreformer, transformers
 src = os.path.realpath(os.path.dirname(coreformer.__file__))
 if not src.startswith(os.path.realpath(sys.argv[1]) + os.sep):
-    sys.exit(f"coreformer imports from {src}, not from {sys.argv[1]}: reinstall it editable in that checkout's .venv")
+    sys.exit(f"coreformer imports from {src}, not from {sys.argv[1]}: reinstall it editable in {sys.executable}'s venv")
 print(f"coreformer from {src}; transformers {transformers.__version__}")
 EOF
 TRANSFORMERS_DIR="$("$PY" -c 'import os, transformers; print(os.path.dirname(transformers.__file__))')"
 TRANSFORMERS_VERSION="$("$PY" -c 'import transformers; print(transformers.__version__)')"
+UPSTREAM="$HERE/upstream/$TRANSFORMERS_VERSION"
+[ -d "$UPSTREAM/tests" ] || { echo "no $UPSTREAM/tests: assemble that release's test tree (UPSTREAM.md)" >&2; exit 2; }
+OUT="$HERE/results/$NAME-$TRANSFORMERS_VERSION${EXTRA:+-partial}"   # a run narrowed by EXTRA never overwrites a full one
+mkdir -p "$OUT"
+echo "test tree $UPSTREAM; results $OUT"
 
-cd "$HERE/upstream"
+cd "$UPSTREAM"
 # test_pipeline_mixin imports <repo>/src/transformers directly: point it at the checkout's installed copy.
 mkdir -p src && ln -sfn "$TRANSFORMERS_DIR" src/transformers
 mkdir -p tests/models/coreformer && touch tests/models/coreformer/__init__.py
 cp "$HERE/test_coreformer_common.py" tests/models/coreformer/test_modeling_coreformer.py
 
-# Distributed (tensor-parallel / FSDP) tests are left out: their helper module is not in the 5.23 sdist (see
-# upstream/SOURCES.md) and they spawn process groups this shared 2-core machine cannot spare.
+# Distributed (tensor-parallel / FSDP / expert-parallel) tests are left out: their helper module is not in the
+# sdists (see UPSTREAM.md) and they spawn process groups this shared 2-core machine cannot spare.
 PYTEST=("$PY" -m pytest -p no:cacheprovider -q -o log_cli=false -n "$WORKERS" --timeout 900
-        -m "not is_tensor_parallel_test and not is_fsdp_test" ${EXTRA:-})
+        -m "not is_tensor_parallel_test and not is_fsdp_test and not is_expert_parallel_test" ${EXTRA:-})
 
 REF_STAMP="$HERE/results/ref-transformers-$TRANSFORMERS_VERSION.xml"
 if [ "${REUSE_REF:-0}" = 1 ] && [ -f "$REF_STAMP" ] && [ -z "${EXTRA:-}" ]; then
