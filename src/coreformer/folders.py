@@ -14,6 +14,10 @@ are removed (or put back) by the next save to the same destination. Before the s
 mode the user's umask gives new files (0644 under the usual 022): transformers writes the weights through a private
 temporary file (0600), which would otherwise be the one file others cannot read.
 
+A run started over in its folder (`--overwrite`) moves the previous run aside (`set_aside`, to .NAME.overwritten)
+instead of deleting it; the new run drops it once it has saved something of its own (`drop_set_aside`) and puts it
+back if it stops before that (`restore_set_aside`), so a stopped rerun never leaves the user with less than before.
+
 `prepare_for_serving(folder, causal_lm=...)` readies an exported folder for plain transformers: no `auto_map` naming
 code the folder does not hold, and a decoder's tokenizer padding on the left. `folder_tokenizer(folder)` loads a local
 folder's tokenizer, or says that the folder has none and how to add one
@@ -202,6 +206,34 @@ def staged_folder(
 
 # Files of which a saved tokenizer has at least one (fast, WordPiece, BPE, SentencePiece).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
+
+
+def set_aside_path(folder: Path) -> Path:
+    """Where a folder being started over waits until the new run has saved something (`set_aside`)."""
+    return folder.with_name(f".{folder.name}.overwritten")
+
+
+def set_aside(folder: Path) -> Path:
+    """Move `folder` to `set_aside_path(folder)` and create it again, empty; returns where it went."""
+    aside = set_aside_path(folder)
+    folder.rename(aside)
+    folder.mkdir()
+    return aside
+
+
+def restore_set_aside(folder: Path) -> bool:
+    """Put the folder set aside for `folder` back in its place, deleting what `folder` holds now; False when none
+    was set aside."""
+    aside = set_aside_path(folder)
+    if not aside.is_dir():
+        return False
+    replace_folder(aside, folder)
+    return True
+
+
+def drop_set_aside(folder: Path) -> None:
+    """Delete the folder set aside for `folder` (the new run has saved something of its own)."""
+    shutil.rmtree(set_aside_path(folder), ignore_errors=True)
 
 
 def has_tokenizer(folder: str | Path) -> bool:

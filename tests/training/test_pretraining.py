@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import coreformer as cf
+from coreformer.training.arguments import RunStoppedError
 from coreformer.training.batches import GlobalBatches
 from coreformer.training.checkpoints import _quiet_about_ties, find_latest_checkpoint, list_checkpoints
 from coreformer.training.objectives.masked_lm import MaskedLMCollator
@@ -913,3 +914,70 @@ def test_a_run_whose_loss_stops_being_finite_stops_there_and_keeps_its_checkpoin
     assert "Lower --lr (now 0.003) or raise --warmup-steps (now 3), or train in fp32 (--mixed-precision no" in message
     assert [path.name for path in list_checkpoints(tmp_path / "run")] == ["step-2", "step-4"]
     assert not (tmp_path / "run" / "metrics.json").exists()  # no final folder of a diverged model
+
+
+FINAL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "tokenizer.json")
+
+
+def _stop_at_step(monkeypatch, stop: int) -> None:
+    """Ctrl-C when step `stop` begins, in this process (where `train` looks `train_step` up)."""
+    import coreformer.training.pretraining_loop as pretraining_loop
+
+    original = pretraining_loop.train_step
+
+    def train_step(run, training):
+        if training.step == stop - 1:
+            raise KeyboardInterrupt
+        return original(run, training)
+
+    monkeypatch.setattr(pretraining_loop, "train_step", train_step)
+
+
+@pytest.mark.slow
+def test_an_overwrite_rerun_stopped_before_it_saves_gives_the_folder_back_to_the_previous_run(tmp_path, monkeypatch):
+    settings = tiny_settings("decoder", max_steps=6, eval_every=3)
+    output_dir = tmp_path / "run"
+    run_pretraining(args_from(settings, output_dir))
+    before = {name: (output_dir / name).read_bytes() for name in FINAL_FILES}
+
+    _stop_at_step(monkeypatch, 4)
+    with pytest.raises(RunStoppedError, match=r"stopped at step 3, before the first checkpoint; the run it was replac"):
+        run_pretraining(args_from(settings, output_dir, overwrite=True, seed=7))
+    assert {name: (output_dir / name).read_bytes() for name in FINAL_FILES} == before
+    assert not list(tmp_path.glob(".run.*"))
+    assert AutoModelForCausalLM.from_pretrained(output_dir) is not None
+
+
+@pytest.mark.slow
+def test_an_overwrite_rerun_replaces_the_previous_run_once_it_has_a_checkpoint(tmp_path, monkeypatch):
+    settings = tiny_settings("decoder", max_steps=6, eval_every=3)
+    output_dir = tmp_path / "run"
+    run_pretraining(args_from(settings, output_dir))
+
+    _stop_at_step(monkeypatch, 4)
+    with pytest.raises(RunStoppedError, match="continue with --resume-from-checkpoint latest"):
+        run_pretraining(args_from(settings, output_dir, overwrite=True, save_every=2))
+    assert not list(tmp_path.glob(".run.*")) and not (output_dir / "config.json").exists()
+    assert find_latest_checkpoint(output_dir) == output_dir / "checkpoints" / "step-2"
+
+
+def test_a_killed_overwrite_rerun_is_settled_when_the_next_run_opens_the_folder(tmp_path):
+    from coreformer.folders import set_aside, set_aside_path
+    from coreformer.training.pretraining import settle_set_aside_run
+
+    # killed before it saved: the previous run comes back
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    set_aside(folder)
+    (folder / "run_config.json").write_text("{}")  # all the killed rerun wrote
+    settle_set_aside_run(folder)
+    assert (folder / "config.json").exists() and not (folder / "run_config.json").exists()
+    assert not set_aside_path(folder).exists()
+
+    # killed after it saved (between its save and dropping the previous run): the previous run goes
+    set_aside(folder)
+    (folder / "config.json").write_text('{"new": true}')
+    settle_set_aside_run(folder)
+    assert json.loads((folder / "config.json").read_text()) == {"new": True}
+    assert not set_aside_path(folder).exists()

@@ -42,7 +42,6 @@ held-out evaluation, checkpoints, the final folder).
 """
 
 import dataclasses
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from coreformer_settings.families import FAMILY_NAMES
 from coreformer_settings.pretraining import PRESETS
 
 from ..compat import enable_activation_checkpointing
+from ..folders import drop_set_aside, restore_set_aside, set_aside, set_aside_path
 from .arguments import PretrainingError, RunStoppedError, write_json
 from .batches import GlobalBatches, strided_loader
 from .checkpoints import find_latest_checkpoint, read_trainer_state, remove_stale_temporaries, stopped_message
@@ -187,13 +187,14 @@ def prepare(args: PretrainingArguments) -> _Run:
 
 
 def open_run_folder(run: _Run) -> None:
-    """The first writes: the previous run removed (--overwrite, checked), leftovers of crashed saves cleaned,
-    the tokenizer and run_config.json."""
+    """The first writes: the previous run moved aside until this one saves (--overwrite, checked), leftovers of
+    crashed saves cleaned, the tokenizer and run_config.json."""
     accelerator, output_dir = run.accelerator, run.output_dir
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        settle_set_aside_run(output_dir)
         if run.resume is None and output_dir.is_dir() and any(output_dir.iterdir()):
-            shutil.rmtree(output_dir)  # --overwrite of a previous run, checked in prepare
+            set_aside(output_dir)  # --overwrite of a previous run, checked in prepare; dropped at this run's first save
         output_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(output_dir)
         if run.resume is None:
@@ -204,6 +205,21 @@ def open_run_folder(run: _Run) -> None:
         accelerator.print(
             f"note: --warmup-steps {run.args.warmup_steps} >= --max-steps: the learning rate only warms up"
         )
+
+
+def holds_a_save(output_dir: Path) -> bool:
+    """Whether a run folder holds something a run saved: a checkpoint or a final model."""
+    return find_latest_checkpoint(output_dir) is not None or (output_dir / "config.json").is_file()
+
+
+def settle_set_aside_run(output_dir: Path) -> None:
+    """A run set aside by an --overwrite rerun that was killed: put back if that rerun saved nothing, else dropped."""
+    if not set_aside_path(output_dir).is_dir():
+        return
+    if output_dir.is_dir() and holds_a_save(output_dir):
+        drop_set_aside(output_dir)
+    else:
+        restore_set_aside(output_dir)
 
 
 def _restore(run: _Run, training: _Training) -> None:
@@ -297,9 +313,26 @@ def run_pretraining(args: PretrainingArguments) -> dict[str, Any]:
     session_start = time.perf_counter()
     run = prepare(args)
     open_run_folder(run)
-    training = build(run)
+    training = None
     try:
+        training = build(run)
         train(run, training)
+        return finish(run, training, session_start)
     except KeyboardInterrupt:
-        raise RunStoppedError(stopped_message(run.output_dir, training.step, "start again with --overwrite")) from None
-    return finish(run, training, session_start)
+        step = training.step if training is not None else 0
+        if _put_back_the_run_set_aside(run):
+            raise RunStoppedError(
+                f"stopped at step {step}, before the first checkpoint; the run it was replacing is back in "
+                f"{str(run.output_dir)!r} (start again with --overwrite)"
+            ) from None
+        raise RunStoppedError(stopped_message(run.output_dir, step, "start again with --overwrite")) from None
+    except BaseException:
+        _put_back_the_run_set_aside(run)
+        raise
+
+
+def _put_back_the_run_set_aside(run: _Run) -> bool:
+    """A run that stops before its first save gives the folder back to the run it was replacing (--overwrite)."""
+    if not run.accelerator.is_main_process or holds_a_save(run.output_dir):
+        return False
+    return restore_set_aside(run.output_dir)

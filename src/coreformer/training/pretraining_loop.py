@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..folders import link_into, staged_folder
+from ..folders import drop_set_aside, link_into, staged_folder
 from . import arguments
 from .arguments import export_run, write_json
 from .batches import derive_seed
@@ -158,6 +158,8 @@ def _save_checkpoint(run: _Run, training: _Training) -> None:
             run.accelerator, training.model, training.optimizer, training.scheduler, folder
         ),
     )
+    if run.accelerator.is_main_process:
+        drop_set_aside(run.output_dir)  # an --overwrite rerun now has a checkpoint to put in the previous run's place
 
 
 def check_finite(loss: float, step: int, args) -> None:
@@ -294,6 +296,7 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
                 # A previous run's native export describes its model, not this one: never carried over.
                 if entry.name != arguments.EXPORT_FOLDER and not (staging / entry.name).exists():
                     link_into(entry, staging / entry.name)
+        drop_set_aside(output_dir)  # the run an --overwrite rerun replaces, kept until now
         first, last = training.history["eval"][0], training.history["eval"][-1]
         speed = f"{metrics['tokens_per_second']:,.0f} tokens/s" if training.session_tokens else "no steps this session"
         extra = held_out_numbers(last, run.objective.metrics_beside_loss)
