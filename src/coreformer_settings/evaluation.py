@@ -34,7 +34,7 @@ def build_parser(prog: str = "coreformer evaluate") -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "Zero-shot evaluation of a pretrained folder, no fine-tuning: held-out loss and perplexity (masked LM at "
-            "a fixed 15%% masking, causal LM, denoising at BART's 30%%; encoders also their pseudo-perplexity) and "
+            "a fixed 15% masking, causal LM, denoising at BART's 30%; encoders also their pseudo-perplexity) and "
             "minimal-pair accuracy (a held-out line against the same line corrupted, scored by log-likelihood or, "
             "for encoders, pseudo-log-likelihood; ties count as wrong)."
         ),

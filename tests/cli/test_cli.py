@@ -522,3 +522,11 @@ def test_a_delegated_command_is_parsed_before_its_module_runs(capsys):
     assert command.main([]) == 0 and RECORDED == [[]]
     # `coreformer evaluate` is offered exactly where its modules are installed
     assert ("evaluate" in RUN_COMMANDS) == (importlib.util.find_spec("coreformer_settings.evaluation") is not None)
+
+
+@NEEDS_EVALUATE
+def test_evaluate_help_prints_percentages_once():
+    from coreformer_settings.evaluation import build_parser
+
+    help_text = " ".join(build_parser().format_help().split())
+    assert "a fixed 15% masking" in help_text and "BART's 30%" in help_text and "%%" not in help_text
