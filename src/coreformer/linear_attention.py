@@ -137,6 +137,11 @@ class LinearAttentionStateLayer(CacheLayerMixin):
 
     Registered under the layer type "coreformer_linear_attention", which the config's `get_text_config` hands to
     transformers, so `DynamicCache(config=...)`, `StaticCache(config=...)` and generate() build it themselves.
+
+    A running state cannot drop tokens by itself. Assisted and prompt-lookup decoding verify several draft tokens in
+    one forward and then `crop` the rejected ones, after asking the cache to record its past
+    (`activate_past_recording`): while recording, the layer keeps the state before its last forward and that forward's
+    key features and values, and a crop rebuilds the state from them (tokens of earlier forwards cannot be removed).
     """
 
     is_compileable = False
@@ -146,6 +151,44 @@ class LinearAttentionStateLayer(CacheLayerMixin):
         super().__init__()
         self.state: torch.Tensor | None = None
         self.num_tokens = 0
+        self.record_past = False
+        # While recording: (state before the last forward, its key features (B, H, T, m), its values (B, H, T, D)).
+        self.last_forward: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def is_croppable(self) -> bool:
+        """Whether `crop` can put the state back (transformers 5.24 asks before assisted decoding crops)."""
+        return self.record_past
+
+    def activate_past_recording(self) -> None:
+        self.record_past = True
+
+    def record(self, key_features: torch.Tensor, value: torch.Tensor) -> None:
+        """Keep what a crop of this forward's tokens needs, before `update_state` (only while recording)."""
+        if self.record_past:
+            self.last_forward = (self.state, key_features.float(), value.float())
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last `-tokens_to_remove` tokens (transformers' convention; a positive value is the length to
+        keep, as releases before 5.18 also accepted), which must all come from the last forward."""
+        remove = -tokens_to_remove if tokens_to_remove <= 0 else max(0, self.num_tokens - tokens_to_remove)
+        if remove == 0:
+            return
+        last = self.last_forward[1].shape[2] if self.last_forward is not None else 0
+        if not self.record_past or remove > last:
+            raise RuntimeError(
+                f"A 'linear' layer keeps a running state: it can take back only the tokens of its last forward "
+                f"({last}) while recording its past (cache.activate_past_recording(), which assisted generation "
+                f"calls), not {remove}."
+            )
+        before, key_features, value = self.last_forward
+        keep = last - remove
+        key_features, value = key_features[:, :, :keep], value[:, :, :keep]
+        value = torch.cat([value, value.new_ones(*value.shape[:-1], 1)], dim=-1)  # (B, H, keep, D + 1)
+        added = key_features.transpose(-2, -1) @ value  # (B, H, m, D + 1), as linear_attention accumulates it
+        self.state = added if before is None else before + added
+        self.num_tokens -= remove
+        self.last_forward = (before, key_features, value[..., :-1])
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True
@@ -167,11 +210,12 @@ class LinearAttentionStateLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.state, self.num_tokens, self.is_initialized = None, 0, False
+        self.state, self.num_tokens, self.is_initialized, self.last_forward = None, 0, False, None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.state is not None:
             self.state = self.state.index_select(0, beam_idx.to(self.state.device))
+        self.last_forward = None  # a beam reordering is no forward a crop can take back
 
     def offload(self) -> None:
         if self.state is not None:
@@ -237,6 +281,7 @@ class LinearKernel(LayerKernel):
             documents=plan.documents,
         )
         if layer is not None:
+            layer.record(key_features, value)
             layer.update_state(state, key.shape[2])
         return output
 

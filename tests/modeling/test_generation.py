@@ -108,6 +108,39 @@ def test_beam_search_sampling_and_assisted_decoding_run(family, head, left):
     assert torch.equal(assisted, _greedy(model, one_ids, one_mask))
 
 
+@pytest.mark.compat
+@pytest.mark.parametrize("layer_types", [["linear", "linear"], ["linear", "full"]], ids=["linear", "linear-full"])
+def test_assisted_and_prompt_lookup_decoding_roll_linear_states_back_to_plain_greedy(layer_types):
+    # A different assistant proposes tokens the model rejects, and prompt lookup proposes the prompt's continuations:
+    # both make the model's cache take back verified draft tokens (a linear layer rebuilds its running state).
+    settings = dict(layer_types=layer_types, position_embedding_type="rotary")
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **settings)
+    assistant = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", seed=1, **settings)
+    ids, mask = padded_batch(batch=1, length=6)
+    ids = torch.cat([ids, ids, ids[:, :3]], dim=1)  # a repeated prompt, so prompt lookup finds candidates
+    mask = torch.ones_like(ids)
+    plain = _greedy(model, ids, mask)
+    assert torch.equal(_greedy(model, ids, mask, assistant_model=assistant), plain)
+    assert torch.equal(_greedy(model, ids, mask, prompt_lookup_num_tokens=3), plain)
+
+
+def test_a_linear_state_refuses_to_take_back_more_than_its_last_forward():
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=["linear", "full"])
+    ids, _ = padded_batch(batch=1, length=6)
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()
+    with torch.no_grad():
+        model(ids[:, :4], use_cache=True, past_key_values=cache)
+        model(ids[:, 4:], use_cache=True, past_key_values=cache)
+        with pytest.raises(RuntimeError, match=r"only the tokens of its last forward \(2\)"):
+            cache.crop(-3)
+        cache.crop(-1)
+        assert cache.get_seq_length() == 5
+        after_crop = model(ids[:, 5:], use_cache=True, past_key_values=cache).logits
+        fresh = model(ids, use_cache=False).logits[:, 5:]
+    torch.testing.assert_close(after_crop, fresh, atol=1e-5, rtol=1e-5)
+
+
 def test_generation_stops_each_row_at_eos_and_pads_it():
     model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder")
     ids, mask = padded_batch(left=True)
