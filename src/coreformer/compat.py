@@ -29,6 +29,7 @@ inside the functions that need a class of it. Copied next to every checkpoint wi
 from __future__ import annotations
 
 import importlib.metadata
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,15 +57,22 @@ CACHE_KEYWORDS = ["past_key_values", "cache"]
 
 def cache_from(past_key_values: Any | None, cache: Any | None) -> Any | None:
     """The one cache a forward was given, under either name (5.24 passes `cache`, earlier releases
-    `past_key_values`, users either); both at once is refused, as transformers 5.24 refuses it."""
+    `past_key_values`, users either); both at once is refused, as transformers 5.24 refuses it. Where the running
+    release has deprecated the old name, passing it warns as its own models do (`deprecate_kwarg`)."""
     if past_key_values is not None and cache is not None:
         raise ValueError("Pass the cache once, as `cache` or as `past_key_values` (its name before transformers 5.24).")
+    if past_key_values is not None and CACHE_KEYWORD != "past_key_values":
+        warnings.warn(
+            "`past_key_values` is deprecated and will be removed in version 5.40.0: pass the cache as `cache`.",
+            FutureWarning,
+            stacklevel=3,
+        )
     return cache if cache is not None else past_key_values
 
 
 def with_cache(cache: Any | None) -> dict[str, Any | None]:
-    """The cache as an output-class keyword, under the name the running transformers reads (`Output(**with_cache(c))`):
-    5.24 accepts the old name too, but warns on every output built with it."""
+    """The cache as a keyword under the name the running transformers reads, for an output class
+    (`Output(**with_cache(c))`) or a forward called inside the package: 5.24 takes the old name too, but warns."""
     return {CACHE_KEYWORD: cache}
 
 

@@ -68,8 +68,8 @@ class CoreformerDecoderModel(CoreformerDecoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            past_key_values=cache_from(past_key_values, cache),
             use_cache=use_cache,
+            **with_cache(cache_from(past_key_values, cache)),
             **kwargs,
         )
 
@@ -117,9 +117,9 @@ class CoreformerDecoderForCausalLM(CoreformerDecoderPreTrainedModel, GenerationM
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
-            past_key_values=cache_from(past_key_values, cache),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            **with_cache(cache_from(past_key_values, cache)),
             **kwargs,
         )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)

@@ -60,6 +60,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from .compat import output_cache, with_cache
 from .families import Family, family_of_model_type, head_of_class
 from .folders import prepare_for_serving, staged_folder
 from .layer_types import LAYER_TYPES
@@ -251,15 +252,15 @@ def _decoder_cache_graphs(
     # A plain DynamicCache keeps every key of every layer: sliding layers too (their window is the mask's, which
     # the stack builds for each layer type whatever the cache holds), so all past tensors share one length.
     def prefill(model, input_ids, attention_mask):
-        output = model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=DynamicCache())
-        return (output.logits, *flat_cache(output.past_key_values))
+        output = model(input_ids=input_ids, attention_mask=attention_mask, **with_cache(DynamicCache()))
+        return (output.logits, *flat_cache(output_cache(output)))
 
     def step(model, input_ids, attention_mask, **past):
         cache = DynamicCache()
         for layer in range(num_layers):
             cache.update(past[f"past_key_values.{layer}.key"], past[f"past_key_values.{layer}.value"], layer)
-        output = model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
-        return (output.logits, *flat_cache(output.past_key_values))
+        output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **with_cache(cache))
+        return (output.logits, *flat_cache(output_cache(output)))
 
     prefill_module = NamedInputs(model, input_names, prefill)
 
@@ -359,10 +360,10 @@ def seq2seq_first_decoder_graph(model: nn.Module, encoder_graph: Graph) -> Graph
             attention_mask=encoder_attention_mask,
             decoder_input_ids=decoder_input_ids,
             encoder_outputs=(encoder_hidden_states,),
-            past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache()),
+            **with_cache(EncoderDecoderCache(DynamicCache(), DynamicCache())),
             use_cache=True,
         )
-        cache = output.past_key_values
+        cache = output_cache(output)
         return (output.logits, *flat_cache(cache.self_attention_cache), *flat_cache(cache.cross_attention_cache))
 
     def example(batch: int, length: int) -> list[torch.Tensor]:
@@ -407,10 +408,10 @@ def seq2seq_cached_step_graph(model: nn.Module, first_graph: Graph) -> Graph:
             attention_mask=encoder_attention_mask,
             decoder_input_ids=decoder_input_ids,
             encoder_outputs=(placeholder,),
-            past_key_values=cache,
             use_cache=True,
+            **with_cache(cache),
         )
-        return (output.logits, *flat_cache(output.past_key_values.self_attention_cache))
+        return (output.logits, *flat_cache(output_cache(output).self_attention_cache))
 
     def example(batch: int, length: int) -> list[torch.Tensor]:
         # a target prefix of `length` tokens through the first decoder graph's computation, then 1 + length // 4 new

@@ -8,6 +8,9 @@ parity, PEFT LoRA, remote code without coreformer, folders travelling between re
 TRANSFORMERS=X` runs exactly those on release X.
 """
 
+import copy
+import warnings
+
 import datasets
 import pytest
 import torch
@@ -102,3 +105,23 @@ def test_the_cache_is_taken_under_either_name_and_returned_under_the_releases(fa
     torch.testing.assert_close(steps["cache"], full, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="Pass the cache once"):
         model(**_tokens(family, 7, 8), cache=cache, past_key_values=cache)
+
+
+def _deprecation_warnings(call) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [str(warning.message) for warning in caught if "`past_key_values` is deprecated" in str(warning.message)]
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_the_old_cache_name_warns_exactly_where_the_release_deprecated_it(family):
+    torch.manual_seed(0)
+    model = HEADS[family](tiny_config(family)).eval()
+    with torch.no_grad():
+        cache = output_cache(model(**_tokens(family, 0, 6), use_cache=True))
+        old_name = _deprecation_warnings(lambda: model(**_tokens(family, 6, 7), past_key_values=copy.deepcopy(cache)))
+        new_name = _deprecation_warnings(lambda: model(**_tokens(family, 6, 7), cache=copy.deepcopy(cache)))
+        generated = _deprecation_warnings(lambda: model.generate(**_tokens(family, 0, 6), max_new_tokens=3))
+    assert bool(old_name) == (CACHE_KEYWORD == "cache"), old_name  # as transformers' own models, from 5.24
+    assert new_name == [] and generated == []  # nothing inside the package, nor generate(), uses the old name

@@ -5,8 +5,8 @@
     python travel.py load DIR    (without it)       loads each folder by remote code and checks it computes them
 
 Each side prints its transformers release; `load` prints "ok" when every case matched (logits within 1e-5, greedy
-tokens equal). Standalone (no import of the tests' helpers): the loading side runs in a venv holding only torch and
-one transformers release.
+tokens equal). The saving side builds its models with the tests' tiny configurations (tests/tiny.py); the loading
+side imports nothing of the tests, since it runs in a venv holding only torch and one transformers release.
 """
 
 import sys
@@ -41,36 +41,21 @@ CASES = {
 
 
 def save(directory: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny.py and the conftest it reads
+    from tiny import VOCAB, tiny_model
+
     import coreformer as cf
 
     heads = {
-        "encoder": (cf.CoreformerEncoderConfig, cf.CoreformerEncoderForMaskedLM),
-        "decoder": (cf.CoreformerDecoderConfig, cf.CoreformerDecoderForCausalLM),
-        "seq2seq": (cf.CoreformerSeq2SeqConfig, cf.CoreformerSeq2SeqForConditionalGeneration),
+        "encoder": cf.CoreformerEncoderForMaskedLM,
+        "decoder": cf.CoreformerDecoderForCausalLM,
+        "seq2seq": cf.CoreformerSeq2SeqForConditionalGeneration,
     }
     cases = {}
     for name, (family, auto_class, settings) in CASES.items():
-        config_class, model_class = heads[family]
-        if family == "seq2seq":
-            shape = dict(encoder_layers=2, decoder_layers=2, decoder_start_token_id=2)
-        else:
-            shape = dict(num_hidden_layers=2)
-        config = config_class(
-            vocab_size=99,
-            hidden_size=32,
-            num_attention_heads=4,
-            intermediate_size=48,
-            max_position_embeddings=64,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-            **{**shape, **settings},
-        )
-        torch.manual_seed(0)
-        model = model_class(config).eval()
-        ids = torch.randint(3, 99, (2, 12), generator=torch.Generator().manual_seed(1))
+        model = tiny_model(heads[family], family, **settings)
+        config = model.config
+        ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
         mask = torch.ones_like(ids)
         mask[1, :3] = 0  # left padding: generation pads on the left
         case = dict(auto_class=auto_class, ids=ids, mask=mask, layer_types=list(config.layer_types))
