@@ -10,6 +10,8 @@ it, with a comment pointing here; where none does, the entry below answers for t
       with_cache, output_cache                 passes to forward and to `create_masks_for_generate`, and the field of
                                                every output class (the old name is deprecated until 5.40)
     CACHE_KEYWORDS                 5.24        both names, for the lists transformers matches keys against
+    (positional, forward_plan.py)  5.24        `create_causal_mask`'s fourth parameter, the same rename: passed by
+                                               position, which every release reads
     slice_logits_to_keep           5.21        added to transformers.modeling_utils (ours: the same slicing)
     SELECTS_HIDDEN_STATES,         5.23        `output_hidden_states` may select layers by index, and OutputRecorder
       output_recorder                          takes `num_hidden_layers_key` to resolve negative ones
@@ -61,13 +63,20 @@ def cache_from(past_key_values: Any | None, cache: Any | None) -> Any | None:
     release has deprecated the old name, passing it warns as its own models do (`deprecate_kwarg`)."""
     if past_key_values is not None and cache is not None:
         raise ValueError("Pass the cache once, as `cache` or as `past_key_values` (its name before transformers 5.24).")
-    if past_key_values is not None and CACHE_KEYWORD != "past_key_values":
+    if past_key_values is not None and CACHE_KEYWORD != "past_key_values" and not _compiling():
         warnings.warn(
             "`past_key_values` is deprecated and will be removed in version 5.40.0: pass the cache as `cache`.",
             FutureWarning,
             stacklevel=3,
         )
     return cache if cache is not None else past_key_values
+
+
+def _compiling() -> bool:
+    """Whether torch.compile is tracing (it cannot trace a warning; transformers' own deprecations stay silent)."""
+    from transformers.utils.import_utils import is_torchdynamo_compiling
+
+    return is_torchdynamo_compiling()
 
 
 def with_cache(cache: Any | None) -> dict[str, Any | None]:
