@@ -981,3 +981,33 @@ def test_a_killed_overwrite_rerun_is_settled_when_the_next_run_opens_the_folder(
     settle_set_aside_run(folder)
     assert json.loads((folder / "config.json").read_text()) == {"new": True}
     assert not set_aside_path(folder).exists()
+
+
+@pytest.mark.slow
+def test_evaluating_an_unfinished_run_says_how_to_finish_it_and_that_advice_works(tmp_path, monkeypatch):
+    from coreformer.training.zero_shot import EvaluationError, load_language_model
+
+    settings = tiny_settings("decoder", max_steps=6, eval_every=3, save_every=2)
+    output_dir = tmp_path / "run"
+    _stop_at_step(monkeypatch, 4)
+    with pytest.raises(RunStoppedError):
+        run_pretraining(args_from(settings, output_dir))
+    monkeypatch.undo()
+    checkpoint = output_dir / "checkpoints" / "step-2"
+    for folder, what in ((output_dir, "is a pretraining run"), (checkpoint, "is a checkpoint of")):
+        with pytest.raises(EvaluationError, match=f"{what}.*latest.*--max-steps 2 .*step 2"):
+            load_language_model(folder)
+    # the advice: resuming to the checkpoint's own step writes the model as it is there, without training
+    finished = run_pretraining(args_from(settings, output_dir, resume_from_checkpoint="latest", max_steps=2))
+    assert finished["steps"] == 2
+    model, _, family = load_language_model(output_dir)
+    assert family == "decoder" and type(model).__name__ == "CoreformerDecoderForCausalLM"
+
+
+def test_evaluating_a_run_stopped_before_its_first_checkpoint_says_it_holds_no_model(tmp_path):
+    from coreformer.training.zero_shot import EvaluationError, load_language_model
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run_config.json").write_text("{}")
+    with pytest.raises(EvaluationError, match="stopped before its first checkpoint, so it holds no model"):
+        load_language_model(tmp_path / "run")

@@ -190,8 +190,11 @@ def test_json_report_schema_and_one_line_errors(tmp_path, stdlib_text, capsys):
     assert (
         capsys.readouterr()
         .err.strip()
-        .endswith("holds no config.json; pass a pretrained folder (a run's --output-dir).")
+        .endswith(f"no such folder: {tmp_path / 'missing'}; pass a pretrained folder (a run's --output-dir).")
     )
+    assert main([str(tmp_path)]) == 1  # a folder, but no model in it
+    nothing = "holds no config.json; pass a pretrained folder (a run's --output-dir)."
+    assert capsys.readouterr().err.strip().endswith(nothing)
 
 
 def test_a_folder_without_a_language_model_head_is_refused(tmp_path, stdlib_text):

@@ -51,9 +51,11 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from coreformer_settings.evaluation import DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, DEFAULT_PAIRS, parse_settings
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
 
+from .checkpoints import CHECKPOINTS_DIR, find_latest_checkpoint, read_trainer_state
 from .data import load_embedded_corpus, load_text_dataset, local_builder, pad_sequences
 from .families import TRAINING_FACTS as FAMILY_FACTS
 from .families import family_of, head_class, longest_input
+from .pretraining_setup import RUN_CONFIG
 
 EVAL_MLM_PROBABILITY = 0.15  # BERT's rate, whatever the run trained with
 EVAL_MASK_RATIO, EVAL_POISSON_LAMBDA = 0.3, 3.0  # BART's text infilling
@@ -368,13 +370,37 @@ def unigram_entropy(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> flo
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def unfinished_run_message(folder: Path) -> str | None:
+    """What to do with a pretraining run folder (or one of its checkpoints) that holds no final model yet; None for
+    any other folder."""
+    run = folder.parent.parent if folder.parent.name == CHECKPOINTS_DIR else folder
+    if not (run / RUN_CONFIG).is_file():
+        return None
+    checkpoint = find_latest_checkpoint(run)
+    if checkpoint is None:
+        return (
+            f"{run} is a pretraining run that stopped before its first checkpoint, so it holds no model: run it "
+            f"again (its pretrain command with --overwrite) and let it finish."
+        )
+    step = read_trainer_state(checkpoint, error=EvaluationError)["step"]
+    return (
+        f"{folder} is {'a checkpoint of ' if run != folder else ''}a pretraining run that has not finished, so it "
+        f"holds no final model yet: finish it with its pretrain command and --resume-from-checkpoint latest, or add "
+        f"--max-steps {step} to write its model as it is at its latest checkpoint (step {step}) without training; "
+        f"then evaluate {run}."
+    )
+
+
 def load_language_model(folder: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, str]:
     """(the folder's language model in eval mode, its tokenizer, its family). A folder without a language-model
     head (an ELECTRA discriminator's encoder, a fine-tuned classifier) is refused: a head made up at load time would
     score noise."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise EvaluationError(f"no such folder: {folder}; pass a pretrained folder (a run's --output-dir).")
     if not (folder / "config.json").is_file():
-        raise EvaluationError(f"{folder} holds no config.json; pass a pretrained folder (a run's --output-dir).")
+        elsewhere = f"{folder} holds no config.json; pass a pretrained folder (a run's --output-dir)."
+        raise EvaluationError(unfinished_run_message(folder) or elsewhere)
     config = AutoConfig.from_pretrained(folder)
     family = family_of(config)
     if family is None:
@@ -405,7 +431,7 @@ def held_out_texts(folder: str | Path, data: tuple[str, ...] = ()) -> tuple[list
             except (ValueError, FileNotFoundError) as error:
                 raise EvaluationError(f"Cannot read --data {source!r}: {error}") from None
         return texts[:MAX_DOCUMENTS], f"{', '.join(data)} ({len(texts)} documents)"
-    run_config = Path(folder) / "run_config.json"
+    run_config = Path(folder) / RUN_CONFIG
     settings = json.loads(run_config.read_text()) if run_config.is_file() else None
     if settings is None:
         texts = load_embedded_corpus()["validation"]["text"]
@@ -472,7 +498,7 @@ def evaluate_folder(
 
 
 def _recorded_block_size(folder: str | Path) -> int | None:
-    run_config = Path(folder) / "run_config.json"
+    run_config = Path(folder) / RUN_CONFIG
     return json.loads(run_config.read_text()).get("block_size") if run_config.is_file() else None
 
 
