@@ -60,8 +60,10 @@ test-fast: $(STAMP)
 TRANSFORMERS ?= 5.16.1
 DEV_TRANSFORMERS := $(shell sed -n 's/^ *"transformers==\([0-9.]*\)",.*/\1/p' pyproject.toml)
 COMPAT := .venv-compat
-compat-venv = test -x $(1)/bin/python || ($(PYTHON) -m venv $(1) && $(1)/bin/python -m pip install -q --upgrade pip \
-	&& $(1)/bin/python -m pip install -q $(TORCH))
+# torch first, every time (a no-op once there): a venv whose build was interrupted before it would otherwise get the
+# default torch from coreformer's dependencies, a CUDA build of several GB.
+compat-venv = (test -x $(1)/bin/python || ($(PYTHON) -m venv $(1) && $(1)/bin/python -m pip install -q --upgrade pip)) \
+	&& $(1)/bin/python -m pip install -q $(TORCH)
 
 test-compat: $(STAMP)
 	$(call compat-venv,$(COMPAT)/$(TRANSFORMERS))
