@@ -6,7 +6,7 @@ made. Each command runs in a fresh process, timed whole (wall and CPU seconds, t
     finetune           `coreformer finetune --task causal-lm` of that folder, a few steps
     evaluate           `coreformer evaluate` of that folder, a few minimal pairs
 
-each twice: as shipped (coreformer_commands.after_imports freezes what the imports made, so no full collection walks
+each twice: as shipped (coreformer_cli.after_imports freezes what the imports made, so no full collection walks
 it again), and with that call made a no-op, the collector as Python sets it. The rows alternate (one of each arm,
 `--repeats` times), so a machine that slows down slows both; the table keeps the fastest of each (interference only
 adds time) and the median.
@@ -40,8 +40,8 @@ TINY_FINETUNE = ["--max-steps", "2", "--max-train-examples", "16", "--max-eval-e
 AGAIN = ["--overwrite"]
 # arm -> (the code a command runs under, the code that follows an import-only row's import)
 ARMS = {
-    "as shipped": ("", "import coreformer_commands; coreformer_commands.after_imports()"),
-    "collector untouched": ("import coreformer_commands; coreformer_commands.after_imports = lambda: None\n", ""),
+    "as shipped": ("", "import coreformer_cli; coreformer_cli.after_imports()"),
+    "collector untouched": ("import coreformer_cli; coreformer_cli.after_imports = lambda: None\n", ""),
 }
 # One process per command and arm: `coreformer_cli.main` is what the console script runs.
 RUN_CLI = "import sys, coreformer_cli\n{patch}sys.exit(coreformer_cli.main(sys.argv[1:]))"
@@ -108,7 +108,7 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         "Each row: a fresh process, the fastest and the median of its runs (CPU = the process's user + system time).",
-        "`collector untouched`: the same command with `coreformer_commands.after_imports` made a no-op (an imports "
+        "`collector untouched`: the same command with `coreformer_cli.after_imports` made a no-op (an imports "
         "row: the import alone; as shipped, the import then `after_imports()`).",
         "",
         "| command | arm | wall, fastest (s) | wall, median (s) | CPU, fastest (s) | CPU, median (s) |",

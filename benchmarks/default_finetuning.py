@@ -34,7 +34,7 @@ import datasets
 import torch
 from results_files import sibling, write_results
 
-from coreformer import cli
+import coreformer_cli as cli
 from coreformer.training.finetuning_data import embedded_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -236,7 +236,7 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("TYPE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     # What the imports made lives as long as the process (each measured cell is one): no garbage collection, exit
-    # included, walks it again, as in the coreformer commands (coreformer_commands.after_imports).
+    # included, walks it again, as in the coreformer commands (coreformer_cli.after_imports).
     gc.freeze()
     if args.family == "decoder" and "lowrank" in args.types:
         args.types = [t for t in args.types if t != "lowrank"]  # Linformer is encoder-only (the config refuses it)

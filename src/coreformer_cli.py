@@ -1,198 +1,329 @@
-"""The `coreformer` command's front door, importable without torch: argument parsing, `--version`, path checks.
+"""The `coreformer` command line, importable without torch: every subcommand's arguments, checks and handler.
 
     coreformer --version | --help
-    coreformer pretrain | finetune | publish ...   the runs (coreformer_commands; the same as training/*.py)
+    coreformer pretrain | finetune | evaluate | publish ...   the runs (the clone's training/*.py are the same)
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
     coreformer export FOLDER OUT [--to native|onnx|gguf] [--check] [--overwrite] [--gguf-dtype f32|f16|bf16|q8_0]
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] [--target T] -o map.png
 
-Importing the `coreformer` package registers every class with transformers and so imports torch and transformers
-(about 5 s on a 2-core CPU); this module sits beside the package, not in it, so `--help`, `--version` and a mistyped
-folder answer before any of that. The work itself is in `coreformer.cli`, imported after the arguments are parsed.
+    Command(name, help, add_arguments, handler, ...)   one subcommand: its parser, its torch-free checks (`prepare`),
+                                                       and the package function that does the work
+    COMMANDS                                           name -> Command, every subcommand
+    Command.build_parser(prog), Command.main(argv, prog)
+    main(argv) -> exit code                            what the console script calls
+    after_imports()                                    what every command does once its heavy imports are done
+    version() -> "0.1.0"                               the installed package's version (torch-free)
 
-    version() -> "0.1.0"                 the installed package's version (torch-free)
-    add_version_argument(parser)         `--version` for any coreformer command line (training scripts too)
-    check_model_location(name) -> name   a local folder, or a Hub repo id; NoSuchFolderError for a local-looking path
-                                         that does not exist, or a Hub id while the Hub is offline or unreachable (in
-                                         one connection attempt, before any Hub call and its retries)
-    check_local_folder(name) -> name     an existing local folder; NoSuchFolderError otherwise
-    COMMANDS                             the subcommands: arguments, checks, and the handler to import
-    SuggestingParser                     argparse, naming the closest known flag to an unknown one
+Importing the `coreformer` package registers every class with transformers and so imports torch and transformers
+(about 5 s on a 2-core CPU). This module sits beside the package, on the top floor: it parses the arguments and runs
+each command's checks with the torch-free settings (coreformer_settings), so `--help`, `--version`, a bad flag or a
+mistyped folder answer at once; only then does it import the handler in coreformer.commands, which never imports this
+module. Exit codes: 0 done, 1 `--check` found a difference (or the Hub refused an upload), 2 a bad input (one line on
+stderr, nothing written), 130 stopped by Ctrl-C.
 """
 
 import argparse
+import gc
+import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import import_module
+from typing import Any
 
-import coreformer_commands
-from coreformer_commands import RUN_COMMANDS
-from coreformer_settings.base import INTERRUPTED
+from coreformer_settings import evaluation, finetuning, pretraining
+from coreformer_settings.base import INTERRUPTED, FinetuningError, PretrainingError, load_config_file
 from coreformer_settings.base import installed_version as version  # noqa: F401  (public: coreformer_cli.version())
 from coreformer_settings.command_line import (
+    USAGE_ERROR,
     NoSuchFolderError,
     SuggestingParser,
     add_version_argument,
     check_local_folder,
     check_model_location,
 )
-from coreformer_settings.exports import CHECK_TOLERANCES, EXPORT_FORMATS, GGUF_DTYPES
+from coreformer_settings.pretraining import PRESETS, default_configs_dir, gather_settings, preset_defaults
+from coreformer_settings.registries import native_list
+from coreformer_settings.tools import add_attention_map_arguments, add_convert_arguments, add_export_arguments
 
-PACKAGE = "coreformer"
-USAGE_ERROR = 2  # argparse's exit code for a bad command line; a missing folder is one too
-CHECK_TOLERANCE = CHECK_TOLERANCES["f32"]  # `convert --check` / `export --check`: the largest output difference
-
-
-def _convert_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", help="a local transformers checkpoint folder (config.json + weights)")
-    parser.add_argument("dst", help="the folder to write the coreformer checkpoint to (created; see --overwrite)")
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="run both models on a padded sample batch and fail (exit 1, nothing written) if any output differs by "
-        f"more than {CHECK_TOLERANCE}",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
-    parser.add_argument("--skip-tokenizer", action="store_true", help="convert the weights only; copy no tokenizer")
-
-
-def _export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "folder",
-        help="a saved coreformer model folder (pretraining, fine-tuning or convert output), or a transformers folder "
-        "of an architecture `coreformer convert` reads",
-    )
-    parser.add_argument(
-        "out", help="the folder to write (for --to gguf: a .gguf file, or a folder receiving model-<dtype>.gguf)"
-    )
-    parser.add_argument(
-        "--to",
-        choices=EXPORT_FORMATS,
-        default="native",
-        help="native: the transformers architecture computing the same function (GPT-2, Llama, Mistral, Qwen2, "
-        "GPT-NeoX, BERT, RoBERTa, ModernBERT, BART), loadable without coreformer; onnx; gguf (decoders exporting to "
-        "Llama, GPT-2 or GPT-NeoX: the decoder presets)",
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="read OUT back (native: plain transformers in a fresh process without coreformer; onnx: onnxruntime; "
-        "gguf: the file's weights and tokenizer), compare logits, greedy tokens and tokenizer ids with the source, "
-        f"print the maximum difference and its tolerance; exit 1 and write nothing above it ({CHECK_TOLERANCE} in "
-        "fp32)",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists and is not empty")
-    parser.add_argument("--gguf-dtype", choices=GGUF_DTYPES, default="f32", help="tensor type of --to gguf")
-
-
-def add_attention_map_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `attention-map` arguments (also `python -m coreformer.attention_maps`)."""
-    parser.add_argument("folder", help="a saved coreformer model folder (with its tokenizer), or a Hub repo id")
-    parser.add_argument("text", help="the text to encode")
-    parser.add_argument("--layer", type=int, default=-1, help="layer index, negative from the end (default: the last)")
-    parser.add_argument("--head", type=int, default=None, help="one head (default: a grid of every head)")
-    parser.add_argument(
-        "--stack",
-        choices=["encoder", "decoder", "cross"],
-        default=None,
-        help="which attention to draw: encoder or decoder self-attention, or seq2seq cross-attention (default: the "
-        "model's own stack; a seq2seq model's encoder)",
-    )
-    parser.add_argument("--target", default=None, help="seq2seq only: the decoder-side text")
-    parser.add_argument("-o", "--output", required=True, help="the image to write, e.g. map.png")
+PROGRAM = "coreformer"
+INPUT_ERRORS = (NoSuchFolderError, PretrainingError, FinetuningError)  # what `prepare` raises: exit 2, one line
 
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: its arguments, which of them name folders, and the handler run after parsing."""
+    """One subcommand. `prepare` (torch-free) checks the parsed arguments and returns what the handler takes;
+    `handler` names the package function `(prepared, prog) -> exit code`, imported only after that."""
 
     name: str
-    help: str
+    help: str  # one line, for `coreformer --help`
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    handler: str  # "module:function", imported only after parsing: `(args) -> exit code`
-    local_folders: tuple[str, ...] = ()  # arguments that must be existing local folders
-    model_locations: tuple[str, ...] = ()  # arguments that are a local folder or a Hub repo id
+    handler: str  # "module:function"
+    description: str | None = None  # the subcommand's `--help` text (default: `help`)
+    prepare: Callable[[argparse.Namespace, argparse.ArgumentParser], Any] = lambda args, parser: args
+    interrupted: str = "stopped by Ctrl-C before it finished; run the same command again (the output is written whole)"
+
+    def build_parser(self, prog: str | None = None) -> argparse.ArgumentParser:
+        parser = SuggestingParser(
+            prog=prog or f"{PROGRAM} {self.name}",
+            description=self.description or self.help,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        self.add_arguments(parser)
+        add_version_argument(parser)
+        return parser
+
+    def main(self, argv: list[str] | None = None, prog: str | None = None) -> int:
+        """Parse (argparse exits 2 on a bad flag), check, then import the handler and run it."""
+        parser = self.build_parser(prog)
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        try:
+            prepared = self.prepare(args, parser)
+            module, function = self.handler.split(":")
+            handler = getattr(importlib.import_module(module), function)
+            after_imports()
+            return handler(prepared, parser.prog)
+        except INPUT_ERRORS as error:
+            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            return USAGE_ERROR
+        except KeyboardInterrupt:  # one line, not a traceback through torch's import or the model's forward
+            print(f"{parser.prog}: {self.interrupted}", file=sys.stderr)
+            return INTERRUPTED
 
 
-COMMANDS = {
+def after_imports() -> None:
+    """What each command does once torch, transformers and the package are imported: the half a million objects those
+    imports made live as long as the process, so they leave the garbage collector's sight (gc.freeze). Otherwise every
+    full collection walks them all again: a tiny run makes several, and the interpreter's exit more
+    (benchmarks/command_startup.py times both). Only the commands do this, never the package: a command owns its
+    process, a user's Python session is not ours."""
+    gc.freeze()
+
+
+def _check(*, local_folders: tuple[str, ...] = (), model_locations: tuple[str, ...] = ()) -> Callable:
+    """A `prepare` that checks the named arguments are existing local folders / local folders or Hub repo ids."""
+
+    def prepare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+        for name in local_folders:
+            check_local_folder(getattr(args, name))
+        for name in model_locations:
+            check_model_location(getattr(args, name))
+        return args
+
+    return prepare
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# pretrain
+# ---------------------------------------------------------------------------------------------------------------------
+
+PRETRAIN_DESCRIPTION = f"""\
+Pretrain a coreformer encoder (MLM), decoder (causal LM) or seq2seq model (BART denoising) with Accelerate;
+--objective picks another objective for the family.
+
+    coreformer pretrain --family decoder --preset tiny --output-dir outputs/decoder-tiny
+    accelerate launch -m coreformer_cli pretrain --family encoder --preset small --output-dir outputs/encoder-small
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m coreformer_cli pretrain --family decoder
+    accelerate launch --config_file {default_configs_dir()}/accelerate/fsdp.yaml -m coreformer_cli pretrain ...
+
+Settings come from the dataclass defaults, then the preset ({{family}}-{{preset}}.yaml, shipped with coreformer;
+default tiny) or --config FILE (YAML/JSON: the same keys plus `model:`, the family config's fields), then the flags
+given here. Rerun with --resume-from-checkpoint latest to continue a run from its newest checkpoint (bit-identical on
+CPU). The run itself is coreformer.training.pretraining.run_pretraining.
+"""
+
+
+def _pretrain_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", choices=PRESETS, help="model + run settings of a shipped preset (default: tiny)")
+    source.add_argument("--config", metavar="FILE", help="a YAML/JSON file of model + run settings")
+    # only flags given override the preset / config; the help shows what each preset sets
+    pretraining.add_settings_flags(parser, default_text=preset_defaults())
+
+
+def _prepare_pretrain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
+    """The run's settings gathered once (defaults <- preset or --config <- the flags given), with the folders they
+    name checked: a mistyped --tokenizer or --resume-from-checkpoint (given here, in the preset or in --config) is one
+    line, before torch is imported or the Hub is asked."""
+    given = vars(args)
+    preset, config, family = given.pop("preset", None), given.pop("config", None), given.pop("family", None)
+    values, source = gather_settings(family=family, preset=preset, config_file=config, overrides=given)
+    if values.get("tokenizer") is not None:
+        check_model_location(values["tokenizer"])
+    if values.get("resume_from_checkpoint") not in (None, "latest"):
+        check_local_folder(values["resume_from_checkpoint"])
+    return values, source
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# finetune
+# ---------------------------------------------------------------------------------------------------------------------
+
+FINETUNE_DESCRIPTION = """\
+Fine-tune a coreformer folder with transformers' Trainer (Seq2SeqTrainer for seq2seq).
+
+    coreformer finetune --task sequence-classification --model outputs/encoder-tiny --output-dir out/cls
+    coreformer finetune --task token-classification --model M --dataset conll2003 --label-column ner_tags ...
+    coreformer finetune --task question-answering --model M --train-file train.jsonl --validation-file dev.jsonl
+    coreformer finetune --task causal-lm --model outputs/decoder-tiny --peft lora --output-dir out/clm-lora
+    coreformer finetune --task seq2seq --model outputs/seq2seq-tiny --max-steps 500 --output-dir out/sum
+    coreformer finetune --task multiple-choice --model outputs/electra-tiny --output-dir out/mc
+    coreformer finetune --task seq2seq --model M --output-dir out/sum --resume-from-checkpoint latest
+
+Checkpoints go to OUTPUT_DIR/checkpoints/step-N every --save-every steps (500) and at the end, each written whole
+(Trainer's files renamed into place); --resume-from-checkpoint latest continues the newest one exactly, and starts
+the run when there is none.
+
+Tasks: sequence-classification (run_glue), token-classification (run_ner), question-answering (run_qa), causal-lm
+(run_clm), seq2seq (run_summarization), multiple-choice (run_swag). Without --dataset / --train-file each task trains
+on its embedded offline default, built from the Python standard library. Settings come from the dataclass defaults,
+then --config FILE (YAML/JSON of the same keys), then the flags given here; the example scripts' flag names
+(--model_name_or_path, --dataset_name, --max_seq_length, --per_device_train_batch_size, --learning_rate,
+--overwrite_output_dir, ...) are accepted too. The run itself is coreformer.training.finetuning.run_finetuning.
+"""
+
+
+def _finetune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="a YAML/JSON file of settings (the flags' names as keys)")
+    # --field-name, --field_name and the example scripts' names; only flags given override the config file
+    finetuning.add_settings_flags(parser)
+
+
+def _prepare_finetune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The settings gathered once (--config file <- the flags given); a mistyped --model or --tokenizer folder (given
+    here or in --config) is one line, before torch or the Hub."""
+    given = vars(args)
+    config = given.pop("config", None)
+    values = {**(load_config_file(config, error=FinetuningError) if config is not None else {}), **given}
+    for key in ("model", "tokenizer"):
+        if values.get(key) is not None:
+            check_model_location(values[key])
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# publish, evaluate
+# ---------------------------------------------------------------------------------------------------------------------
+
+PUBLISH_DESCRIPTION = """\
+Publish a saved coreformer folder to a Hub model repository (a thin command line over coreformer.hub.publishing).
+
+    coreformer publish outputs/decoder-tiny --repo-id me/coreformer-decoder-tiny [--private] [--revision dev]
+
+Checks the folder first (config.json, safetensors weights, a valid model card) and stops with one message when
+something is missing; then pushes config, safetensors weights, modeling code, tokenizer files and README.md in one
+commit. The Hub is huggingface_hub's endpoint: set HF_ENDPOINT to use another. The token comes from --token, HF_TOKEN
+or `hf auth login`. Exit codes: 0 pushed, 2 the folder cannot be published, 1 the Hub refused or failed, 130 stopped
+by Ctrl-C.
+"""
+
+
+def _publish_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", help="the folder save_pretrained (or pretraining / coreformer convert) wrote")
+    parser.add_argument("--repo-id", required=True, help="model repository, owner/name")
+    parser.add_argument("--private", action="store_true", help="create the repository private (if it is new)")
+    parser.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the stored login)")
+    parser.add_argument("--revision", default=None, help="branch to commit to (created from main if missing)")
+    parser.add_argument("--commit-message", default=None, help="the commit's summary line")
+
+
+def _prepare_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> evaluation.EvaluationSettings:
+    try:
+        settings = evaluation.settings_from(args)
+    except ValueError as error:
+        parser.error(str(error))
+    return settings
+
+
+COMMANDS: dict[str, Command] = {
     command.name: command
     for command in (
         Command(
+            "pretrain",
+            "pretrain an encoder, decoder or seq2seq model from scratch (a preset, a config file, your own text)",
+            _pretrain_arguments,
+            "coreformer.commands.runs:pretrain",
+            description=PRETRAIN_DESCRIPTION,
+            prepare=_prepare_pretrain,
+            interrupted="stopped outside a training step; run the same command with --resume-from-checkpoint latest "
+            "to go on from the newest checkpoint (or start, when there is none)",
+        ),
+        Command(
+            "finetune",
+            "fine-tune a coreformer folder on a task (classification, NER, QA, causal LM, seq2seq, multiple choice)",
+            _finetune_arguments,
+            "coreformer.commands.runs:finetune",
+            description=FINETUNE_DESCRIPTION,
+            prepare=_prepare_finetune,
+            interrupted="stopped before or after the training steps; the final folder was not written. Run the "
+            "command again (after training, --resume-from-checkpoint latest continues from its last checkpoint)",
+        ),
+        Command(
+            "evaluate",
+            "zero-shot evaluation of a pretrained folder: held-out loss, perplexity and minimal-pair accuracy",
+            evaluation.add_arguments,
+            "coreformer.commands.runs:evaluate",
+            description=evaluation.DESCRIPTION,
+            prepare=_prepare_evaluate,
+            interrupted="stopped by Ctrl-C before it finished; nothing was written, run the same command again",
+        ),
+        Command(
+            "publish",
+            "push a saved folder (weights, code, tokenizer, card) to a Hub model repository in one commit",
+            _publish_arguments,
+            "coreformer.commands.runs:publish",
+            description=PUBLISH_DESCRIPTION,
+            prepare=lambda args, parser: vars(args),
+            interrupted="stopped by Ctrl-C before it finished; the folder goes up in one commit, so the repository "
+            "holds all of it or none of it; run the same command again",
+        ),
+        Command(
             "convert",
-            "convert a local transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 folder to coreformer",
-            _convert_arguments,
-            "coreformer.cli:convert",
-            local_folders=("src",),
+            f"convert a local transformers folder ({native_list()}) to coreformer",
+            add_convert_arguments,
+            "coreformer.commands.convert:convert",
+            prepare=_check(local_folders=("src",)),
+            interrupted="stopped by Ctrl-C before it finished; run the same command again (convert writes its output "
+            "whole, at the end)",
         ),
         Command(
             "export",
             "export a coreformer (or native) folder to a native transformers architecture, ONNX or GGUF (to serve "
             "without coreformer)",
-            _export_arguments,
-            "coreformer.cli:export",
-            local_folders=("folder",),
+            add_export_arguments,
+            "coreformer.commands.export:export",
+            prepare=_check(local_folders=("folder",)),
+            interrupted="stopped by Ctrl-C before it finished; run the same command again (export writes its output "
+            "whole, at the end)",
         ),
         Command(
             "attention-map",
             "plot a saved model's attention probabilities for a text",
             add_attention_map_arguments,
-            "coreformer.cli:attention_map",
-            model_locations=("folder",),
+            "coreformer.commands.attention_map:attention_map",
+            prepare=_check(model_locations=("folder",)),
         ),
     )
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-
-    parser = SuggestingParser(prog="coreformer", description="coreformer command-line tools")
+    """The top-level parser: `--help` lists the subcommands, `--version`; each subcommand parses with its own."""
+    parser = SuggestingParser(prog=PROGRAM, description="coreformer command-line tools")
     add_version_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for run in RUN_COMMANDS.values():  # listed here; `main` hands their arguments to their own parser
-        commands.add_parser(run.name, help=run.help, add_help=False)
     for command in COMMANDS.values():
-        subparser = commands.add_parser(command.name, help=command.help, description=command.help)
-        command.add_arguments(subparser)
+        commands.add_parser(command.name, help=command.help, add_help=False)
     return parser
 
 
-def check_paths(args: argparse.Namespace) -> None:
-    command = COMMANDS[args.command]
-    for name in command.local_folders:
-        check_local_folder(getattr(args, name))
-    for name in command.model_locations:
-        check_model_location(getattr(args, name))
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Parse, check the folders, then import the handler and run it (exit codes: see coreformer.cli; 130 after
-    Ctrl-C)."""
+    """`coreformer ARGS`: the subcommand parses, checks and runs its own arguments; anything else (no command, an
+    unknown one, --help, --version) is answered by the top-level parser, which exits."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in RUN_COMMANDS:  # pretrain, finetune, publish: their own parser, help and exit codes
-        return RUN_COMMANDS[argv[0]].main(argv[1:])
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # the subcommand's parser knows its flags, so it names the closest one
-        subparsers = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
-        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    try:
-        check_paths(args)
-    except NoSuchFolderError as error:
-        print(f"coreformer {args.command}: error: {error}", file=sys.stderr)
-        return USAGE_ERROR
-    module, function = COMMANDS[args.command].handler.split(":")
-    try:
-        handler = getattr(import_module(module), function)
-        coreformer_commands.after_imports()  # looked up here: one function to replace for every command
-        return handler(args)
-    except KeyboardInterrupt:  # one line, not a traceback through torch's import or the model's forward
-        print(
-            f"coreformer {args.command}: stopped by Ctrl-C before it finished; run the same command again (convert "
-            f"and export write their output whole, at the end)",
-            file=sys.stderr,
-        )
-        return INTERRUPTED
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]].main(argv[1:])
+    build_parser().parse_args(argv)
+    return USAGE_ERROR  # not reached: argparse exits on every argv that names no command
 
 
 if __name__ == "__main__":

@@ -255,6 +255,6 @@ def interrupt_at_marker(child: subprocess.Popen, marker: Path, timeout: float = 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Move everything alive after collection (torch, transformers, every test module) out of the garbage collector's
-    sight, as the commands do once they have imported (coreformer_commands.after_imports): a full collection then
+    sight, as the commands do once they have imported (coreformer_cli.after_imports): a full collection then
     walks only what the tests create, and each in-process run ends with one (Accelerate's `free_memory`)."""
     gc.freeze()

@@ -33,7 +33,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils.launch import prepare_multi_gpu_env
 
 # What a rank of pretrain.py or finetune.py imports, imported once in the server the ranks are forked from.
-PRELOAD = ["coreformer.training.pretraining", "coreformer.training.finetuning", "coreformer_commands"]
+PRELOAD = ["coreformer.training.pretraining", "coreformer.training.finetuning", "coreformer_cli"]
 _FORKSERVER = multiprocessing.get_context("forkserver")
 _FORKSERVER.set_forkserver_preload(PRELOAD)
 

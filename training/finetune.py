@@ -1,4 +1,4 @@
-"""`coreformer finetune` as a script in the clone (the same parser, help and run: coreformer_commands).
+"""`coreformer finetune` as a script in the clone (the same parser, help and run: coreformer_cli).
 
     python training/finetune.py --task sequence-classification --model outputs/encoder-tiny --output-dir out/cls
     accelerate launch --config_file training/configs/accelerate/fsdp.yaml training/finetune.py --task ...
@@ -8,9 +8,9 @@ The run lives in coreformer.training.finetuning; this file only hands over the c
 
 import sys
 
-from coreformer_commands import RUN_COMMANDS
+from coreformer_cli import COMMANDS
 
-COMMAND = RUN_COMMANDS["finetune"]
+COMMAND = COMMANDS["finetune"]
 
 
 def build_parser():

@@ -1,4 +1,4 @@
-"""`coreformer pretrain` as a script in the clone (the same parser, help and run: coreformer_commands).
+"""`coreformer pretrain` as a script in the clone (the same parser, help and run: coreformer_cli).
 
     python training/pretrain.py --family decoder --preset tiny --output-dir outputs/decoder-tiny
     accelerate launch training/pretrain.py --family encoder --preset small --output-dir outputs/encoder-small
@@ -9,9 +9,9 @@ The run lives in coreformer.training.pretraining; this file only hands over the 
 
 import sys
 
-from coreformer_commands import RUN_COMMANDS
+from coreformer_cli import COMMANDS
 
-COMMAND = RUN_COMMANDS["pretrain"]
+COMMAND = COMMANDS["pretrain"]
 
 
 def build_parser():

@@ -1,15 +1,15 @@
-"""`coreformer publish` as a script in the clone (the same parser, help and run: coreformer_commands).
+"""`coreformer publish` as a script in the clone (the same parser, help and run: coreformer_cli).
 
     python training/publish.py outputs/decoder-tiny --repo-id me/coreformer-decoder-tiny [--private] [--revision dev]
 
-The upload lives in coreformer.publishing; this file only hands over the command line.
+The upload lives in coreformer.hub.publishing; this file only hands over the command line.
 """
 
 import sys
 
-from coreformer_commands import RUN_COMMANDS
+from coreformer_cli import COMMANDS
 
-COMMAND = RUN_COMMANDS["publish"]
+COMMAND = COMMANDS["publish"]
 
 
 def build_parser():

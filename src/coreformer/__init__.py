@@ -16,7 +16,6 @@ from .configuration_coreformer import (
     CoreformerEncoderConfig,
     CoreformerSeq2SeqConfig,
 )
-from .conversion import convert_from_hf
 from .export import export_to, to_native
 from .families import FAMILIES
 from .modeling_decoder import (
@@ -38,6 +37,7 @@ from .modeling_seq2seq import (
     CoreformerSeq2SeqForSequenceClassification,
     CoreformerSeq2SeqModel,
 )
+from .native.conversion import convert_from_hf
 from .pipelines import save_with_pipeline  # importing registers the custom QA and text2text pipeline tasks
 
 __version__ = "0.1.0"

@@ -8,7 +8,10 @@ family defaults on top of it:
     CoreformerSeq2SeqConfig  "coreformer_seq2seq"  BART-style: encoder stack + decoder stack with cross-attention
 
 Field names follow transformers' standard names so that its utilities (masks, caches, generate, PEFT) read them
-directly. Every value is checked in `__post_init__`; a bad value raises one `ValueError` naming the field and the fix.
+directly; `CoreformerConfig` lists them in groups (model size and embeddings, attention, positions, block, layer types
+and their kernels' parameters, heads and tasks, special tokens and cache). Every value is checked in `__post_init__`;
+a bad value raises one `ValueError` naming the field and the fix. Below the classes: the functions of a config that
+its methods call, the tensor- and pipeline-parallel plans it derives and the checks `validate_fields` runs.
 """
 
 import copy
@@ -42,16 +45,27 @@ class CoreformerConfig(PreTrainedConfig):
     r"""
     Fields shared by every coreformer family. Not registered itself: use one of the three family configs.
 
-    Args:
+    The fields come in groups, in the code as here: model size and embeddings, attention, positions, the block (MLP,
+    norms, dropout), the layer types and the parameters of their efficient kernels, heads and tasks, and the special
+    tokens, initialisation and cache.
+
+    Args: Model size and embeddings
         vocab_size: Number of tokens in the vocabulary.
         hidden_size: Width of the residual stream.
+        type_vocab_size: Number of token types (BERT segments); 0 disables token-type embeddings.
+        scale_embedding: Multiply token embeddings by sqrt(hidden_size) (BART's scale_embedding).
+        embedding_layernorm: Normalise the summed embeddings (BERT's embeddings LayerNorm, BART's
+            layernorm_embedding).
+
+    Args: Attention
         num_attention_heads: Query heads per attention layer.
         num_key_value_heads: Key/value heads (grouped-query attention); `None` means `num_attention_heads` (MHA),
             1 means multi-query attention.
         head_dim: Width of one head; `None` means `hidden_size // num_attention_heads`.
-        intermediate_size: Width of the MLP.
-        hidden_act: MLP activation, any name in `transformers.activations.ACT2FN` ("gelu", "gelu_new", "silu", ...).
-        gated_mlp: `down(act(gate(x)) * up(x))` (SwiGLU with `hidden_act="silu"`) instead of `down(act(up(x)))`.
+        attention_bias: Biases on the q/k/v/o projections.
+        attention_dropout: Dropout on attention probabilities.
+
+    Args: Positions
         max_position_embeddings: Longest sequence; enforced for learned and sinusoidal positions.
         position_embedding_type: "learned" | "sinusoidal" | "rotary" | "none".
         position_offset: Added to position ids before the learned table lookup (BART stores positions from 2).
@@ -59,43 +73,23 @@ class CoreformerConfig(PreTrainedConfig):
             `local_rope_theta`).
         local_rope_theta: Base of the rotary frequencies of "sliding" layers (layer_types.py's table says which types
             read it); `None` means `rope_theta`. ModernBERT's local layers use 10,000 and its global ones 160,000.
-        type_vocab_size: Number of token types (BERT segments); 0 disables token-type embeddings.
+
+    Args: Block (MLP, norms, dropout)
+        intermediate_size: Width of the MLP.
+        hidden_act: MLP activation, any name in `transformers.activations.ACT2FN` ("gelu", "gelu_new", "silu", ...).
+        gated_mlp: `down(act(gate(x)) * up(x))` (SwiGLU with `hidden_act="silu"`) instead of `down(act(up(x)))`.
+        mlp_bias: Biases on the MLP projections.
         norm_type: "layernorm" | "rmsnorm".
         norm_position: "pre" (norm inside the residual branch, GPT-2) or "post" (norm after the residual sum, BERT).
         layer_norm_eps: Epsilon of every norm.
         norm_bias: LayerNorms have a bias (ModernBERT's `norm_bias=False` drops it); RMSNorm never has one.
-        embedding_layernorm: Normalise the summed embeddings (BERT's embeddings LayerNorm, BART's
-            layernorm_embedding).
         final_norm: Norm after the last block; `None` means "only for pre-norm", which is what every family uses.
         first_layer_attention_norm: `False` gives the first block of each stack no self-attention norm (an
             `nn.Identity`), as ModernBERT's first layer: its attention reads the (normalised) embeddings directly.
             Pre-norm only.
-        scale_embedding: Multiply token embeddings by sqrt(hidden_size) (BART's scale_embedding).
-        attention_bias: Biases on the q/k/v/o projections.
-        mlp_bias: Biases on the MLP projections.
-        attention_dropout: Dropout on attention probabilities.
         hidden_dropout: Dropout on embeddings and on every residual branch.
-        classifier_dropout: Dropout before classification heads; `None` means `hidden_dropout`.
-        lm_head_transform: Dense + activation + norm before the LM projection (BERT's MLM transform).
-        head_transform_bias: A bias on the dense layer of the head transforms (`lm_head_transform`,
-            `classifier_transform`); ModernBERT's prediction head has none (its `classifier_bias=False`).
-        classifier_transform: Every classification head (sequence, token, question answering, multiple choice)
-            first applies its own head transform (dense -> activation -> norm, the MLM transform's shape) and
-            dropout, as ModernBERT's prediction head `head`; then its usual classifier.
-        classifier_pooling: How sequence classifiers and multiple choice summarise the sequence: "cls" (the first
-            token), "last" (the last real token) or "mean" (the mean over real tokens, ModernBERT's "mean"); `None`
-            means the family's own: the encoder's "cls", the decoder's "last" (seq2seq classifiers always pool at
-            the last eos).
-        lm_head_bias: A trained bias on the LM projection (BERT's decoder bias). BART's frozen one is the seq2seq
-            config's `final_logits_bias`.
-        classifier_dense: Sequence classifiers project the pooled token with a tanh dense layer first (BERT's pooler,
-            BART's classification head); without it the pooled token goes straight to the output (GPT-2's score).
-        classifier_bias: A bias on the classifier output projection.
-        classifier_dropout_before_dense: Dropout on the pooled token before the dense layer too (RoBERTa's and BART's
-            classification heads drop out both before and after it; BERT's pooler only after).
-        initializer_range: Standard deviation of the normal weight init.
-        tie_word_embeddings: The LM head shares its weight with the input embedding.
-        use_cache: Return a KV cache from causal forwards (inference only; training never builds one).
+
+    Args: Layer types
         layer_types: Attention of each layer (one entry per layer; default all "full"); in the seq2seq config this is
             the encoder's list and `decoder_layer_types` the decoder's:
             "full"     softmax attention over every (unmasked) key;
@@ -112,8 +106,11 @@ class CoreformerConfig(PreTrainedConfig):
                        (earlier ones in a decoder), over `lsh_num_hashes` rounds; O(L log L);
             "block"    block-diagonal local attention: each query sees the keys of its own block of `block_size`
                        positions (counted from the start of the row; earlier ones in a decoder).
+
+    Args: Efficient kernels (the parameters of the layer types above)
         sliding_window: Tokens a "sliding" layer sees on each side of the query (the query itself comes on top).
         stride: Period of the "strided" pattern, also the width of its local band.
+        block_size: Positions per block of "block" layers.
         lowrank_k: Projected sequence length of "lowrank" layers.
         linear_feature_map: "elu" (elu(x) + 1) or "performer" (positive random features, softmax-kernel estimate).
         linear_num_features: Random features per head for "performer" (default: head_dim).
@@ -124,53 +121,71 @@ class CoreformerConfig(PreTrainedConfig):
         lsh_num_buckets: Buckets per hash round of "lsh" layers, even (Reformer's `num_buckets`).
         lsh_hash_seed: Seed of the random rotations of "lsh" layers, drawn at initialisation (layer i: seed + i) and
             saved with the weights.
-        block_size: Positions per block of "block" layers.
+
+    Args: Heads and tasks
+        tie_word_embeddings: The LM head shares its weight with the input embedding.
+        lm_head_transform: Dense + activation + norm before the LM projection (BERT's MLM transform).
+        lm_head_bias: A trained bias on the LM projection (BERT's decoder bias). BART's frozen one is the seq2seq
+            config's `final_logits_bias`.
+        head_transform_bias: A bias on the dense layer of the head transforms (`lm_head_transform`,
+            `classifier_transform`); ModernBERT's prediction head has none (its `classifier_bias=False`).
+        classifier_transform: Every classification head (sequence, token, question answering, multiple choice)
+            first applies its own head transform (dense -> activation -> norm, the MLM transform's shape) and
+            dropout, as ModernBERT's prediction head `head`; then its usual classifier.
+        classifier_pooling: How sequence classifiers and multiple choice summarise the sequence: "cls" (the first
+            token), "last" (the last real token) or "mean" (the mean over real tokens, ModernBERT's "mean"); `None`
+            means the family's own: the encoder's "cls", the decoder's "last" (seq2seq classifiers always pool at
+            the last eos).
+        classifier_dense: Sequence classifiers project the pooled token with a tanh dense layer first (BERT's pooler,
+            BART's classification head); without it the pooled token goes straight to the output (GPT-2's score).
+        classifier_bias: A bias on the classifier output projection.
+        classifier_dropout: Dropout before classification heads; `None` means `hidden_dropout`.
+        classifier_dropout_before_dense: Dropout on the pooled token before the dense layer too (RoBERTa's and BART's
+            classification heads drop out both before and after it; BERT's pooler only after).
+
+    Args: Special tokens, initialisation and cache
+        pad_token_id: The padding token (transformers' standard field, as `bos_token_id` and `eos_token_id`).
+        bos_token_id: The beginning-of-sequence token, or None.
+        eos_token_id: The end-of-sequence token (or a list of them), or None.
+        initializer_range: Standard deviation of the normal weight init.
+        use_cache: Return a KV cache from causal forwards (inference only; training never builds one).
     """
 
+    # model size and embeddings
     vocab_size: int = 32000
     hidden_size: int = 768
+    type_vocab_size: int = 0
+    scale_embedding: bool = False
+    embedding_layernorm: bool = True
+    # attention
     num_attention_heads: int = 12
     num_key_value_heads: int | None = None
     head_dim: int | None = None
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    gated_mlp: bool = False
+    attention_bias: bool = True
+    attention_dropout: float = 0.0
+    # positions
     max_position_embeddings: int = 512
     position_embedding_type: str = "learned"
     position_offset: int = 0
     rope_theta: float = 10000.0
     local_rope_theta: float | None = None
-    type_vocab_size: int = 0
+    # block: MLP, norms, dropout
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    gated_mlp: bool = False
+    mlp_bias: bool = True
     norm_type: str = "layernorm"
     norm_position: str = "post"
     layer_norm_eps: float = 1e-12
     norm_bias: bool = True
-    embedding_layernorm: bool = True
     final_norm: bool | None = None
     first_layer_attention_norm: bool = True
-    scale_embedding: bool = False
-    attention_bias: bool = True
-    mlp_bias: bool = True
-    attention_dropout: float = 0.0
     hidden_dropout: float = 0.1
-    classifier_dropout: float | None = None
-    lm_head_transform: bool = False
-    lm_head_bias: bool = False
-    head_transform_bias: bool = True
-    classifier_transform: bool = False
-    classifier_pooling: str | None = None
-    classifier_dense: bool = True
-    classifier_bias: bool = True
-    classifier_dropout_before_dense: bool = False
-    initializer_range: float = 0.02
-    tie_word_embeddings: bool = True
-    use_cache: bool = True
-    pad_token_id: int | None = 0
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
+    # layer types, and the parameters of their efficient kernels
     layer_types: list[str] | None = None
     sliding_window: int | None = None
     stride: int | None = None
+    block_size: int | None = None
     lowrank_k: int | None = None
     linear_feature_map: str = "elu"
     linear_num_features: int | None = None
@@ -178,7 +193,23 @@ class CoreformerConfig(PreTrainedConfig):
     lsh_num_hashes: int = 1
     lsh_num_buckets: int = 32
     lsh_hash_seed: int = 0
-    block_size: int | None = None
+    # heads and tasks
+    tie_word_embeddings: bool = True
+    lm_head_transform: bool = False
+    lm_head_bias: bool = False
+    head_transform_bias: bool = True
+    classifier_transform: bool = False
+    classifier_pooling: str | None = None
+    classifier_dense: bool = True
+    classifier_bias: bool = True
+    classifier_dropout: float | None = None
+    classifier_dropout_before_dense: bool = False
+    # special tokens, initialisation and cache
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    initializer_range: float = 0.02
+    use_cache: bool = True
 
     def __post_init__(self, **kwargs):
         if SAVED_LAYER_TYPES in kwargs:
@@ -232,29 +263,9 @@ class CoreformerConfig(PreTrainedConfig):
 
     @property
     def base_model_tp_plan(self) -> dict[str, str] | None:
-        """Tensor parallelism (`from_pretrained(..., tp_plan="auto")`), as Llama's plan: every attention's heads and
-        every MLP's width split across ranks (q/k/v, up and gate by columns; o and down by rows, then summed), in
-        every stack of the base model (families.py names them), and each stack's token embedding split on the
-        vocabulary (`embedding_rowwise`, what transformers gives Llama's `embed_tokens`): the ranks' partial lookups
-        are summed, so each holds `vocab / ranks` rows, and a tied LM head (its own `colwise_gather_output` entry on
-        the head class) reads the same vocabulary slice. Position and token-type tables are indexed by position and
-        segment, not by token, and stay whole on every rank, as does the MLM transform. Layer types need nothing
-        more: each head attends on its own in every type, and the sequence-side pieces (Linformer's E/F,
-        Performer's features) are shared by all heads, so they stay whole on every rank. As for Llama, the number of
-        ranks must divide `num_key_value_heads`."""
-        family = MODEL_TYPES.get(self.model_type)
-        if family is None:
-            return None
-        block = {f"{projection}_proj": "colwise" for projection in "qkv"} | {"o_proj": "rowwise"}
-        mlp = {"up_proj": "colwise", "down_proj": "rowwise"} | ({"gate_proj": "colwise"} if self.gated_mlp else {})
-        plan = {}
-        for stack in family.stacks:
-            plan[f"{stack}.embed_tokens"] = "embedding_rowwise"
-            attentions = ("self_attn", "cross_attn") if stack == family.cross_attention_stack else ("self_attn",)
-            for attention in attentions:
-                plan |= {f"{stack}.layers.*.{attention}.{name}": style for name, style in block.items()}
-            plan |= {f"{stack}.layers.*.mlp.{name}": style for name, style in mlp.items()}
-        return plan
+        """Tensor parallelism (`from_pretrained(..., tp_plan="auto")`), derived from the fields
+        (`tensor_parallel_plan`)."""
+        return tensor_parallel_plan(self)
 
     @base_model_tp_plan.setter
     def base_model_tp_plan(self, assigned: dict[str, str] | None) -> None:
@@ -270,18 +281,8 @@ class CoreformerConfig(PreTrainedConfig):
 
     @property
     def base_model_pp_plan(self) -> dict[str, tuple[list[str], list[str]]] | None:
-        """Pipeline stages (read by pipeline-parallel trainers): each stack's embedding, its blocks and its final
-        norm, with the tensors that flow between them, as Llama's plan names them."""
-        family = MODEL_TYPES.get(self.model_type)
-        if family is None:
-            return None
-        plan = {}
-        for stack in family.stacks:
-            plan[f"{stack}.embed_tokens"] = (["input_ids"], ["inputs_embeds"])
-            plan[f"{stack}.layers"] = (["hidden_states", "attention_mask"], ["hidden_states"])
-            if self.final_norm:
-                plan[f"{stack}.norm"] = (["hidden_states"], ["hidden_states"])
-        return plan
+        """Pipeline stages (read by pipeline-parallel trainers), derived from the fields: `pipeline_parallel_plan`."""
+        return pipeline_parallel_plan(self)
 
     def layer_counts(self) -> dict[str, int]:
         """The layer-count fields of this family, by name (validated to be positive)."""
@@ -314,98 +315,11 @@ class CoreformerConfig(PreTrainedConfig):
 
     def validate_fields(self) -> None:
         """Raise one `ValueError` naming the first bad field and how to fix it."""
-        self._check_sizes()
-        self._check_choices()
-        self._check_ranges()
+        check_sizes(self)
+        check_choices(self)
+        check_ranges(self)
         self.validate_layer_types()
-        self._check_token_ids()
-
-    def _check_sizes(self) -> None:
-        """Counts and widths: positive integers, heads that group evenly."""
-        positive = {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "intermediate_size": self.intermediate_size,
-            "max_position_embeddings": self.max_position_embeddings,
-            **self.layer_counts(),
-        }
-        for name, value in positive.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-        # A head width that cannot be derived is refused when a model is built (`require_head_dim`), not here: as
-        # BertConfig, a config with, say, hidden_size=37 and the default 12 heads must still construct, be edited and
-        # be saved (transformers' ConfigTester does exactly that).
-        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
-            raise ValueError(f"`head_dim` must be a positive integer, got {self.head_dim!r}.")
-        if self.num_attention_heads % self.num_key_value_heads != 0:
-            raise ValueError(
-                f"`num_attention_heads` ({self.num_attention_heads}) must be a multiple of `num_key_value_heads` "
-                f"({self.num_key_value_heads}): each key/value head serves a whole group of query heads."
-            )
-
-    def _check_choices(self) -> None:
-        """Fields that name one of a set of options, and the combinations of options that cannot work."""
-        if self.hidden_act not in ACT2FN:
-            raise ValueError(
-                f"`hidden_act` {self.hidden_act!r} is not a known activation; use one of transformers' ACT2FN names "
-                f"such as 'gelu', 'gelu_new', 'relu' or 'silu'."
-            )
-        choices = {
-            "position_embedding_type": (self.position_embedding_type, POSITION_EMBEDDING_TYPES),
-            "norm_type": (self.norm_type, NORM_TYPES),
-            "norm_position": (self.norm_position, NORM_POSITIONS),
-        }
-        for name, (value, allowed) in choices.items():
-            if value not in allowed:
-                raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
-        if self.position_embedding_type == "rotary" and self.head_dim is not None and self.head_dim % 2:
-            raise ValueError(f"rotary positions rotate pairs of channels: `head_dim` ({self.head_dim}) must be even.")
-        if not self.first_layer_attention_norm and self.norm_position != "pre":
-            raise ValueError(
-                "`first_layer_attention_norm=False` (ModernBERT's first layer) reads the embeddings without a norm "
-                "inside the attention branch, which exists only in pre-norm blocks: set `norm_position='pre'`."
-            )
-        if self.classifier_pooling is not None and self.classifier_pooling not in CLASSIFIER_POOLINGS:
-            raise ValueError(
-                f"`classifier_pooling` must be one of {CLASSIFIER_POOLINGS} (or None for the family's own), got "
-                f"{self.classifier_pooling!r}."
-            )
-
-    def _check_ranges(self) -> None:
-        """Numbers with a valid range: epsilons, offsets, the rotary bases, probabilities."""
-        if self.position_offset < 0:
-            raise ValueError(f"`position_offset` must be >= 0, got {self.position_offset}.")
-        if self.type_vocab_size < 0:
-            raise ValueError(f"`type_vocab_size` must be >= 0 (0 disables token types), got {self.type_vocab_size}.")
-        for name in ("rope_theta", "local_rope_theta"):
-            theta = getattr(self, name)
-            if theta is not None and theta <= 0:
-                raise ValueError(f"`{name}` must be > 0, got {theta}.")
-        if self.layer_norm_eps <= 0:
-            raise ValueError(f"`layer_norm_eps` must be > 0, got {self.layer_norm_eps}.")
-        if self.initializer_range < 0:
-            raise ValueError(f"`initializer_range` must be >= 0, got {self.initializer_range}.")
-        dropouts = {
-            "attention_dropout": self.attention_dropout,
-            "hidden_dropout": self.hidden_dropout,
-            "classifier_dropout": self.classifier_dropout,
-        }
-        for name, value in dropouts.items():
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ValueError(f"`{name}` is a probability in [0, 1), got {value}.")
-
-    def _check_token_ids(self) -> None:
-        """Special token ids inside the vocabulary."""
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            ids = getattr(self, name, None)
-            for token_id in ids if isinstance(ids, list) else [ids]:
-                if token_id is not None and not 0 <= token_id < self.vocab_size:
-                    raise ValueError(
-                        f"`{name}` ({token_id}) must be a token id in [0, vocab_size={self.vocab_size}): "
-                        f"set it to an id of your tokenizer or grow `vocab_size`."
-                    )
+        check_token_ids(self)
 
     def rope_theta_of(self, layer_type: str) -> float:
         """The rotary base of a layer of `layer_type`: the config field its layer-type entry names, else
@@ -569,3 +483,139 @@ class CoreformerSeq2SeqConfig(CoreformerConfig):
                 "`decoder_start_token_id` is required: it is the first decoder input in generation and when labels "
                 "are shifted right. Set it (BART uses the eos id)."
             )
+
+
+# What `CoreformerConfig` derives from its fields and how it checks them, as functions of a config: the parallelism
+# plans its `base_model_tp_plan` / `base_model_pp_plan` return, and the checks its `validate_fields` runs in turn.
+
+
+def tensor_parallel_plan(config: CoreformerConfig) -> dict[str, str] | None:
+    """Tensor parallelism (`from_pretrained(..., tp_plan="auto")`), as Llama's plan: every attention's heads and
+    every MLP's width split across ranks (q/k/v, up and gate by columns; o and down by rows, then summed), in
+    every stack of the base model (families.py names them), and each stack's token embedding split on the
+    vocabulary (`embedding_rowwise`, what transformers gives Llama's `embed_tokens`): the ranks' partial lookups
+    are summed, so each holds `vocab / ranks` rows, and a tied LM head (its own `colwise_gather_output` entry on
+    the head class) reads the same vocabulary slice. Position and token-type tables are indexed by position and
+    segment, not by token, and stay whole on every rank, as does the MLM transform. Layer types need nothing
+    more: each head attends on its own in every type, and the sequence-side pieces (Linformer's E/F,
+    Performer's features) are shared by all heads, so they stay whole on every rank. As for Llama, the number of
+    ranks must divide `num_key_value_heads`."""
+    family = MODEL_TYPES.get(config.model_type)
+    if family is None:
+        return None
+    block = {f"{projection}_proj": "colwise" for projection in "qkv"} | {"o_proj": "rowwise"}
+    mlp = {"up_proj": "colwise", "down_proj": "rowwise"} | ({"gate_proj": "colwise"} if config.gated_mlp else {})
+    plan = {}
+    for stack in family.stacks:
+        plan[f"{stack}.embed_tokens"] = "embedding_rowwise"
+        attentions = ("self_attn", "cross_attn") if stack == family.cross_attention_stack else ("self_attn",)
+        for attention in attentions:
+            plan |= {f"{stack}.layers.*.{attention}.{name}": style for name, style in block.items()}
+        plan |= {f"{stack}.layers.*.mlp.{name}": style for name, style in mlp.items()}
+    return plan
+
+
+def pipeline_parallel_plan(config: CoreformerConfig) -> dict[str, tuple[list[str], list[str]]] | None:
+    """Pipeline stages (read by pipeline-parallel trainers): each stack's embedding, its blocks and its final
+    norm, with the tensors that flow between them, as Llama's plan names them."""
+    family = MODEL_TYPES.get(config.model_type)
+    if family is None:
+        return None
+    plan = {}
+    for stack in family.stacks:
+        plan[f"{stack}.embed_tokens"] = (["input_ids"], ["inputs_embeds"])
+        plan[f"{stack}.layers"] = (["hidden_states", "attention_mask"], ["hidden_states"])
+        if config.final_norm:
+            plan[f"{stack}.norm"] = (["hidden_states"], ["hidden_states"])
+    return plan
+
+
+def check_sizes(config: CoreformerConfig) -> None:
+    """Counts and widths: positive integers, heads that group evenly."""
+    positive = {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "intermediate_size": config.intermediate_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        **config.layer_counts(),
+    }
+    for name, value in positive.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    # A head width that cannot be derived is refused when a model is built (`require_head_dim`), not here: as
+    # BertConfig, a config with, say, hidden_size=37 and the default 12 heads must still construct, be edited and
+    # be saved (transformers' ConfigTester does exactly that).
+    if config.head_dim is not None and (not isinstance(config.head_dim, int) or config.head_dim < 1):
+        raise ValueError(f"`head_dim` must be a positive integer, got {config.head_dim!r}.")
+    if config.num_attention_heads % config.num_key_value_heads != 0:
+        raise ValueError(
+            f"`num_attention_heads` ({config.num_attention_heads}) must be a multiple of `num_key_value_heads` "
+            f"({config.num_key_value_heads}): each key/value head serves a whole group of query heads."
+        )
+
+
+def check_choices(config: CoreformerConfig) -> None:
+    """Fields that name one of a set of options, and the combinations of options that cannot work."""
+    if config.hidden_act not in ACT2FN:
+        raise ValueError(
+            f"`hidden_act` {config.hidden_act!r} is not a known activation; use one of transformers' ACT2FN names "
+            f"such as 'gelu', 'gelu_new', 'relu' or 'silu'."
+        )
+    choices = {
+        "position_embedding_type": (config.position_embedding_type, POSITION_EMBEDDING_TYPES),
+        "norm_type": (config.norm_type, NORM_TYPES),
+        "norm_position": (config.norm_position, NORM_POSITIONS),
+    }
+    for name, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
+    if config.position_embedding_type == "rotary" and config.head_dim is not None and config.head_dim % 2:
+        raise ValueError(f"rotary positions rotate pairs of channels: `head_dim` ({config.head_dim}) must be even.")
+    if not config.first_layer_attention_norm and config.norm_position != "pre":
+        raise ValueError(
+            "`first_layer_attention_norm=False` (ModernBERT's first layer) reads the embeddings without a norm "
+            "inside the attention branch, which exists only in pre-norm blocks: set `norm_position='pre'`."
+        )
+    if config.classifier_pooling is not None and config.classifier_pooling not in CLASSIFIER_POOLINGS:
+        raise ValueError(
+            f"`classifier_pooling` must be one of {CLASSIFIER_POOLINGS} (or None for the family's own), got "
+            f"{config.classifier_pooling!r}."
+        )
+
+
+def check_ranges(config: CoreformerConfig) -> None:
+    """Numbers with a valid range: epsilons, offsets, the rotary bases, probabilities."""
+    if config.position_offset < 0:
+        raise ValueError(f"`position_offset` must be >= 0, got {config.position_offset}.")
+    if config.type_vocab_size < 0:
+        raise ValueError(f"`type_vocab_size` must be >= 0 (0 disables token types), got {config.type_vocab_size}.")
+    for name in ("rope_theta", "local_rope_theta"):
+        theta = getattr(config, name)
+        if theta is not None and theta <= 0:
+            raise ValueError(f"`{name}` must be > 0, got {theta}.")
+    if config.layer_norm_eps <= 0:
+        raise ValueError(f"`layer_norm_eps` must be > 0, got {config.layer_norm_eps}.")
+    if config.initializer_range < 0:
+        raise ValueError(f"`initializer_range` must be >= 0, got {config.initializer_range}.")
+    dropouts = {
+        "attention_dropout": config.attention_dropout,
+        "hidden_dropout": config.hidden_dropout,
+        "classifier_dropout": config.classifier_dropout,
+    }
+    for name, value in dropouts.items():
+        if value is not None and not 0.0 <= value < 1.0:
+            raise ValueError(f"`{name}` is a probability in [0, 1), got {value}.")
+
+
+def check_token_ids(config: CoreformerConfig) -> None:
+    """Special token ids inside the vocabulary."""
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        ids = getattr(config, name, None)
+        for token_id in ids if isinstance(ids, list) else [ids]:
+            if token_id is not None and not 0 <= token_id < config.vocab_size:
+                raise ValueError(
+                    f"`{name}` ({token_id}) must be a token id in [0, vocab_size={config.vocab_size}): "
+                    f"set it to an id of your tokenizer or grow `vocab_size`."
+                )

@@ -1,7 +1,9 @@
-"""The forward plan: what a stack decides once per forward and every block reads.
+"""The forward plan: what a stack decides once per forward and every block reads, and the planner that decides it.
 
     CoreformerStack.forward
-        plan = self.plan(...)                 masks, kernels, probabilities, rotary angles, unpadding: decided here
+        packed_rows(...)                      packed documents and their positions, read from the caller's arguments
+        self.planner.checked_positions(...)   the new tokens' positions, the mask's shape and the length checked
+        plan = self.planner.plan(...)         masks, kernels, probabilities, rotary angles, unpadding: decided here
         for block in self.layers:
             block(hidden_states, plan, ...)   Block reads plan.layers[its layer type] and plan.cross
                 Attention(x, layer_plan)      the core reads its mask, whether its kernel runs, its (cos, sin)
@@ -12,9 +14,13 @@
       unpadding, padded_states               where the real tokens are, when the blocks run on them alone
       documents                              (B, T) document of each token of a packed (flattened) batch, or None
 
+Here: `Unpadding`, `LayerPlan`, `ForwardPlan`; the packed-row helpers (document ids from restarting positions or
+`cu_seq_lens`, positions within documents, flash attention's varlen arguments, the "same document" mask function);
+and `ForwardPlanner`, which builds the plans.
+
 Packed rows: several documents laid end to end in one row, described by position ids that restart at 0 (no
 attention_mask), by `cu_seq_lens_q/k` + `max_length_q/k` (transformers' FlashAttentionKwargs) or by `seq_idx`.
-`ForwardPlanner.packed_documents` reads whichever the caller passed, once per forward; every mask then ANDs
+`packed_documents` reads whichever the caller passed, once per forward; every mask then ANDs
 "same document" into causality and the type's overlay, and kernels read `LayerPlan.documents`:
 
     row        | a0 a1 a2 a3 a4 | b0 b1 b2 b3 b4 b5 b6 b7 b8 | c0 c1 c2 |
@@ -22,7 +28,9 @@ attention_mask), by `cu_seq_lens_q/k` + `max_length_q/k` (transformers' FlashAtt
     documents    0  0  0  0  0    1  1  1  1  1  1  1  1  1    2  2  2
     cu_seq_lens  0               5                            14        17
 
-`ForwardPlanner` is the planning half of `CoreformerStack` (`modeling_base.py`): it reads the layer-type table
+`CoreformerStack` (`modeling_base.py`) builds one `ForwardPlanner` and holds it as `stack.planner`: a plain object,
+not a module, so it adds no checkpoint keys. The stack keeps what holds weights or state (embeddings, rotary tables,
+blocks, final norm, caches) and hands its rotary tables to `plan`. The planner reads the layer-type table
 (`layer_types.py`) for each type's mask overlay and kernel, and the backend, cache and packing of this forward.
 Plans are NamedTuples of tensors and flags: built in Python, cheap, and traced by torch.compile without a graph break.
 """
@@ -207,38 +215,141 @@ def eager_view(config: CoreformerConfig) -> CoreformerConfig:
     return eager_config
 
 
+def packed_documents(
+    inputs: torch.Tensor,
+    attention_mask: torch.Tensor | Masks | None,
+    past_key_values: Cache | None,
+    position_ids: torch.Tensor | None,
+    packing: dict[str, Any],
+) -> torch.Tensor | None:
+    """The (B, T) document ids of a packed batch, decided once per forward from whichever description the caller
+    passed: `seq_idx` (B, T); `cu_seq_lens_q` (`cu_seq_lens_k` alone: the keys' documents, which are the
+    queries' in self-attention); or, as transformers reads them, position ids that restart mid-row when there is
+    neither an attention_mask nor a cache. None: one document per row. `inputs`: the (B, T) ids or
+    (B, T, hidden) embeddings; `packing`: the caller's `PACKING_KWARGS`."""
+    batch, length = inputs.shape[:2]
+    if packing.get("seq_idx") is not None:
+        seq_idx = packing["seq_idx"]
+        return seq_idx - seq_idx[:, :1]
+    cu_seq_lens = packing.get("cu_seq_lens_q", packing.get("cu_seq_lens_k"))
+    if cu_seq_lens is not None:
+        return document_ids_from_cu_seq_lens(cu_seq_lens, batch, length)
+    if position_ids is None or attention_mask is not None or past_key_values is not None:
+        return None
+    return document_ids_from_positions(position_ids.expand(batch, -1))
+
+
+def packed_rows(
+    inputs: torch.Tensor,
+    attention_mask: torch.Tensor | Masks | None,
+    past_key_values: Cache | None,
+    position_ids: torch.Tensor | None,
+    use_cache: bool | None,
+    kwargs: dict,
+) -> tuple[dict, torch.Tensor | None, torch.Tensor | None, bool | None]:
+    """Packed rows: several documents end to end in a row, each then getting exactly what it gets alone. They are
+    described by position ids that restart mid-row (without attention_mask and cache, as transformers reads
+    them), by `cu_seq_lens_q/k` + `max_length_q/k` (FlashAttentionKwargs) or by `seq_idx` in `kwargs`; a seq2seq
+    decoder also gets the encoder's `encoder_documents` (B, S) for cross-attention.
+
+    Returns the caller's packing kwargs (popped from the stack's `kwargs`: they describe this stack's rows, not
+    cross-attention's), the (B, T) document ids (`packed_documents`, or None), the positions (each document's own
+    where the caller gave none) and use_cache (packed rows are never cached)."""
+    # Two steps, no walrus: Dynamo cannot trace one inside a comprehension.
+    packing = {name: kwargs.pop(name) for name in PACKING_KWARGS if name in kwargs}
+    packing = {name: value for name, value in packing.items() if value is not None}
+    documents = packed_documents(inputs, attention_mask, past_key_values, position_ids, packing)
+    if documents is None:
+        return packing, None, position_ids, use_cache
+    if position_ids is None:
+        position_ids = positions_in_documents(documents)
+    if use_cache or past_key_values is not None:
+        raise ValueError(
+            "this batch packs several documents into a row (restarting position_ids, cu_seq_lens or seq_idx), "
+            "which a cache cannot continue: pass use_cache=False and no past_key_values, or give each document "
+            "its own row (with attention_mask) to generate."
+        )
+    return packing, documents, position_ids, False
+
+
+def check_mask_shape(attention_mask: torch.Tensor | None, batch: int, past_length, length: int) -> None:
+    """A 2D padding mask covers the cached and the new tokens: (B, past + T)."""
+    # A static cache's length is a tensor: under torch.compile comparing it would break the graph, so the check
+    # runs eagerly only (a compiled call was checked on its eager first call by the same code path).
+    if attention_mask is None or attention_mask.dim() != 2 or is_torchdynamo_compiling():
+        return
+    if attention_mask.shape != (batch, int(past_length) + length):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs ({batch}, "
+            f"{int(past_length) + length}) (batch, cached + new tokens): pass the mask the tokenizer returned with "
+            f"these input_ids."
+        )
+
+
+def kernel_always_runs(name: str) -> bool:
+    """Whether layer type `name` runs its kernel under every backend: it has one and no dense mask form."""
+    layer_type = LAYER_TYPES[name]
+    return layer_type.kernel is not None and not layer_type.dense_fallback
+
+
 class ForwardPlanner:
-    """The planning half of `CoreformerStack`: needs `config`, `layer_types`, `is_causal`, `cross_attention`, and
-    the rotary tables (`rotary_emb`, `local_rotary_emb`, `rope_thetas`)."""
+    """Plans every forward of one stack. `CoreformerStack` builds one in its `__init__` and holds it as `planner`.
 
-    config: CoreformerConfig
-    layer_types: list[str]
-    is_causal: bool
-    cross_attention: bool
+    A plain object, not a module: it holds no parameters or buffers, so a stack's checkpoint keys are those of its
+    embeddings, blocks and norm alone. It reads the stack's own config object (an attention backend set on the model
+    later reaches it), the stack's layer types and its direction; the rotary tables stay the stack's modules and come
+    with each `plan` call.
 
-    def packed_documents(
+    Args:
+        config: the stack's config.
+        layer_types: the attention type of each block, as the stack has them.
+        is_causal: causal self-attention (decoder) or bidirectional (encoder).
+        cross_attention: the blocks cross-attend to an encoder output.
+    """
+
+    def __init__(
+        self, config: CoreformerConfig, layer_types: list[str], *, is_causal: bool, cross_attention: bool = False
+    ):
+        self.config = config
+        self.layer_types = list(layer_types)
+        self.is_causal = is_causal
+        self.cross_attention = cross_attention
+        # The rotary base of each layer type present (`config.rope_theta_of`); {} without rotary positions.
+        rotary = config.position_embedding_type == "rotary"
+        self.rope_thetas = {name: config.rope_theta_of(name) for name in dict.fromkeys(self.layer_types) if rotary}
+
+    def checked_positions(
         self,
         inputs: torch.Tensor,
         attention_mask: torch.Tensor | Masks | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         position_ids: torch.Tensor | None,
-        packing: dict[str, Any],
-    ) -> torch.Tensor | None:
-        """The (B, T) document ids of a packed batch, decided once per forward from whichever description the caller
-        passed: `seq_idx` (B, T); `cu_seq_lens_q` (`cu_seq_lens_k` alone: the keys' documents, which are the
-        queries' in self-attention); or, as transformers reads them, position ids that restart mid-row when there is
-        neither an attention_mask nor a cache. None: one document per row. `inputs`: the (B, T) ids or
-        (B, T, hidden) embeddings; `packing`: the caller's `PACKING_KWARGS`."""
+    ) -> torch.Tensor:
+        """The positions of the new tokens, after checking the mask and the length against them: the caller's, or
+        past + arange(T) (1, T). `inputs`: the ids (B, T) or the embeddings (B, T, hidden); `cache`: the
+        self-attention cache."""
+        attention_mask = attention_mask if self.prepared_masks(attention_mask) is None else None
         batch, length = inputs.shape[:2]
-        if packing.get("seq_idx") is not None:
-            seq_idx = packing["seq_idx"]
-            return seq_idx - seq_idx[:, :1]
-        cu_seq_lens = packing.get("cu_seq_lens_q", packing.get("cu_seq_lens_k"))
-        if cu_seq_lens is not None:
-            return document_ids_from_cu_seq_lens(cu_seq_lens, batch, length)
-        if position_ids is None or attention_mask is not None or past_key_values is not None:
-            return None
-        return document_ids_from_positions(position_ids.expand(batch, -1))
+        past_length = cache.get_seq_length() if cache is not None else 0
+        check_mask_shape(attention_mask, batch, past_length, length)
+        self.check_length(length)
+        if position_ids is not None:
+            return position_ids
+        return torch.arange(length, device=inputs.device).unsqueeze(0) + past_length  # (1, T)
+
+    def check_length(self, length: int) -> None:
+        # A type bounded by a config field (Linformer's E/F have one column per position up to
+        # max_position_embeddings) would otherwise fail in an opaque matmul where positions are not learned (rotary,
+        # none). Such types are never causal, so there is never a cached past to add.
+        for name in dict.fromkeys(self.layer_types):
+            field = LAYER_TYPES[name].max_length_field
+            if field is not None and length > getattr(self.config, field):
+                limit = getattr(self.config, field)
+                raise ValueError(
+                    f"the input has {length} tokens, more than the {limit} ({field}) that this model's '{name}' "
+                    f"layers accept: truncate the input (tokenizer(..., truncation=True, max_length={limit})) or "
+                    f"build the model with a larger {field}."
+                )
 
     def plan(
         self,
@@ -254,18 +365,20 @@ class ForwardPlanner:
         documents: torch.Tensor | None = None,
         encoder_documents: torch.Tensor | None = None,
         packing: dict[str, Any] | None = None,
+        rotary_tables: tuple[torch.nn.Module | None, ...] = (),
     ) -> ForwardPlan:
         """The plan of this forward. `attention_mask`: the (B, past + T) padding mask, or the masks generate()
         prepared per layer type; `padded_states`: hidden states are recorded (see `ForwardPlan.padded_states`);
         `documents`: the (B, T) document ids of a packed batch (`packed_documents`), `encoder_documents` those of
-        the encoder output cross-attention reads (B, S); `packing`: the caller's `PACKING_KWARGS`."""
+        the encoder output cross-attention reads (B, S); `packing`: the caller's `PACKING_KWARGS`; `rotary_tables`:
+        the stack's `RotaryEmbedding`s (None where absent), one per rotary base its layer types use."""
         prepared = self.prepared_masks(attention_mask)
         padding_mask = None if prepared is not None else attention_mask
         unpadding = self.unpadding(padding_mask, cache)
         masks, kernel_types, probability_masks = self.self_attention_masks(
             hidden_states, padding_mask, prepared, cache, position_ids, documents, output_attentions=output_attentions
         )
-        rotary = self.rotary_position_embeddings(hidden_states, position_ids)
+        rotary = self.rotary_position_embeddings(hidden_states, position_ids, rotary_tables)
         attention_kwargs = self.attention_kwargs(position_ids, documents, packing or {})
         layers = {
             name: LayerPlan(
@@ -332,7 +445,7 @@ class ForwardPlanner:
     ) -> tuple[Masks, frozenset[str], Masks]:
         """(the mask per layer type, the layer types whose kernel runs, the eager-form masks for recomputed
         probabilities when attentions are asked for)."""
-        always = frozenset(name for name in self.layer_types if self.kernel_always_runs(name))
+        always = frozenset(name for name in self.layer_types if kernel_always_runs(name))
         if prepared is not None:  # generate() built them ahead, outside a compiled forward
             # the backend's own form, boolean or additive: both read as eager's for the probabilities
             return prepared, always, prepared
@@ -348,11 +461,6 @@ class ForwardPlanner:
             hidden_states, attention_mask, cache, position_ids, config=eager_config, documents=documents
         )
         return masks, always | sparse_types, eager
-
-    @staticmethod
-    def kernel_always_runs(name: str) -> bool:
-        layer_type = LAYER_TYPES[name]
-        return layer_type.kernel is not None and not layer_type.dense_fallback
 
     def check_packed_rows(self, documents: torch.Tensor | None) -> None:
         """A layer type that cannot give each document of a packed row what it gets alone (`LayerType.packed_rows`:
@@ -518,13 +626,9 @@ class ForwardPlanner:
         )
 
     def rotary_position_embeddings(
-        self, hidden_states: torch.Tensor, position_ids: torch.Tensor
+        self, hidden_states: torch.Tensor, position_ids: torch.Tensor, tables: tuple[torch.nn.Module | None, ...]
     ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{layer type: its rotary (cos, sin), each (B, T, head_dim)}, computed once per rotary base; {} without
-        rotary positions."""
-        by_theta = {
-            table.theta: table(hidden_states, position_ids)
-            for table in (self.rotary_emb, self.local_rotary_emb)
-            if table is not None
-        }
+        """{layer type: its rotary (cos, sin), each (B, T, head_dim)}, computed once per rotary base by the stack's
+        `tables`; {} without rotary positions."""
+        by_theta = {table.theta: table(hidden_states, position_ids) for table in tables if table is not None}
         return {name: by_theta[theta] for name, theta in self.rope_thetas.items()}

@@ -1,15 +1,16 @@
 """What every family shares: the pretrained-model base and THE stack.
 
-`CoreformerStack` is the one encoder/decoder stack. It embeds tokens, builds the masks and the rotary (cos, sin)
-once per forward, runs its blocks and applies the final norm. The families differ only in how they build it:
+`CoreformerStack` is the one encoder/decoder stack. It embeds tokens, has its planner build the masks and the rotary
+(cos, sin) once per forward, runs its blocks and applies the final norm. The families differ only in how they build it:
 
     encoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=False)
     decoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=True)
     seq2seq model   encoder stack as above + CoreformerCrossAttendingStack(config, config.decoder_layer_types, ...)
 
-Layers may differ in attention type (`layer_types`, one entry each in `layer_types.py`): per forward the stack makes
-one plan (`forward_plan.py`: a mask per type present, which kernels run, the probability masks, the rotary angles,
-where the real tokens are) and hands it to every block.
+Layers may differ in attention type (`layer_types`, one entry each in `layer_types.py`): per forward the stack's
+`planner` (a `forward_plan.ForwardPlanner` it builds and holds; a plain object, so no checkpoint keys) makes one plan
+(a mask per type present, which kernels run, the probability masks, the rotary angles, where the real tokens are) and
+the stack hands it to every block. The stack keeps what holds weights or state: embeddings, blocks, norm, caches.
 Hidden states and attentions are recorded by transformers' `capture_outputs` hooks (`_can_record_outputs`), not
 collected by hand; the stack is a `PreTrainedModel` for that (transformers' contract, as BART's encoder and decoder).
 
@@ -32,8 +33,7 @@ from transformers.utils.output_capturing import capture_outputs
 from .attention import Attention
 from .compat import CACHE_KEYWORDS, SELECTS_HIDDEN_STATES, cache_from, output_recorder, with_cache
 from .configuration_coreformer import CoreformerConfig
-from .forward_plan import PACKING_KWARGS, ForwardPlan, ForwardPlanner, positions_in_documents
-from .layer_types import LAYER_TYPES
+from .forward_plan import ForwardPlan, ForwardPlanner, packed_rows
 from .layers import (
     MLP,
     Block,
@@ -88,8 +88,8 @@ class CoreformerPreTrainedModel(PreTrainedModel):
         """generate() builds the masks ahead of a compiled forward when the cache is static, so that every decode step
         hands the forward tensors of one shape (no recompiles). transformers' own builder knows only its layer-type
         names (and hands back the raw 2D mask for any other); this builds ours, per layer type, with the causal
-        stack's own `build_masks`. (B, past + T) padding mask -> {layer type: mask for the configured backend}.
-        The cache comes as `cache` from transformers 5.24, as `past_key_values` before."""
+        stack's planner (`ForwardPlanner.build_masks`). (B, past + T) padding mask -> {layer type: mask for the
+        configured backend}. The cache comes as `cache` from transformers 5.24, as `past_key_values` before."""
         stack = self.base_model.decoder
         past_key_values = cache_from(past_key_values, cache)
         cache = (
@@ -100,7 +100,7 @@ class CoreformerPreTrainedModel(PreTrainedModel):
         if position_ids is None:
             past_length = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device).unsqueeze(0) + past_length
-        return stack.build_masks(inputs_embeds, attention_mask, cache, position_ids)
+        return stack.planner.build_masks(inputs_embeds, attention_mask, cache, position_ids)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -120,7 +120,7 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
 
 
-class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
+class CoreformerStack(CoreformerPreTrainedModel):
     """Embeddings, a stack of `Block`s and the final norm; bidirectional or causal, with or without cross-attention.
 
     A `PreTrainedModel` of its own, as BART's encoder and decoder are: transformers' output-recording contract puts
@@ -134,6 +134,9 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             `_tied_weights_keys`.
         is_causal: causal self-attention (decoder) or bidirectional (encoder).
         cross_attention: add cross-attention to the encoder output in every block (`CoreformerCrossAttendingStack`).
+
+    `planner` (`forward_plan.ForwardPlanner`) decides each forward's masks, kernels, documents and positions; the stack
+    embeds, runs the blocks with the plan, applies the final norm and handles the cache.
 
     Hidden states and attentions are recorded by transformers' `capture_outputs` from the blocks and attention
     modules named in `_can_record_outputs` (hooks installed on first use), as Llama, BERT and BART record theirs.
@@ -157,6 +160,8 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         super().__init__(config)
         self.is_causal = is_causal
         self.cross_attention = cross_attention
+        # Not a module (no weights): held as a plain attribute, it adds nothing to the checkpoint.
+        self.planner = ForwardPlanner(self.config, layer_types, is_causal=is_causal, cross_attention=cross_attention)
         self.embed_tokens = embed_tokens
         self.embed_scale = config.hidden_size**0.5 if config.scale_embedding else 1.0
 
@@ -169,11 +174,9 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         elif positions == "sinusoidal":
             self.embed_positions = SinusoidalPositions(config)
         self.rotary_emb = RotaryEmbedding(config) if positions == "rotary" else None
-        # The rotary base of each layer type present (`config.rope_theta_of`); a second table for the one other base
-        # there can be (`local_rope_theta`, ModernBERT's local layers).
-        rotary_types = dict.fromkeys(layer_types) if self.rotary_emb is not None else {}
-        self.rope_thetas = {name: config.rope_theta_of(name) for name in rotary_types}
-        other_thetas = sorted(set(self.rope_thetas.values()) - {config.rope_theta})
+        # A second table for the one other rotary base the layer types can use (`local_rope_theta`, ModernBERT's
+        # local layers; `ForwardPlanner.rope_thetas` maps each type to its base).
+        other_thetas = sorted(set(self.planner.rope_thetas.values()) - {config.rope_theta})
         self.local_rotary_emb = RotaryEmbedding(config, other_thetas[0]) if other_thetas else None
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
@@ -250,20 +253,6 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
                 f"not match this model; use the model's tokenizer or resize_token_embeddings(len(tokenizer))."
             )
 
-    def _check_length(self, length: int) -> None:
-        # A type bounded by a config field (Linformer's E/F have one column per position up to
-        # max_position_embeddings) would otherwise fail in an opaque matmul where positions are not learned (rotary,
-        # none). Such types are never causal, so there is never a cached past to add.
-        for name in dict.fromkeys(self.layer_types):
-            field = LAYER_TYPES[name].max_length_field
-            if field is not None and length > getattr(self.config, field):
-                limit = getattr(self.config, field)
-                raise ValueError(
-                    f"the input has {length} tokens, more than the {limit} ({field}) that this model's '{name}' "
-                    f"layers accept: truncate the input (tokenizer(..., truncation=True, max_length={limit})) or "
-                    f"build the model with a larger {field}."
-                )
-
     def _check_positions(self, position_ids: torch.Tensor) -> None:
         if self.embed_positions is None or is_torchdynamo_compiling() or position_ids.numel() == 0:
             return
@@ -329,25 +318,24 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             position_ids: (B, T); default past + arange(T) (per document in packed rows, below). Generation passes them
                 to skip left padding.
             encoder_hidden_states / encoder_attention_mask: the encoder output and its padding mask (cross-attention).
-            past_key_values / cache: a `Cache`, updated in place (causal stacks only), under either name (`cache`
-                from transformers 5.24).
+            past_key_values / cache: a `Cache` updated in place (causal stacks only); `cache` is its name from 5.24.
             use_cache: build and return a cache; default `config.use_cache` at inference, never while training.
             output_attentions / output_hidden_states: recorded by `capture_outputs` from the blocks
                 (`_can_record_outputs`); hidden states may be selected by index (an int or a list), as transformers
                 allows. Attentions come under every backend (recomputed next to fast kernels).
-            encoder_documents, **kwargs: packed rows (`_packing`); kwargs also reach the attention function.
+            encoder_documents, **kwargs: packed rows (`packed_rows`); kwargs also reach the attention function.
         """
         inputs_embeds = self._checked_inputs(input_ids, inputs_embeds, encoder_hidden_states)
         past_key_values = cache_from(past_key_values, cache)
         output_attentions, output_hidden_states = self._recorded_outputs(output_attentions, output_hidden_states)
         inputs = input_ids if input_ids is not None else inputs_embeds
-        packing, documents, position_ids, use_cache = self._packing(
+        packing, documents, position_ids, use_cache = packed_rows(
             inputs, attention_mask, past_key_values, position_ids, use_cache, kwargs
         )
         use_cache, past_key_values, cache = self._resolve_cache(use_cache, past_key_values)
-        position_ids = self._checked_positions(inputs, attention_mask, cache, position_ids)
+        position_ids = self.planner.checked_positions(inputs, attention_mask, cache, position_ids)
         hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
-        plan = self.plan(
+        plan = self.planner.plan(
             hidden_states,
             attention_mask,
             cache,
@@ -359,6 +347,7 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             documents=documents,
             encoder_documents=encoder_documents,
             packing=packing,
+            rotary_tables=(self.rotary_emb, self.local_rotary_emb),
         )
         hidden_states = self.run_blocks(hidden_states, plan, encoder_hidden_states, past_key_values, **kwargs)
         return self._stack_output(hidden_states, past_key_values if use_cache else None)
@@ -387,24 +376,6 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             return BaseModelOutput(last_hidden_state=hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **with_cache(past_key_values))
 
-    def _checked_positions(
-        self,
-        inputs: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-        position_ids: torch.LongTensor | None,
-    ) -> torch.Tensor:
-        """The positions of the new tokens, after checking the mask and the length against them: the caller's, or
-        past + arange(T) (1, T). `inputs`: the ids (B, T) or the embeddings (B, T, hidden)."""
-        attention_mask = attention_mask if self.prepared_masks(attention_mask) is None else None
-        batch, length = inputs.shape[:2]
-        past_length = cache.get_seq_length() if cache is not None else 0
-        self._check_mask_shape(attention_mask, batch, past_length, length)
-        self._check_length(length)
-        if position_ids is not None:
-            return position_ids
-        return torch.arange(length, device=inputs.device).unsqueeze(0) + past_length  # (1, T)
-
     def run_blocks(
         self,
         hidden_states: torch.Tensor,
@@ -430,39 +401,6 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
             hidden_states = unpadding.pad(hidden_states)  # (N, hidden) -> (B, T, hidden), zeros at the padding
         return hidden_states
 
-    def _packing(
-        self,
-        inputs: torch.Tensor,
-        attention_mask: torch.Tensor | dict | None,
-        past_key_values: Cache | None,
-        position_ids: torch.Tensor | None,
-        use_cache: bool | None,
-        kwargs: dict,
-    ) -> tuple[dict, torch.Tensor | None, torch.Tensor | None, bool | None]:
-        """Packed rows: several documents end to end in a row, each then getting exactly what it gets alone. They are
-        described by position ids that restart mid-row (without attention_mask and cache, as transformers reads
-        them), by `cu_seq_lens_q/k` + `max_length_q/k` (FlashAttentionKwargs) or by `seq_idx` in `kwargs`; a seq2seq
-        decoder also gets the encoder's `encoder_documents` (B, S) for cross-attention.
-
-        Returns the caller's packing kwargs (popped from `kwargs`: they describe this stack's rows, not
-        cross-attention's), the (B, T) document ids (`ForwardPlanner.packed_documents`, or None), the positions
-        (each document's own where the caller gave none) and use_cache (packed rows are never cached)."""
-        # Two steps, no walrus: Dynamo cannot trace one inside a comprehension.
-        packing = {name: kwargs.pop(name) for name in PACKING_KWARGS if name in kwargs}
-        packing = {name: value for name, value in packing.items() if value is not None}
-        documents = self.packed_documents(inputs, attention_mask, past_key_values, position_ids, packing)
-        if documents is None:
-            return packing, None, position_ids, use_cache
-        if position_ids is None:
-            position_ids = positions_in_documents(documents)
-        if use_cache or past_key_values is not None:
-            raise ValueError(
-                "this batch packs several documents into a row (restarting position_ids, cu_seq_lens or seq_idx), "
-                "which a cache cannot continue: pass use_cache=False and no past_key_values, or give each document "
-                "its own row (with attention_mask) to generate."
-            )
-        return packing, documents, position_ids, False
-
     def _resolve_cache(
         self, use_cache: bool | None, past_key_values: Cache | None
     ) -> tuple[bool, Cache | None, Cache | None]:
@@ -480,18 +418,6 @@ class CoreformerStack(ForwardPlanner, CoreformerPreTrainedModel):
         if isinstance(past_key_values, EncoderDecoderCache):
             return use_cache, past_key_values, past_key_values.self_attention_cache
         return use_cache, past_key_values, past_key_values
-
-    def _check_mask_shape(self, attention_mask: torch.Tensor | None, batch: int, past_length, length: int) -> None:
-        # A static cache's length is a tensor: under torch.compile comparing it would break the graph, so the check
-        # runs eagerly only (a compiled call was checked on its eager first call by the same code path).
-        if attention_mask is None or attention_mask.dim() != 2 or is_torchdynamo_compiling():
-            return
-        if attention_mask.shape != (batch, int(past_length) + length):
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs ({batch}, "
-                f"{int(past_length) + length}) (batch, cached + new tokens): pass the mask the tokenizer returned with "
-                f"these input_ids."
-            )
 
 
 class CoreformerCrossAttendingStack(CoreformerStack):

@@ -25,7 +25,7 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .compat import CACHE_KEYWORD, cache_from, output_cache, with_cache
 from .configuration_coreformer import CoreformerSeq2SeqConfig
-from .forward_plan import PACKING_KWARGS
+from .forward_plan import PACKING_KWARGS, packed_documents
 from .losses import TOKEN_LOSS
 from .modeling_base import CoreformerCrossAttendingStack, CoreformerPreTrainedModel, CoreformerStack
 from .modeling_heads import (
@@ -146,11 +146,7 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
                 transformers 5.24).
         """
         if decoder_input_ids is None and decoder_inputs_embeds is None:
-            if input_ids is None:
-                raise ValueError("Pass decoder_input_ids (or decoder_inputs_embeds), or input_ids to shift into them.")
-            decoder_input_ids = shift_tokens_right(
-                input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
-            )
+            decoder_input_ids = self._decoder_input_ids_from_source(input_ids)
         encoder_kwargs, decoder_kwargs = packing_by_side(kwargs)
         encoder_outputs, encoder_documents = self._encode(
             input_ids, attention_mask, position_ids, inputs_embeds, encoder_outputs, encoder_kwargs
@@ -179,6 +175,12 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
             encoder_attentions=encoder_outputs.attentions,
         )
 
+    def _decoder_input_ids_from_source(self, input_ids: torch.LongTensor | None) -> torch.LongTensor:
+        """BART's denoising default for the decoder inputs: the source (B, S) shifted right behind the start token."""
+        if input_ids is None:
+            raise ValueError("Pass decoder_input_ids (or decoder_inputs_embeds), or input_ids to shift into them.")
+        return shift_tokens_right(input_ids, self.config.pad_token_id, self.config.decoder_start_token_id)
+
     def _encode(
         self,
         input_ids: torch.LongTensor | None,
@@ -201,9 +203,7 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         source = encoder_outputs.last_hidden_state
-        return encoder_outputs, self.encoder.packed_documents(
-            source, attention_mask, None, position_ids, encoder_kwargs
-        )
+        return encoder_outputs, packed_documents(source, attention_mask, None, position_ids, encoder_kwargs)
 
 
 class CoreformerSeq2SeqForConditionalGeneration(CoreformerSeq2SeqPreTrainedModel, GenerationMixin):

@@ -2,7 +2,7 @@
 anything inside `coreformer` registers its classes with transformers and so imports torch, about 5 s).
 
     base.py          the settings base (RunSettings, arg, flags, config files, coercion) and the run errors
-    families.py      FAMILY_NAMES, read from the family registry file (coreformer/families.py)
+    registries.py    FAMILY_NAMES and NATIVE_NAMES, read from the package's registry files
     components.py    what the objective and task registries share: entries, owned settings, their flags
     objectives.py    OBJECTIVE_REGISTRY and each objective's own settings
     tasks.py         TASK_REGISTRY and each task's own settings
@@ -10,7 +10,7 @@ anything inside `coreformer` registers its classes with transformers and so impo
     finetuning.py    FinetuningSettings
     command_line.py  what every command line shares: the suggesting parser, --version, the folder and Hub checks
 
-The command lines (coreformer_cli, coreformer_commands, beside this package) build their parsers from these, so
+The command line (coreformer_cli, beside this package) builds their parsers from these, so
 `--help`, `--version` and a bad flag answer before torch is imported; the runs (`coreformer.training.pretraining` /
 `finetuning`) subclass the settings with the checks that need the registries.
 """

@@ -7,9 +7,10 @@
                                          one connection attempt, before any Hub call and its retries)
     check_local_folder(name) -> name     an existing local folder; NoSuchFolderError otherwise
     hub_unreachable(), in_hub_cache(repo_id), looks_local(name)   what those checks ask
+    USAGE_ERROR, HUB_FAILED              the exit codes of a bad input and of a refused upload (INTERRUPTED: base.py)
 
-`coreformer_cli` (the `coreformer` command) and `coreformer_commands` (the run commands) both build on these,
-so neither imports the other.
+The `coreformer` command line (coreformer_cli) and the package's command handlers (coreformer.commands) build on
+these, so the package never imports the command line.
 """
 
 import argparse
@@ -21,6 +22,9 @@ import urllib.parse
 from pathlib import Path
 
 from .base import installed_version as version
+
+USAGE_ERROR = 2  # argparse's exit code for a bad command line; a missing folder or a refused setting is one too
+HUB_FAILED = 1  # `publish`: the Hub refused or failed the upload
 
 
 def add_version_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,10 +1,11 @@
 """The settings of `coreformer evaluate` (training/zero_shot.py), importable without torch: `--help` answers at once.
 
     EvaluationSettings               the folder, the held-out text and how much of it is scored
-    build_parser(prog) -> parser     one flag per setting
-    parse_settings(argv, prog)       argv -> EvaluationSettings (argparse exits 2 on a bad flag, as every CLI does)
+    DESCRIPTION, add_arguments(parser)   `--help`'s text and one flag per setting
+    settings_from(namespace)         the parsed arguments -> EvaluationSettings; ValueError names a bad count
 
-`coreformer.training.zero_shot.main` parses with these and runs the evaluation.
+The command line (coreformer_cli) parses with these; `coreformer.commands.runs.evaluate` runs the evaluation
+(coreformer.training.zero_shot).
 """
 
 import argparse
@@ -29,16 +30,15 @@ class EvaluationSettings:
     seed: int = DEFAULT_SEED  # masking of the held-out loss, choice and corruption of the pairs
 
 
-def build_parser(prog: str = "coreformer evaluate") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=(
-            "Zero-shot evaluation of a pretrained folder, no fine-tuning: held-out loss and perplexity (masked LM at "
-            "a fixed 15% masking, causal LM, denoising at BART's 30%; encoders also their pseudo-perplexity) and "
-            "minimal-pair accuracy (a held-out line against the same line corrupted, scored by log-likelihood or, "
-            "for encoders, pseudo-log-likelihood; ties count as wrong)."
-        ),
-    )
+DESCRIPTION = (
+    "Zero-shot evaluation of a pretrained folder, no fine-tuning: held-out loss and perplexity (masked LM at a fixed "
+    "15% masking, causal LM, denoising at BART's 30%; encoders also their pseudo-perplexity) and minimal-pair accuracy "
+    "(a held-out line against the same line corrupted, scored by log-likelihood or, for encoders, "
+    "pseudo-log-likelihood; ties count as wrong)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", help="pretrained folder (a pretraining run's output directory, or any saved model)")
     parser.add_argument(
         "--data",
@@ -57,15 +57,12 @@ def build_parser(prog: str = "coreformer evaluate") -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help="seed of the masking and the pairs (default: %(default)s)"
     )
-    return parser
 
 
-def parse_settings(argv: list[str], prog: str = "coreformer evaluate") -> EvaluationSettings:
-    parser = build_parser(prog)
-    namespace = parser.parse_args(argv)
+def settings_from(namespace: argparse.Namespace) -> EvaluationSettings:
     for name in ("pairs", "batches", "batch_size"):
         if getattr(namespace, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(namespace, name)}")
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(namespace, name)}")
     return EvaluationSettings(
         folder=namespace.folder,
         data=tuple(namespace.data),

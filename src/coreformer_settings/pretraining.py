@@ -24,8 +24,8 @@ from typing import Any
 from . import base
 from .base import PretrainingError, RunSettings, add_flags, arg, export_arg
 from .components import add_owned_flags, gather_owned
-from .families import FAMILY_NAMES
 from .objectives import OBJECTIVE_REGISTRY, ObjectiveSettings, objective_fields
+from .registries import FAMILY_NAMES
 
 SIZE_PRESETS = ("tiny", "small", "base")
 # at tiny size: the modern recipe of each family, and the architecture faithful to its paper (BERT, GPT-2, BART)

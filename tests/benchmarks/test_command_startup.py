@@ -1,4 +1,4 @@
-"""What a command costs besides its work (coreformer_commands.after_imports, benchmarks/command_startup.py): every
+"""What a command costs besides its work (coreformer_cli.after_imports, benchmarks/command_startup.py): every
 command freezes what its imports made before it runs, and the benchmark times each command in both arms. The
 benchmark's own numbers come from running it (each row is a fresh process of several seconds), not from here."""
 
@@ -9,7 +9,6 @@ import pytest
 from results_files import sibling
 
 import coreformer_cli
-import coreformer_commands
 
 
 class ReachedAfterImportsError(Exception):
@@ -32,7 +31,7 @@ def _stop(*args) -> None:
     ids=lambda argv: argv[0],
 )
 def test_every_command_freezes_what_its_imports_made_before_its_work(tmp_path, monkeypatch, argv):
-    monkeypatch.setattr(coreformer_commands, "after_imports", _stop)  # the one function every command calls
+    monkeypatch.setattr(coreformer_cli, "after_imports", _stop)  # the one function every command calls
     with pytest.raises(ReachedAfterImportsError):
         coreformer_cli.main([part.format(tmp=tmp_path) for part in argv])
     assert not (tmp_path / "out").exists()  # nothing ran before it
@@ -42,7 +41,7 @@ def test_after_imports_moves_every_live_object_out_of_the_collectors_sight():
     gc.unfreeze()  # the suite's own freeze (conftest), restored below
     try:
         assert gc.get_freeze_count() == 0
-        coreformer_commands.after_imports()
+        coreformer_cli.after_imports()
         assert gc.get_freeze_count() > 100_000  # torch and transformers: hundreds of thousands of objects
     finally:
         gc.freeze()
@@ -65,7 +64,7 @@ def test_the_startup_benchmark_times_every_command_in_both_arms_and_writes_its_t
     ]
     assert len(launched) == 2 * len(names) * len(benchmark.ARMS)  # the arms alternate, every repeat
     assert [code for code, _ in launched[:2]] == [
-        "import coreformer.training.pretraining\nimport coreformer_commands; coreformer_commands.after_imports()",
+        "import coreformer.training.pretraining\nimport coreformer_cli; coreformer_cli.after_imports()",
         "import coreformer.training.pretraining\n",
     ]
     pretrain = [(code, arguments) for code, arguments in launched if arguments[:1] == ["pretrain"]]
@@ -80,6 +79,6 @@ def test_the_startup_benchmark_times_every_command_in_both_arms_and_writes_its_t
 
 def test_the_untouched_arm_replaces_the_function_the_commands_call(monkeypatch):
     benchmark = sibling("command_startup")
-    monkeypatch.setattr(coreformer_commands, "after_imports", coreformer_commands.after_imports)  # restored after
+    monkeypatch.setattr(coreformer_cli, "after_imports", coreformer_cli.after_imports)  # restored after
     exec(benchmark.ARMS["collector untouched"][0], {})
-    assert coreformer_commands.after_imports() is None and coreformer_commands.after_imports.__name__ == "<lambda>"
+    assert coreformer_cli.after_imports() is None and coreformer_cli.after_imports.__name__ == "<lambda>"

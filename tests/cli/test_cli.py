@@ -3,6 +3,8 @@
 token, and tests/hub_server.py --help."""
 
 import argparse
+import dataclasses
+import importlib
 import importlib.util
 import os
 import re
@@ -17,7 +19,7 @@ import transformers
 
 import coreformer
 import coreformer_cli
-from coreformer import cli, folders
+from coreformer.hub import folders
 from coreformer_settings import command_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,10 +33,6 @@ def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.Complete
     )
 
 
-NEEDS_EVALUATE = pytest.mark.skipif(
-    importlib.util.find_spec("coreformer_settings.evaluation") is None,
-    reason="`coreformer evaluate` comes with coreformer_settings.evaluation and coreformer.training.zero_shot",
-)
 HEAVY_IMPORTS_AFTER = """
     import sys, coreformer_cli
     try:
@@ -57,7 +55,7 @@ HEAVY_IMPORTS_AFTER = """
         ["pretrain", "--help"],
         ["finetune", "--help"],
         ["publish", "--version"],
-        pytest.param(["evaluate", "--help"], marks=NEEDS_EVALUATE),
+        ["evaluate", "--help"],
     ],
     ids=[
         "help",
@@ -242,9 +240,8 @@ def test_a_mistyped_hub_name_fails_at_once_in_one_line(tmp_path, monkeypatch, ca
 def test_an_unknown_flag_names_the_closest_one(tmp_path, monkeypatch, capsys, argv, suggestion):
     monkeypatch.chdir(tmp_path)
     if suggestion is None:
-        from coreformer_commands import RUN_COMMANDS  # parse only: running would train
-
-        assert vars(RUN_COMMANDS["pretrain"].build_parser().parse_args(argv[1:]))["max_steps"] == 3
+        # parse only: running would train
+        assert vars(coreformer_cli.COMMANDS["pretrain"].build_parser().parse_args(argv[1:]))["max_steps"] == 3
         return
     with pytest.raises(SystemExit) as exit:
         coreformer_cli.main(argv)
@@ -256,10 +253,8 @@ def test_an_unknown_flag_names_the_closest_one(tmp_path, monkeypatch, capsys, ar
 
 
 def test_the_scripts_and_the_installed_command_share_one_parser():
-    from coreformer_commands import RUN_COMMANDS
-
     for name in SCRIPTS:
-        script, installed = load_script(name).build_parser(), RUN_COMMANDS[name].build_parser()
+        script, installed = load_script(name).build_parser(), coreformer_cli.COMMANDS[name].build_parser()
         assert script.prog == f"{name}.py" and installed.prog == f"coreformer {name}"
         flags = {option for action in installed._actions for option in action.option_strings}
         assert flags == {option for action in script._actions for option in action.option_strings}
@@ -305,7 +300,7 @@ def test_cli_names_a_missing_folder_in_one_line_before_any_hub_call(tmp_path, mo
 
     monkeypatch.setattr(transformers.AutoModel, "from_pretrained", no_hub)
     (tmp_path / "a-file").write_text("not a folder")
-    assert cli.main(argv) == 2
+    assert coreformer_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and re.match(rf"coreformer {argv[0]}: error: (no such folder|not a folder): ", err), err
     assert not (tmp_path / "converted").exists()
@@ -317,10 +312,10 @@ def test_convert_without_a_tokenizer_says_so(tmp_path, capsys):
         vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48
     )
     transformers.BertModel(config).save_pretrained(source)
-    assert cli.main(["convert", str(source), str(tmp_path / "converted")]) == 0
+    assert coreformer_cli.main(["convert", str(source), str(tmp_path / "converted")]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if "tokenizer" in line]
     assert len(notes) == 1 and "holds no tokenizer" in notes[0] and ".save_pretrained(" in notes[0], notes
-    assert cli.main(["convert", str(source), str(tmp_path / "weights-only"), "--skip-tokenizer"]) == 0
+    assert coreformer_cli.main(["convert", str(source), str(tmp_path / "weights-only"), "--skip-tokenizer"]) == 0
     assert "tokenizer" not in capsys.readouterr().err  # asked for: nothing to say
 
 
@@ -334,7 +329,10 @@ def test_ctrl_c_in_a_command_is_one_line_exit_130_and_leaves_no_half_written_out
         vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48
     )
     transformers.BertModel(config).save_pretrained(source)
-    monkeypatch.setattr(cli, "write_model_card", _interrupt)  # Ctrl-C while the converted folder is being written
+    import coreformer.commands.convert
+
+    # Ctrl-C while the converted folder is being written
+    monkeypatch.setattr(coreformer.commands.convert, "write_model_card", _interrupt)
     assert coreformer_cli.main(["convert", str(source), str(tmp_path / "converted")]) == 130
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("coreformer convert: stopped by Ctrl-C before it finished;"), err
@@ -343,10 +341,10 @@ def test_ctrl_c_in_a_command_is_one_line_exit_130_and_leaves_no_half_written_out
 
 
 def test_ctrl_c_while_publishing_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
-    import coreformer.publishing
+    import coreformer.hub.publishing
 
     script = load_script("publish")
-    monkeypatch.setattr(coreformer.publishing, "publish_folder", _interrupt)
+    monkeypatch.setattr(coreformer.hub.publishing, "publish_folder", _interrupt)
     assert script.main([str(tmp_path), "--repo-id", "me/model"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "publish.py: stopped by Ctrl-C" in err and "all of it or none of it" in err, err
@@ -439,7 +437,7 @@ def test_export_is_quiet_and_its_decoder_tokenizer_pads_left(tmp_path, capsys):
 
     build_folder("decoder", tmp_path / "model")
     capsys.readouterr()
-    assert cli.main(["export", str(tmp_path / "model"), str(tmp_path / "native")]) == 0
+    assert coreformer_cli.main(["export", str(tmp_path / "model"), str(tmp_path / "native")]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip().splitlines() == [
         f"exported {tmp_path / 'model'} -> GPT2LMHeadModel: wrote {tmp_path / 'native'}"
@@ -504,29 +502,38 @@ def test_missing_columns_are_named_together(tmp_path):
     )  # before: only 'text', and after fixing it, a second run to learn about 'label'
 
 
-RECORDED: list[list[str]] = []
+RECORDED: list[tuple] = []
 
 
-def _record(argv: list[str]) -> int:
-    RECORDED.append(argv)
+def _record(prepared, prog: str) -> int:
+    RECORDED.append((prepared, prog))
     return 0
 
 
-def test_a_delegated_command_is_parsed_before_its_module_runs(capsys):
-    from coreformer_commands import RUN_COMMANDS, DelegatedCommand
-
-    command = DelegatedCommand("demo", "a demo", "argparse:ArgumentParser", "test_cli:_record")
+def test_a_command_checks_its_inputs_before_it_imports_its_handler(tmp_path, capsys):
+    demo = coreformer_cli.Command(
+        "demo",
+        "a demo",
+        lambda parser: parser.add_argument("folder"),
+        "no_such_module_anywhere:run",  # imported only once the inputs passed their checks
+        prepare=coreformer_cli._check(local_folders=("folder",)),
+    )
+    assert demo.main([str(tmp_path / "missing")]) == 2
+    assert "coreformer demo: error: no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        command.main(["--nope"])  # refused by the light parser: the (heavy) module never ran
-    assert RECORDED == [] and "unrecognized arguments: --nope" in capsys.readouterr().err
-    assert command.main([]) == 0 and RECORDED == [[]]
-    # `coreformer evaluate` is offered exactly where its modules are installed
-    assert ("evaluate" in RUN_COMMANDS) == (importlib.util.find_spec("coreformer_settings.evaluation") is not None)
+        demo.main(["a", "--nope"])  # refused by the parser: nothing checked, nothing imported
+    assert dataclasses.replace(demo, handler="test_cli:_record").main([str(tmp_path)], prog="demo.py") == 0
+    assert RECORDED[-1][0].folder == str(tmp_path) and RECORDED[-1][1] == "demo.py"
 
 
-@NEEDS_EVALUATE
+def test_every_subcommand_is_one_command_whose_handler_is_in_the_package():
+    for name, command in coreformer_cli.COMMANDS.items():
+        assert isinstance(command, coreformer_cli.Command) and command.name == name
+        module, function = command.handler.split(":")
+        handler = getattr(importlib.import_module(module), function)
+        assert module.startswith("coreformer.commands.") and callable(handler)
+
+
 def test_evaluate_help_prints_percentages_once():
-    from coreformer_settings.evaluation import build_parser
-
-    help_text = " ".join(build_parser().format_help().split())
+    help_text = " ".join(coreformer_cli.COMMANDS["evaluate"].build_parser().format_help().split())
     assert "a fixed 15% masking" in help_text and "BART's 30%" in help_text and "%%" not in help_text

@@ -1,4 +1,4 @@
-"""Atomic folder saves (coreformer.folders): a kill at any moment of a save leaves the previous folder intact."""
+"""Atomic folder saves (coreformer.hub.folders): a kill at any moment of a save leaves the previous folder intact."""
 
 import hashlib
 import os
@@ -11,7 +11,8 @@ import pytest
 import transformers
 from conftest import kill_at_marker
 
-from coreformer import cli, folders
+import coreformer_cli as cli
+from coreformer.hub import folders
 
 
 def contents(folder: Path) -> dict[str, str]:
@@ -106,7 +107,7 @@ def test_concurrent_processes_of_one_launch_share_one_staged_folder_and_only_the
 KILLED_SAVE = textwrap.dedent(
     """
     import pathlib, sys, time
-    from coreformer import folders
+    from coreformer.hub import folders
 
     destination, marker = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     with folders.staged_folder(destination) as staging:
@@ -141,17 +142,17 @@ def test_sigkill_during_a_staged_save_leaves_the_previous_folder(tmp_path):
 KILLED_CONVERT = textwrap.dedent(
     """
     import pathlib, sys, time
-    from coreformer import cli
+    import coreformer_cli
+    import coreformer.commands.convert as convert_command
 
     marker = pathlib.Path(sys.argv[1])
-    original = cli.write_model_card
 
     def write_model_card(folder, *args, **kwargs):  # the weights are written, the card and the swap are not
         marker.write_text("converting")
         time.sleep(300)  # the test kills us here
 
-    cli.write_model_card = write_model_card
-    sys.exit(cli.main(sys.argv[2:]))
+    convert_command.write_model_card = write_model_card
+    sys.exit(coreformer_cli.main(sys.argv[2:]))
     """
 )
 
@@ -247,7 +248,7 @@ def _load_tokenizers_without_coreformer(*folders: Path) -> dict[str, str]:
 def test_an_onnx_exports_tokenizer_loads_without_asking_to_run_custom_code(tmp_path):
     from test_publish import build_folder
 
-    from coreformer.onnx_export import copy_companions
+    from coreformer.export.onnx import copy_companions
 
     build_folder("decoder", tmp_path / "model")
     for name in ("as-copied", "served"):  # what --to onnx writes beside its graphs, before and after the fix

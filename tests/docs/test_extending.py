@@ -23,7 +23,7 @@ from tiny import padded_batch, tiny_config, tiny_model
 import coreformer as cf
 from coreformer.forward_plan import LayerPlan
 from coreformer.layer_types import LAYER_TYPES, LayerType
-from coreformer_commands import RUN_COMMANDS
+from coreformer_cli import COMMANDS
 from coreformer_settings.components import Registered
 
 
@@ -43,7 +43,7 @@ def section_module(
 
 
 def help_section(command: str, title: str) -> str:
-    help_text = RUN_COMMANDS[command].build_parser().format_help()
+    help_text = COMMANDS[command].build_parser().format_help()
     assert title in help_text, help_text
     return help_text.split(title)[1]
 
@@ -113,9 +113,9 @@ def test_the_layer_type_example_runs_in_a_model(tmp_path, monkeypatch):
 
 
 def test_the_native_architecture_example_converts_and_exports(tmp_path, monkeypatch):
-    from coreformer.conversion import convert_from_hf
     from coreformer.export import choose_target, to_native
     from coreformer.native import NATIVE_ARCHITECTURES
+    from coreformer.native.conversion import convert_from_hf
     from coreformer.native.parity import model_differences, tolerance
 
     toy = section_module("extending.md", "Add a native architecture", "docs_opt", tmp_path, monkeypatch)

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 import coreformer_cli
-from coreformer.folders import has_tokenizer
-from coreformer_commands import RUN_COMMANDS
+from coreformer.hub.folders import has_tokenizer
+from coreformer_cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -339,7 +339,7 @@ def test_fine_tuning_block_runs_after_the_quickstart(converted, tmp_path, monkey
     (tmp_path / "minilm-cf").symlink_to(converted[0] / "minilm-cf")  # read only: the runs write under out/
     # What `make demo` leaves, tiny: its command, run in this process (a fresh one would spend its time importing).
     quickstart = ["--family", "decoder", "--output-dir", str(tmp_path / "outputs" / "quickstart")]
-    assert RUN_COMMANDS["pretrain"].main(TINY_PRETRAIN.split() + quickstart) == 0
+    assert COMMANDS["pretrain"].main(TINY_PRETRAIN.split() + quickstart) == 0
     printed = run_commands(_tiny(block("Fine-tuning", 0)), tmp_path, monkeypatch, capsys)
     assert printed.count("done: {'eval_") == 5
     for folder in ("cls", "ner", "qa", "clm-lora", "sum"):
@@ -363,14 +363,14 @@ def test_wheel_block_builds_a_wheel_that_imports_and_runs_elsewhere(tmp_path):
     run_bash(script, tmp_path)
     check = (
         "import coreformer, coreformer_cli\n"
-        "from coreformer import model_card\n"
+        "from coreformer.hub import model_card\n"
         "print(coreformer.__file__, model_card.template_dir(), coreformer_cli.version())\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     package, templates, version = result.stdout.split()
-    assert Path(package).is_relative_to(site) and Path(templates) == site / "coreformer" / "model_cards"
+    assert Path(package).is_relative_to(site) and Path(templates) == site / "coreformer" / "hub" / "model_cards"
     assert (site / "bin" / "coreformer").is_file()  # the console script
     import coreformer
 

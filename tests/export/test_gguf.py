@@ -1,4 +1,4 @@
-"""GGUF export (coreformer.gguf_export): llama and gpt2 files read back by transformers' own GGUF loader equal the
+"""GGUF export (coreformer.export.gguf): llama and gpt2 files read back by transformers' own GGUF loader equal the
 native model; gptneox files (which that loader does not read) are checked through this module's reader, and their
 layout against llama.cpp's conventions directly."""
 
@@ -24,7 +24,7 @@ from transformers import (
 
 import coreformer as cf
 from coreformer.export import ExportCheckError
-from coreformer.gguf_export import DTYPES, export_gguf, rotary_pairs
+from coreformer.export.gguf import DTYPES, export_gguf, rotary_pairs
 from coreformer.training.tokenizer_training import train_tokenizer
 
 TEXTS = ["hello world, this is a test of tokenizers. Unicode ünïcödé ✓ 123 4567", "two  spaces\tand a tab\nnew line"]
@@ -231,7 +231,7 @@ def test_gpt_neox_with_erf_gelu_is_refused_naming_the_field(tmp_path, tokenizer)
 
 
 def test_a_failed_check_raises_the_export_check_error_and_writes_nothing(tmp_path, tokenizer, monkeypatch):
-    import coreformer.gguf_export as gguf_export
+    import coreformer.export.gguf as gguf_export
 
     monkeypatch.setattr(gguf_export, "max_abs_difference", lambda reference, found: 0.5)
     with pytest.raises(ExportCheckError, match=r"logits differ by 0.5 \(> 1e-05\)"):

@@ -1,4 +1,4 @@
-"""ONNX export (coreformer.onnx_export): graphs run by onnxruntime against the PyTorch model they came from."""
+"""ONNX export (coreformer.export.onnx): graphs run by onnxruntime against the PyTorch model they came from."""
 
 import json
 
@@ -10,7 +10,7 @@ from conftest import MODERNBERT, VARIANTS
 from tiny import padded_batch, tiny_model
 
 import coreformer as cf
-from coreformer.onnx_export import CHECK_TOLERANCE, MANIFEST_NAME, export_onnx, without_eos
+from coreformer.export.onnx import CHECK_TOLERANCE, MANIFEST_NAME, export_onnx, without_eos
 
 
 def session(path):
@@ -155,8 +155,8 @@ def test_the_check_summary_says_what_export_check_prints(decoder_export):
 
 
 def test_a_failed_check_exits_1_naming_the_difference_and_writes_nothing(tmp_path, capsys, monkeypatch):
-    import coreformer.onnx_export as onnx_export
-    from coreformer import cli
+    import coreformer.export.onnx as onnx_export
+    import coreformer_cli as cli
 
     folder = save(tmp_path, tiny_model(cf.CoreformerEncoderForMaskedLM, "encoder"))
     # the graphs are not written (export is tested above): the check alone reports them 0.25 apart
@@ -174,7 +174,7 @@ def test_the_command_exports_a_native_folder_through_its_conversion_with_its_tok
     from test_publish import CORPUS
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from coreformer import cli
+    import coreformer_cli as cli
     from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
     tokenizer = train_tokenizer("decoder", CORPUS, vocab_size=300)

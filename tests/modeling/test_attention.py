@@ -177,13 +177,11 @@ def test_unpadded_stack_computes_what_the_padded_one_does(family, variant, left,
     model = tiny_model(FAMILY_CLASSES[family][1], family, **variant).train()
     ids, mask = padded_batch(left=left)
     calls = []
-    original = cf.modeling_base.CoreformerStack.unpadding
-    monkeypatch.setattr(
-        cf.modeling_base.CoreformerStack, "unpadding", lambda *a: calls.append(original(*a)) or calls[-1]
-    )
+    original = cf.forward_plan.ForwardPlanner.unpadding
+    monkeypatch.setattr(cf.forward_plan.ForwardPlanner, "unpadding", lambda *a: calls.append(original(*a)) or calls[-1])
     unpadded = _loss_and_gradients(model, ids, mask, family)
     assert any(call is not None for call in calls), "the padded batch did not take the unpadded path"
-    monkeypatch.setattr(cf.modeling_base.CoreformerStack, "unpadding", lambda *a: None)
+    monkeypatch.setattr(cf.forward_plan.ForwardPlanner, "unpadding", lambda *a: None)
     padded = _loss_and_gradients(model, ids, mask, family)
     torch.testing.assert_close(unpadded[0], padded[0], atol=1e-5, rtol=0)
     for ours, reference in zip(unpadded[1], padded[1], strict=True):

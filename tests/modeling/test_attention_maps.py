@@ -9,8 +9,9 @@ import torch
 
 import coreformer as cf
 from coreformer.attention import Attention
-from coreformer.attention_maps import attention_maps, main, plot_head, plot_layer, save_attention_map
+from coreformer.probes.attention_maps import attention_maps, plot_head, plot_layer, save_attention_map
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer_cli import COMMANDS
 
 CORPUS = [
     "The old tower is in Paris.",
@@ -133,7 +134,7 @@ def test_save_attention_map_from_a_folder_and_from_the_command_line(tokenizers, 
     grid = save_attention_map(tmp_path / "model", TEXT, tmp_path / "grid.png", layer=0, target="The bridge.")
     np.testing.assert_allclose(grid, expected["cross"].layer(0), atol=1e-6)
     argv = [str(tmp_path / "model"), TEXT, "--layer", "1", "--head", "3", "--stack", "encoder"]
-    assert main([*argv, "-o", str(tmp_path / "head.png")]) == 0
+    assert COMMANDS["attention-map"].main([*argv, "-o", str(tmp_path / "head.png")]) == 0
     printed = capsys.readouterr().out
     assert "head.png" in printed and printed.count(" x ") == 1  # one head: (queries, keys), not a grid of heads
     for name in ("grid.png", "head.png"):
@@ -170,10 +171,10 @@ def test_bad_requests_give_one_clear_error(tokenizers, tmp_path):
     assert not (tmp_path / "y.png").exists()
 
 
-def test_module_command_line_names_a_missing_folder_before_any_hub_call(tmp_path, capsys, monkeypatch):
+def test_the_command_names_a_missing_folder_before_any_hub_call(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").mkdir()  # `outputs/nope` can only be meant as a local folder
-    assert main(["outputs/nope", "def f(): pass", "-o", str(tmp_path / "map.png")]) == 2
+    assert COMMANDS["attention-map"].main(["outputs/nope", "def f(): pass", "-o", str(tmp_path / "map.png")]) == 2
     err = capsys.readouterr().err
     assert (
         err.startswith("coreformer attention-map: error: no such folder: outputs/nope (looked for ")

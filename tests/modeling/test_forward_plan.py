@@ -13,7 +13,7 @@ PARAMETERS = dict(sliding_window=2, stride=3)
 def _plan(stack, ids, mask, *, cache=None, output_attentions=False, documents=None):
     hidden = torch.zeros(*ids.shape, stack.config.hidden_size)
     positions = torch.arange(ids.shape[1])[None]
-    return stack.plan(
+    return stack.planner.plan(
         hidden,
         mask,
         cache,

@@ -479,10 +479,9 @@ def test_flex_block_mask_skips_blocks_for_sliding_layers(flex_attention):
         cf.CoreformerEncoderModel, "encoder", layer_types=["sliding", "full"], sliding_window=64, stride=4
     )
     model.set_attn_implementation("flex_attention")
-    stack = next(module for module in model.modules() if hasattr(module, "build_masks"))
     length = 1024
     hidden = torch.zeros(1, length, model.config.hidden_size)
-    masks = stack.build_masks(hidden, None, None, torch.arange(length)[None])
+    masks = model.encoder.planner.build_masks(hidden, None, None, torch.arange(length)[None])
     # 8 x 8 blocks; a band of +-64 touches at most 3 per row: at least 58% of them skipped. Full attention skips none.
     assert masks["sliding"].sparsity() > 55
     assert masks["full"] is None or masks["full"].sparsity() == 0
@@ -524,7 +523,7 @@ def test_a_new_layer_type_is_a_kernel_and_one_table_entry(monkeypatch):
     torch.testing.assert_close(attentions[0], uniform.expand_as(attentions[0]))
     # The plan hands the layer its padding mask and runs its kernel; the layer computes the kernel's output.
     hidden = torch.randn(*ids.shape, model.config.hidden_size)
-    plan = model.encoder.plan(
+    plan = model.encoder.planner.plan(
         hidden,
         mask,
         None,

@@ -421,7 +421,7 @@ def test_lsh_is_saved_under_a_layer_type_name_transformers_accepts(tmp_path):
 
 
 def test_lsh_models_are_refused_by_onnx_and_native_export_naming_the_layer_type(tmp_path):
-    from coreformer.onnx_export import export_onnx
+    from coreformer.export.onnx import export_onnx
 
     model = _lsh_model(layer_types=["lsh", "full"])
     model.save_pretrained(tmp_path / "model")

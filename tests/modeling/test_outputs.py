@@ -87,7 +87,7 @@ def test_recomputed_probabilities_reproduce_the_layer_output(layer_type):
     padding = torch.ones(2, 12, dtype=torch.bool)
     padding[1, :3] = False  # left padding
     stack = tiny_model(cf.CoreformerDecoderModel, "decoder", layer_types=[layer_type, "full"], **PARAMETERS).decoder
-    plan = stack.plan(
+    plan = stack.planner.plan(
         hidden,
         padding.long(),
         None,
@@ -177,7 +177,7 @@ def test_hidden_states_under_unpadding_are_in_the_graph_with_the_padded_computat
     loss, grads = gradients()
     assert all(grad is not None for grad in grads)
     assert grads[0].shape == (*ids.shape, model.config.hidden_size)
-    monkeypatch.setattr(cf.modeling_base.CoreformerStack, "unpadding", lambda *a: None)
+    monkeypatch.setattr(cf.forward_plan.ForwardPlanner, "unpadding", lambda *a: None)
     padded_loss, padded_grads = gradients()
     torch.testing.assert_close(loss, padded_loss, atol=1e-6, rtol=0)
     real = mask.bool()

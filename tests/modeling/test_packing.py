@@ -20,6 +20,7 @@ from coreformer.block_attention import block_attention, document_blocks
 from coreformer.forward_plan import (
     document_ids_from_cu_seq_lens,
     document_ids_from_positions,
+    packed_documents,
     positions_in_documents,
     varlen_kwargs,
 )
@@ -204,8 +205,8 @@ def test_sparse_kernels_run_on_packed_rows_without_a_dense_mask():
     ids = torch.cat(documents(LENGTHS, seed=4), 1)
     positions = restarting_positions(LENGTHS)
     hidden = stack.embed(ids, None, None, positions)
-    found = stack.packed_documents(ids, None, None, positions, {})
-    plan = stack.plan(
+    found = packed_documents(ids, None, None, positions, {})
+    plan = stack.planner.plan(
         hidden, None, None, positions, None, None, output_attentions=False, padded_states=False, documents=found
     )
     for name in ("sliding", "strided", "block"):

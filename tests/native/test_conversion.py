@@ -1,5 +1,5 @@
-"""Tests of conversion.py (the reading direction of coreformer.native) and cli.py: transformers BERT / RoBERTa / GPT-2 /
-BART / Llama / Mistral / Qwen2 / GPT-NeoX / ModernBERT -> coreformer, with exact parity.
+"""Tests of native/conversion.py (the reading direction of coreformer.native) and `coreformer convert`: transformers
+BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX / ModernBERT -> coreformer, with exact parity.
 
 Every supported class is converted from a tiny randomly initialised transformers model and compared with it on a
 padded batch (outputs, hidden states, eager attentions), under eager and sdpa; generation is compared token by token;
@@ -18,10 +18,13 @@ import pytest
 import torch
 import transformers
 
-from coreformer import CoreformerEncoderModel, cli, convert_from_hf
+import coreformer_cli as cli
+from coreformer import CoreformerEncoderModel, convert_from_hf
 from coreformer.compat import CACHE_KEYWORDS, RELEASE
-from coreformer.conversion import SUPPORTED_ARCHITECTURES
-from coreformer.model_card import validate_model_card
+from coreformer.hub.model_card import validate_model_card
+from coreformer.native.conversion import SUPPORTED_ARCHITECTURES
+from coreformer.native.parity import sample_inputs
+from coreformer_settings.exports import CHECK_TOLERANCE
 
 TOLERANCE = 1e-4
 VOCAB = 99
@@ -457,7 +460,7 @@ def test_cli_convert_check_passes_on_tiny_checkpoints(tmp_path, capsys, name, we
     card = validate_model_card(dst / "README.md")
     assert "converted" in card.data.tags and card.data.license == "other"  # the tiny source has no card
     (result,) = card.data.eval_results
-    assert result.metric_type == "max_abs_diff_vs_transformers" and 0 <= result.metric_value <= cli.CHECK_TOLERANCE
+    assert result.metric_type == "max_abs_diff_vs_transformers" and 0 <= result.metric_value <= CHECK_TOLERANCE
     assert f"`{src}`" in card.text and f'from_pretrained("{dst}", trust_remote_code=True)' in card.text
 
 
@@ -499,7 +502,7 @@ def test_cli_failed_check_leaves_no_destination(tmp_path, capsys, monkeypatch):
             converted.encoder.layers[0].mlp.down_proj.weight.mul_(1.1)
         return converted
 
-    monkeypatch.setattr("coreformer.conversion.convert_from_hf", convert_badly)
+    monkeypatch.setattr("coreformer.native.conversion.convert_from_hf", convert_badly)
     src = save_tiny_checkpoint("BertModel", tmp_path / "src")
     dst = tmp_path / "dst"
     assert cli.main(["convert", str(src), str(dst), "--check"]) == 1
@@ -629,9 +632,9 @@ def test_bart_final_logits_bias_follows_a_vocabulary_resize_and_a_save(tmp_path)
     assert not any("final_logits_bias" in name for name, _ in reloaded.named_parameters())
 
 
-def test_cli_sample_inputs_follow_the_head():
+def test_check_sample_inputs_follow_the_head():
     multiple_choice = convert_from_hf(tiny_model("BertForMultipleChoice"))
-    assert cli.sample_inputs(multiple_choice, None)["input_ids"].shape == (1, 3, 12)  # 3 choices of one question
+    assert sample_inputs(multiple_choice)["input_ids"].shape == (1, 3, 12)  # 3 choices of one question
     classifier = convert_from_hf(tiny_model("GPT2ForSequenceClassification", pad_token_id=None))
-    assert cli.sample_inputs(classifier, None)["input_ids"].shape == (1, 12)  # no pad id: one unpadded row
-    assert cli.sample_inputs(convert_from_hf(tiny_model("GPT2LMHeadModel")), None)["input_ids"].shape == (3, 12)
+    assert sample_inputs(classifier)["input_ids"].shape == (1, 12)  # no pad id: one unpadded row
+    assert sample_inputs(convert_from_hf(tiny_model("GPT2LMHeadModel")))["input_ids"].shape == (3, 12)

@@ -18,21 +18,13 @@ from tiny import PAD, tiny_model
 from transformers import AutoTokenizer
 
 import coreformer as cf
-from coreformer import cli
-from coreformer import export as export_module
-from coreformer.conversion import convert_from_hf
-from coreformer.export import (
-    CHECK_TOLERANCE,
-    CheckJob,
-    CheckResult,
-    check_exported,
-    choose_target,
-    export_to,
-    gguf_path,
-    to_native,
-)
+import coreformer_cli as cli
+from coreformer.export import exporters as export_module
+from coreformer.export import CheckJob, CheckResult, check_exported, choose_target, export_to, to_native
+from coreformer.export.exporters import gguf_path
 from coreformer.modeling_base import CoreformerPreTrainedModel
-from coreformer_settings.exports import EXPORT_FORMATS, GGUF_DTYPES, RUN_EXPORT_FORMATS
+from coreformer.native.conversion import convert_from_hf
+from coreformer_settings.exports import CHECK_TOLERANCE, EXPORT_FORMATS, GGUF_DTYPES, RUN_EXPORT_FORMATS
 
 LLAMA = dict(
     position_embedding_type="rotary",
@@ -410,7 +402,7 @@ def test_cli_export_with_check_writes_a_native_folder(saved_decoder, tmp_path, c
     assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tokenizer.json"} <= names
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "gpt2" and "auto_map" not in config
-    card = cf.model_card.validate_model_card(out / "README.md")
+    card = cf.hub.model_card.validate_model_card(out / "README.md")
     assert str(saved_decoder) in card.text and cf.__version__ in card.text and "max abs difference" in card.text
     assert "custom_code" not in card.data.tags
     assert f'AutoModelForCausalLM.from_pretrained("{out}")' in card.text  # the exported folder, not the source
@@ -418,10 +410,12 @@ def test_cli_export_with_check_writes_a_native_folder(saved_decoder, tmp_path, c
 
 def test_the_command_line_offers_exactly_the_registered_exporters():
     import coreformer_cli
-    from coreformer.gguf_export import DTYPES
+    from coreformer.export.gguf import DTYPES
 
-    assert tuple(export_module.EXPORTERS) == EXPORT_FORMATS == coreformer_cli.EXPORT_FORMATS
-    assert tuple(DTYPES) == GGUF_DTYPES == coreformer_cli.GGUF_DTYPES == export_module.GGUF_DTYPES
+    parser = coreformer_cli.COMMANDS["export"].build_parser()
+    choices = {action.dest: tuple(action.choices) for action in parser._actions if action.choices is not None}
+    assert tuple(export_module.EXPORTERS) == EXPORT_FORMATS == choices["to"]
+    assert tuple(DTYPES) == GGUF_DTYPES == choices["gguf_dtype"]
     assert set(RUN_EXPORT_FORMATS) <= set(EXPORT_FORMATS)
 
 
@@ -496,7 +490,7 @@ def test_cli_exports_a_modernbert_shaped_encoder_with_check(tmp_path, capsys):
     assert config["local_attention"] == 2 * MODERNBERT["sliding_window"]
     assert {"model.safetensors", "README.md", "tokenizer.json"} <= {path.name for path in out.iterdir()}
     assert not any(path.suffix == ".py" for path in out.iterdir())
-    card = cf.model_card.validate_model_card(out / "README.md")
+    card = cf.hub.model_card.validate_model_card(out / "README.md")
     assert "ModernBertForMaskedLM" in card.text and "modernbert" in card.data.tags
 
 
@@ -512,8 +506,8 @@ def test_onnx_and_gguf_dispatch_to_the_serve_functions(saved_decoder, tmp_path, 
         calls.append(("gguf", config["architectures"], out, dtype, check, label))
         return {"out": str(out)}
 
-    monkeypatch.setitem(sys.modules, "coreformer.onnx_export", types.SimpleNamespace(export_onnx=export_onnx))
-    monkeypatch.setitem(sys.modules, "coreformer.gguf_export", types.SimpleNamespace(export_gguf=export_gguf))
+    monkeypatch.setitem(sys.modules, "coreformer.export.onnx", types.SimpleNamespace(export_onnx=export_onnx))
+    monkeypatch.setitem(sys.modules, "coreformer.export.gguf", types.SimpleNamespace(export_gguf=export_gguf))
     export_to(saved_decoder, tmp_path / "onnx", to="onnx", check=True)
     export_to(saved_decoder, tmp_path / "gguf", to="gguf", gguf_dtype="f16")
     assert calls == [
@@ -719,7 +713,7 @@ def test_a_resumed_pretraining_run_never_keeps_the_previous_native_folder(tmp_pa
             refusals.append("refused")
             raise ValueError("cannot export (refused for this test)")
 
-        monkeypatch.setattr(export_module, "export_to", refused)
+        monkeypatch.setattr(cf.export, "export_to", refused)  # where a run's --export finds it
     run_pretraining(
         tiny_args("decoder", tmp_path / "run", max_steps=2, export=export, resume_from_checkpoint="latest", **settings)
     )

@@ -11,7 +11,7 @@ import transformers
 from tiny import PAD, VOCAB, padded_batch, tiny_config, tiny_model
 
 import coreformer as cf
-from coreformer.conversion import convert_from_hf
+from coreformer.native.conversion import convert_from_hf
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The options, one by one (defaults leave every existing model as it was)

@@ -4,8 +4,9 @@
 import pytest
 import torch
 
-from coreformer import cli, export
-from coreformer.gguf_export import DTYPES
+import coreformer_cli
+from coreformer.export import exporters, onnx
+from coreformer.export.gguf import DTYPES
 from coreformer.native.parity import (
     max_abs_difference,
     model_differences,
@@ -13,12 +14,12 @@ from coreformer.native.parity import (
     tolerance,
     within_tolerance,
 )
-from coreformer.onnx_export import CHECK_TOLERANCE as ONNX_TOLERANCE
-from coreformer_settings.exports import CHECK_TOLERANCES, GGUF_DTYPES
+from coreformer_settings.exports import CHECK_TOLERANCE, CHECK_TOLERANCES, GGUF_DTYPES
 
 
 def test_every_check_reads_the_one_tolerance_of_its_dtype():
-    assert cli.CHECK_TOLERANCE == export.CHECK_TOLERANCE == ONNX_TOLERANCE == tolerance("f32")
+    assert exporters.CHECK_TOLERANCE is onnx.CHECK_TOLERANCE is CHECK_TOLERANCE == tolerance("f32")
+    assert str(CHECK_TOLERANCE) in coreformer_cli.COMMANDS["export"].build_parser().format_help()
     assert {name: dtype.tolerance for name, dtype in DTYPES.items()} == {name: tolerance(name) for name in GGUF_DTYPES}
     assert tolerance("f32") < tolerance("f16") <= tolerance("bf16")
 

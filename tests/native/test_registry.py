@@ -14,9 +14,9 @@ import torch
 import transformers
 
 import coreformer as cf
-from coreformer.conversion import convert_from_hf
 from coreformer.export import choose_target, export_to, to_native
 from coreformer.native import NATIVE_ARCHITECTURES, architecture_of_class, register, supported_classes
+from coreformer.native.conversion import convert_from_hf
 from coreformer.native.parity import model_differences, tolerance
 
 # The whole of a native architecture, as a contributor would write it in src/coreformer/native/opt.py (imports made

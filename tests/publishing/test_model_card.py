@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from coreformer import model_card
-from coreformer.model_card import KINDS, ModelCardInfo, render_model_card, validate_model_card, write_model_card
+from coreformer.hub import model_card
+from coreformer.hub.model_card import KINDS, ModelCardInfo, render_model_card, validate_model_card, write_model_card
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,14 +175,14 @@ def test_write_model_card_replaces_readme_and_leaves_no_temporary(tmp_path):
 
 
 def test_templates_ship_in_the_wheel_and_modeling_code_never_imports_cards():
-    # src/coreformer/model_cards is a symlink to the top-level model_cards/, so the package finds them in place and
+    # src/coreformer/hub/model_cards is a symlink to the top-level model_cards/, so the package finds them in place and
     # every package sits under src/ (one .pth line for editable installs).
     assert model_card.template_dir().resolve() == ROOT / "model_cards"
     assert {path.stem for path in (ROOT / "model_cards").glob("*.md")} >= set(KINDS)
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert setuptools["package-dir"] == {"": "src"}
-    assert "coreformer.model_cards" in setuptools["packages"]
-    assert setuptools["package-data"]["coreformer.model_cards"] == ["*.md"]  # -> coreformer/model_cards/*.md
+    assert "coreformer.hub.model_cards" in setuptools["packages"]
+    assert setuptools["package-data"]["coreformer.hub.model_cards"] == ["*.md"]  # -> coreformer/hub/model_cards/*.md
     package = ROOT / "src" / "coreformer"
     for module in ("configuration_coreformer", "attention", "layers", "modeling_base", "modeling_encoder"):
         assert "model_card" not in (package / f"{module}.py").read_text(), module

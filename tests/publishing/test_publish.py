@@ -20,8 +20,8 @@ import torch
 from hub_server import HOST, LoopbackHub
 
 import coreformer as cf
-from coreformer.model_card import ModelCardInfo, validate_model_card, write_model_card
-from coreformer.publishing import PublishError, card_for_repo, check_folder
+from coreformer.hub.model_card import ModelCardInfo, validate_model_card, write_model_card
+from coreformer.hub.publishing import PublishError, card_for_repo, check_folder
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,7 +254,7 @@ def _break_model_index(folder: Path) -> None:
         (("config.json",), None, "has no config.json"),
         (("model.safetensors",), None, r"has no safetensors weights \(\*\.safetensors\); only safetensors"),
         (("model.safetensors",), _pickle_weights, "It holds pytorch_model.bin, which is never pushed"),
-        (("README.md",), None, "has no model card \\(README.md\\). Write one with coreformer.model_card"),
+        (("README.md",), None, "has no model card \\(README.md\\). Write one with coreformer.hub.model_card"),
         ((), _break_model_index, "metadata is invalid: .*metrics\\[\\].type"),
         (("modeling_decoder.py",), None, "modeling_decoder.py is missing"),
     ],

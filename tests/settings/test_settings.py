@@ -17,8 +17,8 @@ from coreformer.training.tasks import TASKS
 from coreformer_settings import finetuning, pretraining
 from coreformer_settings.base import FinetuningError, PretrainingError, arg
 from coreformer_settings.components import Registered
-from coreformer_settings.families import FAMILY_NAMES
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, ElectraSettings, objective_fields
+from coreformer_settings.registries import FAMILY_NAMES
 from coreformer_settings.tasks import TASK_REGISTRY, QuestionAnsweringSettings, task_fields
 
 PRETRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "training" / "pretrain.py"

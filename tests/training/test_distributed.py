@@ -53,7 +53,7 @@ from coreformer.training.pretraining import (
     run_pretraining,
 )
 from coreformer.training.tokenizer_training import train_tokenizer
-from coreformer_settings.families import FAMILY_NAMES
+from coreformer_settings.registries import FAMILY_NAMES
 
 # One worker runs the whole module under `pytest -n 2 --dist loadgroup` (make test): the `runs` fixture once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]

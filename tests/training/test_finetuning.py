@@ -35,9 +35,8 @@ from transformers import (
 )
 
 import coreformer as cf
-from coreformer import cli
-from coreformer.evaluation import squad_scores
-from coreformer.model_card import validate_model_card
+import coreformer_cli as cli
+from coreformer.hub.model_card import validate_model_card
 from coreformer.training.finetuning import (
     TASKS,
     FinetuningArguments,
@@ -49,6 +48,7 @@ from coreformer.training.finetuning import (
     run_finetuning,
 )
 from coreformer.training.tasks import question_answering
+from coreformer.training.tasks.metrics import squad_scores
 from coreformer.training.tasks.question_answering import question_answering_predictions
 from coreformer.training.tasks.token_classification import python_token_tags
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer

@@ -1,4 +1,5 @@
-"""The shipped evaluate modules (coreformer/metrics) and the compute_metrics builders in coreformer/evaluation.py.
+"""The shipped evaluate modules (coreformer/metrics) and the compute_metrics builders in
+coreformer/training/tasks/metrics.py.
 
 Every metric is held to a number worked out by hand in the test (or, for BLEU / ROUGE, to the library called
 directly), and every module loads from its folder with the Hub unreachable.
@@ -17,7 +18,7 @@ from tiny import tiny_model
 from transformers import EvalPrediction
 
 import coreformer as cf
-from coreformer.evaluation import (
+from coreformer.training.tasks.metrics import (
     METRICS,
     classification_metrics,
     generation_metrics,

@@ -962,7 +962,7 @@ def test_an_overwrite_rerun_replaces_the_previous_run_once_it_has_a_checkpoint(t
 
 
 def test_a_killed_overwrite_rerun_is_settled_when_the_next_run_opens_the_folder(tmp_path):
-    from coreformer.folders import set_aside, set_aside_path
+    from coreformer.hub.folders import set_aside, set_aside_path
     from coreformer.training.pretraining import settle_set_aside_run
 
     # killed before it saved: the previous run comes back

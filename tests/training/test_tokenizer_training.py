@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 import coreformer as cf
 from coreformer.training.data import iter_texts, load_embedded_corpus
 from coreformer.training.tokenizer_training import SPECIAL_TOKENS, token_config_kwargs, train_tokenizer
-from coreformer_settings.families import FAMILY_NAMES
+from coreformer_settings.registries import FAMILY_NAMES
 
 SNIPPET = 'def area(r: float) -> float:\n    """Circle area."""\n\treturn 3.14159 * r ** 2  # é, 中\n'
 EXPECTED_IDS = {

@@ -22,12 +22,13 @@ from coreformer.training.zero_shot import (
     build_pairs,
     evaluate_folder,
     line_scores,
-    main,
     masked_token_log_probs,
     pair_accuracy,
     unigram_entropy,
 )
+from coreformer_cli import COMMANDS
 
+EVALUATE = COMMANDS["evaluate"]  # `coreformer evaluate`
 LINES = [
     "def add(first, second): return first + second",
     "for item in sorted(values): print(item)",
@@ -174,7 +175,7 @@ def test_json_report_schema_and_one_line_errors(tmp_path, stdlib_text, capsys):
     folder = save(tiny_model("decoder", tokenizer), tokenizer, tmp_path / "model")
     data = tmp_path / "held_out.txt"
     data.write_text(stdlib_text)
-    assert main([str(folder), "--data", str(data), "--json", "--pairs", "12", "--batches", "2"]) == 0
+    assert EVALUATE.main([str(folder), "--data", str(data), "--json", "--pairs", "12", "--batches", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"folder", "family", "parameters", "data", "held_out", "minimal_pairs", "seed"}
     assert report["family"] == "decoder" and report["seed"] == 0 and report["folder"] == str(folder)
@@ -183,16 +184,16 @@ def test_json_report_schema_and_one_line_errors(tmp_path, stdlib_text, capsys):
     pairs = report["minimal_pairs"]
     assert set(pairs) == {"score", "accuracy", "pairs", "ties", "by_kind"} and pairs["pairs"] == 12
     assert sum(kind["pairs"] for kind in pairs["by_kind"].values()) == 12 and 0 <= pairs["accuracy"] <= 1
-    assert main([str(folder), "--data", str(data), "--pairs", "12", "--batches", "2"]) == 0
+    assert EVALUATE.main([str(folder), "--data", str(data), "--pairs", "12", "--batches", "2"]) == 0
     printed = capsys.readouterr().out
     assert "minimal pairs      " in printed and "unigram entropy    " in printed
-    assert main([str(tmp_path / "missing")]) == 1
+    assert EVALUATE.main([str(tmp_path / "missing")]) == 1
     assert (
         capsys.readouterr()
         .err.strip()
         .endswith(f"no such folder: {tmp_path / 'missing'}; pass a pretrained folder (a run's --output-dir).")
     )
-    assert main([str(tmp_path)]) == 1  # a folder, but no model in it
+    assert EVALUATE.main([str(tmp_path)]) == 1  # a folder, but no model in it
     nothing = "holds no config.json; pass a pretrained folder (a run's --output-dir)."
     assert capsys.readouterr().err.strip().endswith(nothing)
 

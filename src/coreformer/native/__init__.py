@@ -1,17 +1,20 @@
 r"""The native architectures: transformers' own models that coreformer models read from and write to, ONE file each.
 
-    NATIVE_ARCHITECTURES            model_type -> NativeArchitecture; `export.choose_target` tries a family's in this
-                                    order and writes the first whose requirements hold
+    NATIVE_ARCHITECTURES            model_type -> NativeArchitecture, in the order of names.py (NATIVE_NAMES);
+                                    `export.choose_target` tries a family's in this order and writes the first whose
+                                    requirements hold
     architecture_of_class(name)     the architecture whose heads include the native class `name`, or None
     supported_classes()             every native class `convert_from_hf` reads
 
 Each file (bert.py, gpt2.py, ...) holds BOTH directions of one architecture: its weight-name rules, the config reader
 (native -> coreformer, refusing what coreformer cannot reproduce), the config writer (coreformer -> native), the fuse
-and unfuse of fused weights, and the `Requirement`s a coreformer config must meet to be written as it. `conversion.py`
-and `export.py` only dispatch over this registry; `parity.py` holds the one output comparison and its tolerances.
+and unfuse of fused weights, and the `Requirement`s a coreformer config must meet to be written as it. conversion.py
+(here) and coreformer.export only dispatch over this registry; parity.py holds the one output comparison and its
+tolerances.
 
-Adding an architecture is one file and one line below. For example OPT, a LayerNorm pre-norm decoder whose
-positions are stored from row 2 (tests/native/test_registry.py runs this very file from a temporary folder):
+Adding an architecture is one file and one line in names.py (the torch-free list the help texts read too). For example
+OPT, a LayerNorm pre-norm decoder whose positions are stored from row 2 (tests/native/test_registry.py runs this very
+file from a temporary folder):
 
     # src/coreformer/native/opt.py
     from transformers import OPTConfig
@@ -38,14 +41,16 @@ positions are stored from row 2 (tests/native/test_registry.py runs this very fi
         *plain_block("OPT", "pre"), equals("position_offset", 2, "OPT stores positions from row 2"), ...,
         *DECODER_COMMON, *plain_heads("OPT", lm_transform=False, lm_bias=False)))
 
-    # here, in NATIVE_ARCHITECTURES = register(...):
-    opt.OPT,
+    # src/coreformer/native/names.py, in NATIVE_NAMES:
+    "opt": "OPT",
 
 Never imported by the modeling files: those are copied next to checkpoints, this package is not.
 """
 
-from . import bart, bert, gpt2, gpt_neox, llama, mistral, modernbert, qwen2, roberta
+import importlib
+
 from .base import HeadConversion, NativeArchitecture
+from .names import NATIVE_NAMES
 
 
 def register(*architectures: NativeArchitecture) -> dict[str, NativeArchitecture]:
@@ -61,17 +66,14 @@ def register(*architectures: NativeArchitecture) -> dict[str, NativeArchitecture
     return registry
 
 
-NATIVE_ARCHITECTURES: dict[str, NativeArchitecture] = register(
-    bert.BERT,
-    roberta.ROBERTA,
-    gpt2.GPT2,
-    bart.BART,
-    llama.LLAMA,
-    mistral.MISTRAL,  # before Qwen2: a model sliding on every layer is written as Mistral
-    qwen2.QWEN2,
-    gpt_neox.GPT_NEOX,
-    modernbert.MODERNBERT,
-)
+def architecture_in_module(model_type: str) -> NativeArchitecture:
+    """The architecture named `model_type` in its own module (`coreformer.native.<model_type>`)."""
+    module = importlib.import_module(f".{model_type}", __name__)
+    found = [value for value in vars(module).values() if isinstance(value, NativeArchitecture)]
+    return next(architecture for architecture in found if architecture.name == model_type)
+
+
+NATIVE_ARCHITECTURES: dict[str, NativeArchitecture] = register(*map(architecture_in_module, NATIVE_NAMES))
 
 
 def architecture_of_class(native_class: str) -> NativeArchitecture | None:

@@ -1,6 +1,9 @@
 """THE parity check: how far two models' outputs are apart, and whether that is within the one tolerance of a dtype.
 
     tolerance(dtype="f32") -> float                       coreformer_settings.exports.CHECK_TOLERANCES, one per dtype
+    sample_inputs(model, tokenizer=None) -> dict          the right-padded batch every check runs both sides on
+    SAMPLE_TEXTS                                          its texts, when there is a tokenizer (and whose ids an
+                                                          exported tokenizer must reproduce)
     max_abs_difference(reference, found, mask) -> float   one output; per-token outputs over real tokens only
     output_differences(reference, found, mask) -> dict    every floating output both sides have, by name
     model_differences(reference, model, inputs) -> dict   run both models in fp32 on `inputs`, then the above
@@ -20,12 +23,63 @@ import torch
 
 from coreformer_settings.exports import CHECK_TOLERANCES
 
+SAMPLE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Converted and exported models compute the same logits.",
+    "Short one.",
+)
+RANDOM_ROW_LENGTHS = (12, 9, 5)
+
 
 def tolerance(dtype: str = "f32") -> float:
     """The largest max-abs output difference a check in `dtype` accepts."""
     if dtype not in CHECK_TOLERANCES:
         raise ValueError(f"no parity tolerance for dtype {dtype!r}; known: {', '.join(CHECK_TOLERANCES)}.")
     return CHECK_TOLERANCES[dtype]
+
+
+def _random_rows(config, seed: int) -> list[list[int]]:
+    """Rows of random ordinary ids (no special token), each ending in eos where the model has one (BART's classifier
+    pools at the eos token)."""
+    generator = torch.Generator().manual_seed(seed)
+    special = {
+        config.pad_token_id,
+        config.bos_token_id,
+        config.eos_token_id,
+        getattr(config, "decoder_start_token_id", None),
+    }
+    ordinary = torch.tensor([i for i in range(config.vocab_size) if i not in special])
+    rows = []
+    for length in RANDOM_ROW_LENGTHS:
+        row = ordinary[torch.randint(len(ordinary), (length,), generator=generator)].tolist()
+        if config.eos_token_id is not None:
+            row[-1] = config.eos_token_id
+        rows.append(row)
+    return rows
+
+
+def sample_inputs(model: torch.nn.Module, tokenizer=None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A small right-padded batch for `model`: SAMPLE_TEXTS tokenized, or random ordinary ids without a tokenizer;
+    token types for encoders that have them. Right padding is what every native architecture reproduces exactly on
+    its real tokens (RoBERTa numbers positions of right-padded rows as coreformer does). Without a pad id there is
+    one row: nothing can pad the others."""
+    config = model.config
+    if tokenizer is not None:
+        rows = [tokenizer(text)["input_ids"] for text in SAMPLE_TEXTS]
+    else:
+        rows = _random_rows(config, seed)
+    if config.pad_token_id is None:
+        rows = rows[:1]
+    longest = max(len(row) for row in rows)
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    input_ids = torch.tensor([row + [pad] * (longest - len(row)) for row in rows])  # (B, T)
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows])  # (B, T)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if getattr(config, "type_vocab_size", 1) > 1:
+        inputs["token_type_ids"] = (torch.arange(longest) >= 4).long().expand_as(input_ids) * attention_mask
+    if type(model).__name__.endswith("ForMultipleChoice"):
+        inputs = {key: value[None] for key, value in inputs.items()}  # (B, T) -> (1, B, T): the rows are the choices
+    return inputs
 
 
 def max_abs_difference(reference: torch.Tensor, found: torch.Tensor, mask: torch.Tensor | None = None) -> float:

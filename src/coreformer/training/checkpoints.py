@@ -27,7 +27,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..folders import remove_stale_saves, replace_folder
+from ..hub.folders import remove_stale_saves, replace_folder
 from .arguments import PretrainingError, write_json
 
 CHECKPOINTS_DIR = "checkpoints"

@@ -13,8 +13,8 @@ offline default dataset.
                                        (engine.py, as pretraining; trainer_checkpoints.shard_with)
     evaluate_folder(folder, args)      reload a saved folder with its Auto class and evaluate it on the same split
 
-Metrics come from the shipped offline `evaluate` modules through `coreformer.evaluation`'s builders; the model is
-evaluated once before training too (`before_eval_*` beside `eval_*`), so a run shows what training bought.
+Metrics come from the shipped offline `evaluate` modules through `coreformer.training.tasks.metrics`'s builders; the
+model is evaluated once before training too (`before_eval_*` beside `eval_*`), so a run shows what training bought.
 
 An output folder, as a run leaves it (the final files are written into a hidden sibling folder, renamed into place
 at the end, so a crash never leaves a half-written `output_dir`; only the checkpoints are written into it during
@@ -22,7 +22,7 @@ the run, each atomically: trainer_checkpoints.py):
 
     output_dir/
       config.json, model.safetensors, modeling code, tokenizer files [, generation_config.json]
-      README.md                          model card (coreformer.model_card, kind "fine-tuned")
+      README.md                          model card (coreformer.hub.model_card, kind "fine-tuned")
       eval_results.json, train_results.json, all_results.json, trainer_state.json, run_config.json
       eval_predictions.jsonl             one line per validation example (tasks that predict rows)
       adapter/                           --peft lora only: the LoRA adapter (the folder itself holds the merged model)
@@ -51,8 +51,8 @@ import transformers
 from transformers import PreTrainedTokenizerBase
 
 # the settings' torch-free declarations (beside the package, so that training/finetune.py --help imports no torch)
-from ..folders import link_into, staged_folder
-from ..model_card import write_model_card
+from ..hub.folders import link_into, staged_folder
+from ..hub.model_card import write_model_card
 from ..pipelines import save_with_pipeline
 from .arguments import FinetuningError, RunStoppedError, export_run, write_json
 from .checkpoints import CHECKPOINTS_DIR, stopped_message
@@ -298,7 +298,7 @@ def run_finetuning(args: FinetuningArguments) -> dict[str, Any]:
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     run = prepare(args, world_size)
-    # Trainer writes into a hidden sibling that replaces output_dir in one step at the end (coreformer.folders):
+    # Trainer writes into a hidden sibling that replaces output_dir in one step at the end (coreformer.hub.folders):
     # a crash or a kill at any moment leaves the previous run intact.
     # Under torchrun / accelerate launch every process trains into one staged folder (named after the launcher);
     # the main process alone writes the results and swaps the folder in.

@@ -1,12 +1,12 @@
 """What the model card of a fine-tuned folder (and of its LoRA adapter) says: the task, the data, the settings and
-the evaluation numbers, as a `ModelCardInfo` for coreformer.model_card (finetuning.py's `finish` writes it).
+the evaluation numbers, as a `ModelCardInfo` for coreformer.hub.model_card (finetuning.py's `finish` writes it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..model_card import ModelCardInfo, inherited_license, is_hub_id
+from ..hub.model_card import ModelCardInfo, inherited_license, is_hub_id
 from .finetuning_arguments import FinetuningArguments
 
 

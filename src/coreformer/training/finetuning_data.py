@@ -20,7 +20,7 @@ from pathlib import Path
 import datasets
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from ..folders import MissingTokenizerError, folder_tokenizer
+from ..hub.folders import MissingTokenizerError, folder_tokenizer
 from .arguments import FinetuningError
 from .data import local_builder
 from .families import family_of

@@ -46,12 +46,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-# the settings' torch-free declarations (beside the package, so that training/pretrain.py --help imports no torch)
-from coreformer_settings.families import FAMILY_NAMES
 from coreformer_settings.pretraining import PRESETS
 
+# the settings' torch-free declarations (beside the package, so that training/pretrain.py --help imports no torch)
+from coreformer_settings.registries import FAMILY_NAMES
+
 from ..compat import enable_activation_checkpointing
-from ..folders import drop_set_aside, restore_set_aside, set_aside, set_aside_path
+from ..hub.folders import drop_set_aside, restore_set_aside, set_aside, set_aside_path
 from .arguments import PretrainingError, RunStoppedError, write_json
 from .batches import GlobalBatches, strided_loader
 from .checkpoints import find_latest_checkpoint, read_trainer_state, remove_stale_temporaries, stopped_message

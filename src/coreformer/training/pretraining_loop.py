@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..folders import drop_set_aside, link_into, staged_folder
+from ..hub.folders import drop_set_aside, link_into, staged_folder
 from . import arguments
 from .arguments import export_run, write_json
 from .batches import derive_seed
@@ -273,7 +273,7 @@ def _metrics(run: _Run, training: _Training) -> dict[str, Any]:
 
 
 def finish(run: _Run, training: _Training, session_start: float) -> dict[str, Any]:
-    """The final folder, rebuilt beside itself and swapped in (coreformer.folders): a kill leaves the previous final
+    """The final folder, rebuilt beside itself and swapped in (coreformer.hub.folders): a kill leaves the previous final
     model or the new one, never a mix; checkpoints and logs come along as hard links. Then the sample, if asked."""
     args, accelerator, output_dir = run.args, run.accelerator, run.output_dir
     metrics = _metrics(run, training)

@@ -17,9 +17,9 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from coreformer_settings.families import FAMILY_NAMES
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
 from coreformer_settings.pretraining import MIXED_PRECISION, REPORT_TO, PretrainingSettings, gather_settings
+from coreformer_settings.registries import FAMILY_NAMES
 
 from .arguments import PretrainingError
 from .engine import Engine

@@ -28,7 +28,7 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from ..folders import MissingTokenizerError, folder_tokenizer
+from ..hub.folders import MissingTokenizerError, folder_tokenizer
 from ..layer_types import LAYER_TYPES
 from . import arguments
 from .arguments import PretrainingError

@@ -14,8 +14,8 @@ The card's family facts come from families.py, its objective text from the run's
 from pathlib import Path
 from typing import Any
 
-from ..model_card import ModelCardInfo, is_hub_id
-from ..model_card import render_model_card as render_card
+from ..hub.model_card import ModelCardInfo, is_hub_id
+from ..hub.model_card import render_model_card as render_card
 from .arguments import EXPORT_FOLDER
 from .checkpoints import list_checkpoints
 from .families import TRAINING_FACTS
@@ -106,7 +106,7 @@ def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
 
 def render_model_card(args: Any, metrics: dict[str, Any], path_hint: str) -> str:
     """README.md of the final folder: metadata (license, library, tags, datasets, model-index) + how to load + the
-    numbers, from coreformer.model_card's "pretrained" template."""
+    numbers, from coreformer.hub.model_card's "pretrained" template."""
     return str(render_card(model_card_info(args, metrics), path_hint))
 
 

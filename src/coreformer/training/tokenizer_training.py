@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from coreformer_settings.families import FAMILY_NAMES
+from coreformer_settings.registries import FAMILY_NAMES
 
 from .families import TRAINING_FACTS, TrainingFacts
 

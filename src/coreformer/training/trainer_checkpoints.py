@@ -45,7 +45,7 @@ from typing import Any
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from ..folders import replace_folder
+from ..hub.folders import replace_folder
 from .arguments import FinetuningError, check_output_dir, holds_run, write_json
 from .checkpoints import check_unchanged, requested_checkpoint
 from .engine import CpuFsdp2Engine

@@ -11,7 +11,9 @@
     load_language_model(folder) / held_out_texts(folder, data)   what is scored, on which text
     render_report(report) / zero_shot_line(report)         the command's table; one sentence for a run and its card
     run_zero_shot(folder, args, held_out, device)          what a pretraining run's final report adds
-    main(argv) -> int                                      the command (settings: coreformer_settings.evaluation)
+
+`coreformer evaluate` parses its settings in coreformer_settings.evaluation and runs `evaluate_folder` through
+coreformer.commands.runs.evaluate.
 
 Held-out loss is the family's pretraining objective with its settings fixed, so runs trained with other settings
 compare: masked LM at 15% masking (80/10/10), causal LM on packed blocks, BART denoising at 30% infilling; every
@@ -45,10 +47,9 @@ from typing import Any
 
 import datasets
 import torch
-import transformers
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from coreformer_settings.evaluation import DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, DEFAULT_PAIRS, parse_settings
+from coreformer_settings.evaluation import DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, DEFAULT_PAIRS
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
 
 from .checkpoints import CHECKPOINTS_DIR, find_latest_checkpoint, read_trainer_state
@@ -560,25 +561,3 @@ def zero_shot_line(report: dict[str, Any]) -> str:
         f"{loss['perplexity']:.2f}){extra}; minimal-pair accuracy {pairs['accuracy']:.3f} over {pairs['pairs']} pairs "
         f"({pairs['score']}, chance 0.5)"
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`coreformer evaluate FOLDER [--data FILES] [--json]`: 0 on success, 1 with one line on a bad folder or text."""
-    settings = parse_settings(sys.argv[1:] if argv is None else argv)
-    datasets.disable_progress_bars()  # the report is the output: no tokenizing or loading bars around it
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    try:
-        report = evaluate_folder(
-            settings.folder,
-            data=settings.data,
-            pairs=settings.pairs,
-            batches=settings.batches,
-            batch_size=settings.batch_size,
-            seed=settings.seed,
-        )
-    except EvaluationError as error:
-        print(f"coreformer evaluate: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(report, indent=2) if settings.json else render_report(report))
-    return 0

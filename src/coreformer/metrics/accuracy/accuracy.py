@@ -1,7 +1,8 @@
 """Accuracy: the fraction of predictions equal to their reference, optionally weighted.
 
-A local `evaluate` module (load it offline with `evaluate.load(coreformer.evaluation.metric_path("accuracy"))`); the
-Hub's "accuracy" cannot be loaded without a network.
+A local `evaluate` module (load it offline with
+`evaluate.load(coreformer.training.tasks.metrics.metric_path("accuracy"))`); the Hub's "accuracy" cannot be loaded
+without a network.
 """
 
 import datasets

@@ -36,9 +36,9 @@ import torch
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from ...evaluation import IGNORE_INDEX
 from ..arguments import FinetuningError  # noqa: F401  (tasks raise it; re-exported for them)
 from ..families import families_with_head
+from .metrics import IGNORE_INDEX
 
 
 @dataclass

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ...evaluation import language_modeling_metrics
 from ..corpora import seeded_sample, split_rows, stdlib_definitions
 from ..objectives.causal_lm import PackedCausalLMCollator, pack_into_blocks
 from .base import IGNORE_INDEX, Evaluation, FinetuningError, Task
+from .metrics import language_modeling_metrics
 
 
 def _embedded_causal_lm() -> datasets.DatasetDict:

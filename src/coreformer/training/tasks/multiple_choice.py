@@ -18,9 +18,9 @@ import numpy as np
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from ...evaluation import load_metric
 from ..corpora import EMBEDDED_SEED, Definition, first_paragraph, seeded_sample, split_rows, stdlib_definitions
 from .base import Evaluation, FinetuningError, Task, logits_of
+from .metrics import load_metric
 
 _CHOICES = 4  # candidates per embedded example
 

@@ -16,10 +16,10 @@ import datasets
 import numpy as np
 import transformers
 
-from ...evaluation import squad_scores
 from ...pipelines import best_spans
 from ..corpora import Definition, first_paragraph, seeded_sample, split_rows, stdlib_definitions
 from .base import Evaluation, FinetuningError, Task
+from .metrics import squad_scores
 
 # tokenizers releases whose `return_overflowing_tokens` cuts the overflow short (pyproject excludes them too).
 SHORT_OVERFLOW_TOKENIZERS = frozenset({"0.23.2"})

@@ -13,9 +13,9 @@ import numpy as np
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from ...evaluation import IGNORE_INDEX, generation_metrics
 from ..corpora import seeded_sample, split_rows, stdlib_definitions
 from .base import Evaluation, Task, logits_of
+from .metrics import IGNORE_INDEX, generation_metrics
 
 
 def _embedded_seq2seq() -> datasets.DatasetDict:

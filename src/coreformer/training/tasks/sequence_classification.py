@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import datasets
 
-from ...evaluation import classification_metrics
 from ..corpora import (
     EMBEDDED_PACKAGES,
     EMBEDDED_SEED,
@@ -32,6 +31,7 @@ from ..corpora import (
 )
 from ..zero_shot import CORRUPTIONS, LEXEME, candidate_lines
 from .base import Evaluation, Task, logits_of
+from .metrics import classification_metrics
 
 EMBEDDED_ROWS = 2000  # lines of the embedded default (half corrupted), before its train / validation split
 

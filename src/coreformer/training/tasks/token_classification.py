@@ -16,9 +16,9 @@ import datasets
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from ...evaluation import IGNORE_INDEX, token_classification_metrics
 from ..corpora import seeded_sample, split_rows, stdlib_definitions
 from .base import Evaluation, FinetuningError, Task, logits_of
+from .metrics import IGNORE_INDEX, token_classification_metrics
 
 _BUILTIN_NAMES = frozenset(name for name in dir(builtins) if not name.startswith("_"))
 _TOKEN_TYPES = {tokenize.NAME, tokenize.OP, tokenize.NUMBER, tokenize.STRING}

@@ -21,7 +21,7 @@ back if it stops before that (`restore_set_aside`), so a stopped rerun never lea
 `prepare_for_serving(folder, causal_lm=...)` readies an exported folder for plain transformers: no `auto_map` naming
 code the folder does not hold, and a decoder's tokenizer padding on the left. `folder_tokenizer(folder)` loads a local
 folder's tokenizer, or says that the folder has none and how to add one
-(transformers' own error for a missing tokenizer is about sentencepiece). Nothing here imports the modeling files.
+(transformers' own error for a missing tokenizer is about sentencepiece).
 """
 
 import contextlib
@@ -238,6 +238,15 @@ def drop_set_aside(folder: Path) -> None:
 
 def has_tokenizer(folder: str | Path) -> bool:
     return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def saved_tokenizer(folder: str | Path):
+    """The tokenizer saved in the local `folder`, or None when it holds no tokenizer files."""
+    if not has_tokenizer(folder):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
 class MissingTokenizerError(ValueError):

@@ -5,15 +5,13 @@
 
 What each architecture reads, refuses and renames lives in its own file of `coreformer.native` (bert.py, gpt2.py,
 llama.py, ...), with the way back that export.py dispatches to; this module only finds the file and runs it.
-
-Never imported by the modeling files: those are copied next to checkpoints, this one is not.
 """
 
 from transformers import PreTrainedModel
 
-from .modeling_base import CoreformerPreTrainedModel
-from .native import architecture_of_class, supported_classes
-from .native.base import match_device_and_mode
+from ..modeling_base import CoreformerPreTrainedModel
+from . import architecture_of_class, supported_classes
+from .base import match_device_and_mode
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = supported_classes()
 

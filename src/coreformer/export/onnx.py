@@ -60,14 +60,15 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from .compat import output_cache, with_cache
-from .families import Family, family_of_model_type, head_of_class
-from .folders import prepare_for_serving, staged_folder
-from .layer_types import LAYER_TYPES
-from .native.parity import ExportCheckError, check_summary, max_abs_difference, tolerance
-from .publishing import CONFIG_FILES, PUSHED_TOKENIZER_FILES
+from coreformer_settings.exports import CHECK_TOLERANCE
 
-CHECK_TOLERANCE = tolerance("f32")  # onnxruntime against PyTorch, both fp32: the one parity tolerance
+from ..compat import output_cache, with_cache
+from ..families import Family, family_of_model_type, head_of_class
+from ..hub.folders import prepare_for_serving, staged_folder
+from ..hub.publishing import CONFIG_FILES, PUSHED_TOKENIZER_FILES
+from ..layer_types import LAYER_TYPES
+from ..native.parity import ExportCheckError, check_summary, max_abs_difference
+
 GREEDY_STEPS = 5
 EXPORT_SHAPE = (2, 7)  # (batch, length) the graphs are traced at; checks use others
 CHECK_SHAPES = ((1, 4), (3, 11))

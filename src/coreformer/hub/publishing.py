@@ -82,7 +82,7 @@ def check_folder(folder: str | Path) -> list[Path]:
         )
     if not (folder / CARD_NAME).is_file():
         raise PublishError(
-            f"{folder} has no model card ({CARD_NAME}). Write one with coreformer.model_card.write_model_card("
+            f"{folder} has no model card ({CARD_NAME}). Write one with coreformer.hub.model_card.write_model_card("
             f"folder, ModelCardInfo(...)); `coreformer pretrain`, `finetune` and `convert` write it for you."
         )
     try:
@@ -90,7 +90,7 @@ def check_folder(folder: str | Path) -> list[Path]:
     except ValueError as error:
         raise PublishError(
             f"the model card's metadata is invalid: {error} Fix {folder / CARD_NAME} (or rewrite it with "
-            f"coreformer.model_card.write_model_card)."
+            f"coreformer.hub.model_card.write_model_card)."
         ) from error
     config = json.loads((folder / "config.json").read_text())
     for auto_class, references in (config.get("auto_map") or {}).items():

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .native.parity import ExportCheckError, check_summary, max_abs_difference, tolerance
+from ..native.parity import ExportCheckError, check_summary, max_abs_difference, tolerance
 
 GREEDY_STEPS = 8
 TOKENIZER_SAMPLES = ("Hello world, this is a test.", "  two spaces\tand a tab\nnew line", "ünïcödé ✓ 123 4567")

@@ -16,7 +16,7 @@
 The builders return callables for `Trainer(compute_metrics=...)`, one per task: `classification_metrics`,
 `token_classification_metrics`, `language_modeling_metrics` (with its `preprocess_logits_for_metrics`),
 `generation_metrics` (for `Seq2SeqTrainer(predict_with_generate=True)`), and `squad_scores` for QA answers that the
-caller has already turned into text. Nothing here imports the modeling files.
+caller has already turned into text.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from transformers import EvalPrediction, PreTrainedTokenizerBase
 
-METRICS_DIR = Path(__file__).resolve().parent / "metrics"
+METRICS_DIR = Path(__file__).resolve().parents[2] / "metrics"  # coreformer/metrics
 METRICS = ("accuracy", "precision_recall_f1", "seqeval", "squad", "perplexity", "rouge", "sacrebleu")
 IGNORE_INDEX = -100  # label of positions that take no loss (padding, prompts, sub-word continuations)
 

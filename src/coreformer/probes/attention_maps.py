@@ -11,26 +11,21 @@
 
 From a shell (the same as `save_attention_map`):
 
-    python -m coreformer.attention_maps FOLDER "text" [--layer L] [--head H] [--stack cross] -o map.png
+    coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack cross] -o map.png
 
 Plots use matplotlib's object-oriented `Figure` (no pyplot state, no display needed); matplotlib is imported only
 when something is drawn.
 """
 
-import argparse
 import math
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
-import coreformer_cli
-from coreformer_settings import command_line
-
-from .folders import folder_tokenizer
+from ..hub.folders import folder_tokenizer
 
 
 @dataclass
@@ -227,38 +222,3 @@ def save_attention_map(
         figure.colorbar(ax.images[0], ax=ax, shrink=0.8, label="attention probability")
     figure.savefig(output, dpi=dpi)
     return arrays
-
-
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """The `attention-map` arguments, on `parser` (e.g. a subcommand parser) or a new one."""
-    parser = parser or argparse.ArgumentParser(
-        prog="coreformer attention-map", description="Plot a saved model's attention probabilities for a text."
-    )
-    coreformer_cli.add_attention_map_arguments(parser)  # defined beside the torch-free `coreformer` command line
-    return parser
-
-
-def run(args: argparse.Namespace) -> int:
-    arrays = save_attention_map(
-        args.folder, args.text, args.output, layer=args.layer, head=args.head, stack=args.stack, target=args.target
-    )
-    shape = " x ".join(str(size) for size in arrays.shape)
-    print(f"wrote {args.output} ({shape} attention probabilities)")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m coreformer.attention_maps`: a mistyped folder is named as such before any Hub call (as the
-    `coreformer attention-map` command line does), exit status 2."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        command_line.check_model_location(args.folder)
-    except command_line.NoSuchFolderError as error:
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return coreformer_cli.USAGE_ERROR
-    return run(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -25,7 +25,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .families import FAMILIES
+from ..families import FAMILIES
 
 KINDS = ("pretrained", "fine-tuned", "converted")
 CARD_NAME = "README.md"
@@ -67,12 +67,12 @@ def template_dir() -> Path:
     """The folder holding the card templates: `coreformer/model_cards/` in an installed wheel, the repository's
     `model_cards/` in a source checkout (editable install)."""
     here = Path(__file__).resolve().parent
-    for candidate in (here / "model_cards", here.parent.parent / "model_cards"):
+    for candidate in (here / "model_cards", here.parents[2] / "model_cards"):
         if (candidate / f"{KINDS[0]}.md").is_file():
             return candidate
     raise FileNotFoundError(
         f"coreformer's model card templates are missing: looked in {here / 'model_cards'} (installed package) and "
-        f"{here.parent.parent / 'model_cards'} (source checkout); reinstall coreformer."
+        f"{here.parents[2] / 'model_cards'} (source checkout); reinstall coreformer."
     )
 
 
@@ -269,7 +269,7 @@ def validate_model_card(path_or_text: str | Path) -> ModelCard:
     if match is None:
         raise ValueError(
             f"{where}: no metadata block (a `---` YAML header) at the top; write the card with "
-            f"coreformer.model_card.write_model_card."
+            f"coreformer.hub.model_card.write_model_card."
         )
     try:
         metadata = yaml.safe_load(match.group(2))

@@ -1,4 +1,5 @@
-"""coreformer models -> transformers' own architectures (and, through the serve helpers, ONNX and GGUF).
+"""The exporters: coreformer models -> transformers' own architectures, and `export_to` for every format (ONNX and
+GGUF in onnx.py and gguf.py).
 
     export_to(source, out, to="native" | "onnx" | "gguf", check=False)   a saved coreformer folder -> OUT (or a
                                                                            native folder coreformer reads)
@@ -45,8 +46,6 @@ too: it is converted in memory (`convert_from_hf`) and exported as its coreforme
 `--to gguf` writes it as it is. Every exporter's summary holds `check` (`check_summary`: the largest difference, the
 tolerance, whether greedy tokens and tokenizer ids are equal) when checked, and errors name the folder the user
 gave, never a temporary one.
-
-Never imported by the modeling files: those are copied next to checkpoints, this one is not.
 """
 
 import json
@@ -65,30 +64,26 @@ import transformers
 from transformers import PreTrainedModel
 
 from coreformer_settings.base import installed_version as version
-from coreformer_settings.exports import EXPORT_FORMATS, GGUF_DTYPES
+from coreformer_settings.exports import CHECK_TOLERANCE, GGUF_DTYPES
 
-from .configuration_coreformer import CoreformerConfig
-from .families import head_of_class
-from .folders import has_tokenizer, prepare_for_serving, staged_folder
-from .model_card import CARD_NAME, inherited_license, is_hub_id, validate_model_card
-from .modeling_base import CoreformerPreTrainedModel
-from .native import NATIVE_ARCHITECTURES, NativeArchitecture, architecture_of_class
-from .native.base import match_device_and_mode
-from .native.parity import (
+from ..configuration_coreformer import CoreformerConfig
+from ..families import head_of_class
+from ..hub.folders import prepare_for_serving, saved_tokenizer, staged_folder
+from ..hub.model_card import CARD_NAME, inherited_license, is_hub_id, validate_model_card
+from ..modeling_base import CoreformerPreTrainedModel
+from ..native import NATIVE_ARCHITECTURES, NativeArchitecture, architecture_of_class
+from ..native.base import match_device_and_mode
+from ..native.parity import (
+    SAMPLE_TEXTS,
     ExportCheckError,
     check_summary,
     greedy_tokens,
     output_differences,
-    tolerance,
+    sample_inputs,
     within_tolerance,
 )
-from .native.requirements import Requirement
 
-CHECK_TOLERANCE = tolerance("f32")  # the largest output difference `check` accepts (both sides run in fp32)
 GREEDY_TOKENS = 5  # new tokens generated greedily by each side for generative heads
-# The registry under the names export has always used: model_type -> architecture, in the order tried.
-NATIVE_TARGETS = NATIVE_ARCHITECTURES
-NativeTarget = NativeArchitecture
 
 
 def choose_target(config: CoreformerConfig, class_name: str) -> tuple[NativeArchitecture, str]:
@@ -178,8 +173,6 @@ for job in jobs:
 torch.save(results, sys.argv[2])
 """
 
-SAMPLE_TEXTS = ("The quick brown fox jumps over the lazy dog.", "Exported models compute the same logits.")
-
 
 @dataclass
 class CheckJob:
@@ -206,36 +199,6 @@ class CheckResult:
         return (
             within_tolerance(self.differences) and self.tokens_equal is not False and self.tokenizer_equal is not False
         )
-
-
-def sample_inputs(model: CoreformerPreTrainedModel, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A right-padded batch of random ordinary ids (rows of 12, 9 and 5 tokens, each ending in eos, where BART's
-    classifier pools), with token types for encoders that have them: what every target reproduces exactly on its
-    real tokens (RoBERTa numbers positions of right-padded rows as coreformer does)."""
-    config = model.config
-    generator = torch.Generator().manual_seed(seed)
-    special = {
-        config.pad_token_id,
-        config.bos_token_id,
-        config.eos_token_id,
-        getattr(config, "decoder_start_token_id", None),
-    }
-    ordinary = torch.tensor([i for i in range(config.vocab_size) if i not in special])
-    pad = config.pad_token_id if config.pad_token_id is not None else 0
-    lengths = (12, 9, 5) if config.pad_token_id is not None else (12,)  # no pad id: no padded rows to pool over
-    input_ids = torch.full((len(lengths), lengths[0]), pad)
-    attention_mask = torch.zeros(len(lengths), lengths[0], dtype=torch.long)
-    for row, length in enumerate(lengths):
-        input_ids[row, :length] = ordinary[torch.randint(len(ordinary), (length,), generator=generator)]
-        if config.eos_token_id is not None:
-            input_ids[row, length - 1] = config.eos_token_id
-        attention_mask[row, :length] = 1
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if config.type_vocab_size > 1:
-        inputs["token_type_ids"] = (torch.arange(lengths[0]) >= 4).long().expand_as(input_ids) * attention_mask
-    if type(model).__name__.endswith("ForMultipleChoice"):
-        inputs = {key: value[None] for key, value in inputs.items()}  # (B, T) -> (1, B, T): B choices
-    return inputs
 
 
 def _generation_inputs(model: CoreformerPreTrainedModel, inputs: dict) -> dict | None:
@@ -330,7 +293,7 @@ def coreformer_class(source: str | Path) -> type[CoreformerPreTrainedModel]:
             f"coreformer reads: export takes a folder saved by coreformer (pretraining, fine-tuning or `coreformer "
             f"convert`) or a transformers folder of {', '.join(NATIVE_ARCHITECTURES)}."
         ) from None
-    return getattr(import_module(f"{__package__}.{family.module}"), head.class_name)
+    return getattr(import_module(f"..{family.module}", __package__), head.class_name)
 
 
 def load_exportable(source: str | Path) -> CoreformerPreTrainedModel:
@@ -341,19 +304,10 @@ def load_exportable(source: str | Path) -> CoreformerPreTrainedModel:
         return coreformer_class(source).from_pretrained(source).eval()
     import transformers
 
-    from .conversion import convert_from_hf
+    from ..native.conversion import convert_from_hf
 
     native = getattr(transformers, native_class).from_pretrained(source, local_files_only=True)
     return convert_from_hf(native).eval()
-
-
-def load_tokenizer(source: str | Path):
-    """The folder's tokenizer, or None when it has none."""
-    if not has_tokenizer(source):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(source)
 
 
 def _check_destination(out: Path, overwrite: bool) -> None:
@@ -426,7 +380,7 @@ def export_native(
         choose_target(model_class.config_class.from_pretrained(source), model_class.__name__)  # refuse before loading
     model = load_exportable(source)
     native = to_native(model)
-    tokenizer = load_tokenizer(source)
+    tokenizer = saved_tokenizer(source)
     result = None
     with staged_folder(out) as staging:
         native.save_pretrained(staging)
@@ -469,7 +423,7 @@ def coreformer_folder(source: Path) -> Iterator[Path]:
     if native_class_of(source) is None:
         yield source
         return
-    model, tokenizer = load_exportable(source), load_tokenizer(source)
+    model, tokenizer = load_exportable(source), saved_tokenizer(source)
     with tempfile.TemporaryDirectory(prefix="coreformer-converted-") as scratch:
         model.save_pretrained(scratch)
         if tokenizer is not None:
@@ -478,7 +432,7 @@ def coreformer_folder(source: Path) -> Iterator[Path]:
 
 
 def _export_onnx(source: Path, out: Path, *, check: bool, overwrite: bool, gguf_dtype: str) -> dict:
-    from .onnx_export import export_onnx  # the serve helper's module; imported only when asked for
+    from .onnx import export_onnx  # the serve helper's module; imported only when asked for
 
     _check_destination(out, overwrite)
     with coreformer_folder(source) as folder:
@@ -492,7 +446,7 @@ def gguf_path(out: Path, dtype: str) -> Path:
 
 
 def _export_gguf(source: Path, out: Path, *, check: bool, overwrite: bool, gguf_dtype: str) -> dict:
-    from .gguf_export import export_gguf  # the serve helper's module; imported only when asked for
+    from .gguf import export_gguf  # the serve helper's module; imported only when asked for
 
     path = gguf_path(out, gguf_dtype)
     if path.exists() and not overwrite:
@@ -539,23 +493,3 @@ def export_to(
             f"no such folder: {source} (looked for {source.resolve()}); pass a saved coreformer or transformers folder."
         )
     return EXPORTERS[to](source, Path(out), check=check, overwrite=overwrite, gguf_dtype=gguf_dtype)
-
-
-__all__ = [
-    "CHECK_TOLERANCE",
-    "EXPORTERS",
-    "EXPORT_FORMATS",
-    "GGUF_DTYPES",
-    "NATIVE_TARGETS",
-    "CheckJob",
-    "CheckResult",
-    "ExportCheckError",
-    "NativeTarget",
-    "Requirement",
-    "check_exported",
-    "check_summary",
-    "choose_target",
-    "export_native",
-    "export_to",
-    "to_native",
-]
