@@ -52,7 +52,7 @@ from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_availa
 
 from coreformer import CoreformerDecoderConfig, convert_from_hf
 from coreformer.attention import Attention, eager_attention_forward
-from coreformer.training.reports import flops_per_token
+from coreformer.training.flops import flops_per_token
 
 # A flash backend is only tried where its package is importable: transformers would otherwise fall back to fetching a
 # kernel from the Hub.
@@ -468,7 +468,7 @@ def run_benchmark(benchmark: Benchmark, args: argparse.Namespace) -> dict:
     result = row(benchmark.label, prepared.units, prepared.unit, times)
     ours = prepared.ours
     if benchmark.limit == "gemm":
-        # Model FLOP/s of the step (6N + attention, as pretraining.py's MFU), against the GEMM peak measured here:
+        # Model FLOP/s of the step (6N + attention, as the pretraining run's MFU), against the GEMM peak measured here:
         # the `_peak_fraction` fields are MFU with the measured bf16 peak, not the spec sheet's, as the denominator.
         result.update(parameters=ours.num_parameters(), batch=prepared.batch, seq=prepared.seq)
         result["flops_per_token"] = flops_per_token(ours.config, ours.num_parameters(), prepared.seq)

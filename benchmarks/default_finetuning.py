@@ -35,7 +35,7 @@ import torch
 from results_files import sibling, write_results
 
 import coreformer_cli as cli
-from coreformer.training.finetuning_data import embedded_dataset
+from coreformer.training.finetuning.data import embedded_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "sequence-classification"

@@ -36,7 +36,9 @@ import torch
 from torch import nn
 
 from coreformer.training.objectives.electra import electra_loss_terms, embedding_tables
-from coreformer.training.pretraining import build, input_token_count, prepare, resolve_arguments, run_pretraining
+from coreformer.training.pretraining import build, prepare, run_pretraining
+from coreformer.training.pretraining.inputs import input_token_count
+from coreformer.training.pretraining.run import resolve_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT_BATCHES = 4

@@ -72,10 +72,12 @@ from transformers import (
 )
 
 from coreformer.training.data import load_text_dataset
-from coreformer.training.finetuning import FinetuningArguments, run_finetuning
+from coreformer.training.finetuning import run_finetuning
+from coreformer.training.finetuning.arguments import FinetuningArguments
 from coreformer.training.objectives import OBJECTIVES as REGISTRY
 from coreformer.training.objectives.electra import DISCRIMINATOR_DIR, GENERATOR_DIR
-from coreformer.training.pretraining import resolve_arguments, run_pretraining
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.run import resolve_arguments
 from coreformer.training.zero_shot import EVAL_MLM_PROBABILITY, held_out_texts
 from coreformer.training.zero_shot import unigram_entropy as text_unigram_entropy
 from coreformer_settings.objectives import objective_settings

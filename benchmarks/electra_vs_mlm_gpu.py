@@ -90,7 +90,8 @@ from results_files import sibling, write_results
 
 from coreformer.training.arguments import PretrainingError
 from coreformer.training.corpora import read_source, stdlib_source_files
-from coreformer.training.pretraining import PretrainingArguments, resolve_arguments, run_pretraining
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.run import PretrainingArguments, resolve_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "accelerate")  # the versions a results file names

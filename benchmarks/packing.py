@@ -9,7 +9,7 @@ collated batches). Reported per run:
     tokens/s           every position of every row (pad included) per second of training
     real tokens/s      the non-pad tokens per second (what the budget counts)
     pad share          the share of row positions that are padding (packed: only a row's unfilled tail); seq2seq
-                       counts its encoder side, the input tokens (pretraining_setup.input_token_count)
+                       counts its encoder side, the input tokens (pretraining.inputs.input_token_count)
     held-out loss      the final folder's loss on the held-out documents at fixed settings (coreformer evaluate's:
                        masked LM at 15%, causal LM, denoising at 30%), the same text and layout for every mode
 
@@ -39,8 +39,14 @@ from coreformer.training.corpora import read_source, stdlib_source_files
 from coreformer.training.data import iter_texts
 from coreformer.training.families import TRAINING_FACTS
 from coreformer.training.objectives import OBJECTIVES
-from coreformer.training.pretraining import build_collator, resolve_arguments, run_pretraining
-from coreformer.training.pretraining_setup import input_token_count, load_dataset_splits, load_tokenizer
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.inputs import (
+    build_collator,
+    input_token_count,
+    load_dataset_splits,
+    load_tokenizer,
+)
+from coreformer.training.pretraining.run import resolve_arguments
 from coreformer.training.tokenizer_training import train_tokenizer
 from coreformer.training.zero_shot import held_out_loss, load_language_model
 

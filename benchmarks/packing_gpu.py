@@ -54,7 +54,7 @@ import coreformer as cf
 ROOT = Path(__file__).resolve().parents[1]
 FLASH = "flash_attention_varlen"
 FAMILIES = ("encoder", "decoder", "seq2seq")
-LAYER_TYPES = ("full", "sliding", "strided", "linear", "block", "lsh")
+PACKED_LAYER_TYPES = ("full", "sliding", "strided", "linear", "block", "lsh")
 BACKENDS = ("flash", "sdpa", "flex")  # flex last: it compiles a kernel per cell
 TOLERANCE = {"flash": 2e-2, "flex": 1e-4, "sdpa": 1e-4}  # relative to each tensor's largest value
 HEADS = {
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=["exact", "speed"], default=["exact", "speed"])
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
-    parser.add_argument("--layer-types", nargs="+", choices=LAYER_TYPES, default=list(LAYER_TYPES))
+    parser.add_argument("--layer-types", nargs="+", choices=PACKED_LAYER_TYPES, default=list(PACKED_LAYER_TYPES))
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--time-budget", type=float, default=150.0, help="seconds after which no new cell starts")
     parser.add_argument("--documents", nargs="+", choices=["files", "lines"], default=["lines"])

@@ -62,7 +62,9 @@ from transformers import AutoTokenizer
 
 from coreformer.training.corpora import first_paragraph, stdlib_definitions
 from coreformer.training.objectives import OBJECTIVES
-from coreformer.training.pretraining import build_model_config, resolve_arguments, run_pretraining
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.inputs import build_model_config
+from coreformer.training.pretraining.run import resolve_arguments
 from coreformer.training.tasks.sequence_classification import corrupted_lines, package_docstrings, package_lines
 from coreformer.training.zero_shot import evaluate_folder
 

@@ -7,24 +7,23 @@
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] [--target T] -o map.png
 
     Command(name, help, add_arguments, handler, ...)   one subcommand: its parser, its torch-free checks (`prepare`),
-                                                       and the package function that does the work
+                                                       and the handler in coreformer.commands that does the work
     COMMANDS                                           name -> Command, every subcommand
     Command.build_parser(prog), Command.main(argv, prog)
     main(argv) -> exit code                            what the console script calls
     after_imports()                                    what every command does once its heavy imports are done
     version() -> "0.1.0"                               the installed package's version (torch-free)
 
-Importing the `coreformer` package registers every class with transformers and so imports torch and transformers
-(about 5 s on a 2-core CPU). This module sits beside the package, on the top floor: it parses the arguments and runs
-each command's checks with the torch-free settings (coreformer_settings), so `--help`, `--version`, a bad flag or a
-mistyped folder answer at once; only then does it import the handler in coreformer.commands, which never imports this
-module. Exit codes: 0 done, 1 `--check` found a difference (or the Hub refused an upload), 2 a bad input (one line on
-stderr, nothing written), 130 stopped by Ctrl-C.
+Importing the `coreformer` package registers every class with transformers and so imports torch and transformers (about
+5 s on a 2-core CPU). This module sits beside the package, on the top floor: it parses the arguments and runs each
+command's checks with the torch-free settings (coreformer_settings), so `--help`, `--version`, a bad flag or a mistyped
+folder answer at once; only then does it import the handler (each command's `handler` function imports it from
+coreformer.commands, which never imports this module). Exit codes: 0 done, 1 `--check` found a difference (or the Hub
+refused an upload), 2 a bad input (one line on stderr, nothing written), 130 stopped by Ctrl-C.
 """
 
 import argparse
 import gc
-import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,15 +48,18 @@ PROGRAM = "coreformer"
 INPUT_ERRORS = (NoSuchFolderError, PretrainingError, FinetuningError)  # what `prepare` raises: exit 2, one line
 
 
+Handler = Callable[[Any, str], int]  # (what `prepare` returned, the program's name) -> exit code
+
+
 @dataclass(frozen=True)
 class Command:
     """One subcommand. `prepare` (torch-free) checks the parsed arguments and returns what the handler takes;
-    `handler` names the package function `(prepared, prog) -> exit code`, imported only after that."""
+    `handler` imports the handler and returns it, and is called only after that."""
 
     name: str
     help: str  # one line, for `coreformer --help`
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    handler: str  # "module:function"
+    handler: Callable[[], Handler]
     description: str | None = None  # the subcommand's `--help` text (default: `help`)
     prepare: Callable[[argparse.Namespace, argparse.ArgumentParser], Any] = lambda args, parser: args
     interrupted: str = "stopped by Ctrl-C before it finished; run the same command again (the output is written whole)"
@@ -78,8 +80,7 @@ class Command:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
         try:
             prepared = self.prepare(args, parser)
-            module, function = self.handler.split(":")
-            handler = getattr(importlib.import_module(module), function)
+            handler = self.handler()
             after_imports()
             return handler(prepared, parser.prog)
         except INPUT_ERRORS as error:
@@ -234,6 +235,53 @@ def _prepare_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser)
     return settings
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# The handlers, imported once a command's inputs passed their checks (importing the package imports torch)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _pretrain_handler() -> Handler:
+    from coreformer.commands.runs import pretrain
+
+    return pretrain
+
+
+def _finetune_handler() -> Handler:
+    from coreformer.commands.runs import finetune
+
+    return finetune
+
+
+def _evaluate_handler() -> Handler:
+    from coreformer.commands.runs import evaluate
+
+    return evaluate
+
+
+def _publish_handler() -> Handler:
+    from coreformer.commands.runs import publish
+
+    return publish
+
+
+def _convert_handler() -> Handler:
+    from coreformer.commands.convert import convert
+
+    return convert
+
+
+def _export_handler() -> Handler:
+    from coreformer.commands.export import export
+
+    return export
+
+
+def _attention_map_handler() -> Handler:
+    from coreformer.commands.attention_map import attention_map
+
+    return attention_map
+
+
 COMMANDS: dict[str, Command] = {
     command.name: command
     for command in (
@@ -241,7 +289,7 @@ COMMANDS: dict[str, Command] = {
             "pretrain",
             "pretrain an encoder, decoder or seq2seq model from scratch (a preset, a config file, your own text)",
             _pretrain_arguments,
-            "coreformer.commands.runs:pretrain",
+            _pretrain_handler,
             description=PRETRAIN_DESCRIPTION,
             prepare=_prepare_pretrain,
             interrupted="stopped outside a training step; run the same command with --resume-from-checkpoint latest "
@@ -251,7 +299,7 @@ COMMANDS: dict[str, Command] = {
             "finetune",
             "fine-tune a coreformer folder on a task (classification, NER, QA, causal LM, seq2seq, multiple choice)",
             _finetune_arguments,
-            "coreformer.commands.runs:finetune",
+            _finetune_handler,
             description=FINETUNE_DESCRIPTION,
             prepare=_prepare_finetune,
             interrupted="stopped before or after the training steps; the final folder was not written. Run the "
@@ -261,7 +309,7 @@ COMMANDS: dict[str, Command] = {
             "evaluate",
             "zero-shot evaluation of a pretrained folder: held-out loss, perplexity and minimal-pair accuracy",
             evaluation.add_arguments,
-            "coreformer.commands.runs:evaluate",
+            _evaluate_handler,
             description=evaluation.DESCRIPTION,
             prepare=_prepare_evaluate,
             interrupted="stopped by Ctrl-C before it finished; nothing was written, run the same command again",
@@ -270,7 +318,7 @@ COMMANDS: dict[str, Command] = {
             "publish",
             "push a saved folder (weights, code, tokenizer, card) to a Hub model repository in one commit",
             _publish_arguments,
-            "coreformer.commands.runs:publish",
+            _publish_handler,
             description=PUBLISH_DESCRIPTION,
             prepare=lambda args, parser: vars(args),
             interrupted="stopped by Ctrl-C before it finished; the folder goes up in one commit, so the repository "
@@ -280,7 +328,7 @@ COMMANDS: dict[str, Command] = {
             "convert",
             f"convert a local transformers folder ({native_list()}) to coreformer",
             add_convert_arguments,
-            "coreformer.commands.convert:convert",
+            _convert_handler,
             prepare=_check(local_folders=("src",)),
             interrupted="stopped by Ctrl-C before it finished; run the same command again (convert writes its output "
             "whole, at the end)",
@@ -290,7 +338,7 @@ COMMANDS: dict[str, Command] = {
             "export a coreformer (or native) folder to a native transformers architecture, ONNX or GGUF (to serve "
             "without coreformer)",
             add_export_arguments,
-            "coreformer.commands.export:export",
+            _export_handler,
             prepare=_check(local_folders=("folder",)),
             interrupted="stopped by Ctrl-C before it finished; run the same command again (export writes its output "
             "whole, at the end)",
@@ -299,7 +347,7 @@ COMMANDS: dict[str, Command] = {
             "attention-map",
             "plot a saved model's attention probabilities for a text",
             add_attention_map_arguments,
-            "coreformer.commands.attention_map:attention_map",
+            _attention_map_handler,
             prepare=_check(model_locations=("folder",)),
         ),
     )

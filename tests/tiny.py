@@ -100,7 +100,7 @@ def decode_incrementally(model, ids: torch.Tensor, mask: torch.Tensor, prefix: i
 def tiny_electra(vocab: int = 40):
     """A seeded tiny ELECTRA module (generator + discriminator) and the run arguments it was built from."""
     from coreformer.training.objectives.electra import ELECTRA
-    from coreformer.training.pretraining import PretrainingArguments
+    from coreformer.training.pretraining.run import PretrainingArguments
 
     config = cf.CoreformerEncoderConfig(
         vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

@@ -21,20 +21,18 @@ from transformers.activations import ACT2FN
 
 from .compat import CACHE_KEYWORDS, assigned_tp_plan_entries
 from .families import MODEL_TYPES, register_with_peft
-from .layer_types import LAYER_TYPES as LAYER_TYPE_TABLE
+from .layer_types import LAYER_TYPES
 
 # PEFT's default LoRA targets for our model types, now or when peft is imported (this file runs first under
 # trust_remote_code, and before `import coreformer` registers anything).
 register_with_peft()
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary", "none")
-# Attention per layer (`layer_types`): the names of layer_types.py's table.
-LAYER_TYPES = tuple(LAYER_TYPE_TABLE)
 LINEAR_FEATURE_MAPS = ("elu", "performer")
 # config.json writes `layer_types` in names transformers' generic config accepts (AutoTokenizer reads config.json
 # where coreformer is not installed, and validates that field strictly), and our own names under SAVED_LAYER_TYPES.
 SAVED_LAYER_TYPES = "coreformer_layer_types"
-GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPE_TABLE.items()}
+GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPES.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 # How sequence classifiers (and multiple choice) summarise a sequence: modeling_heads.POOLINGS holds the functions.
@@ -240,9 +238,9 @@ class CoreformerConfig(PreTrainedConfig):
         for name in self.stack_layer_types():
             if set(output.get(name) or ()) <= {"full"}:
                 output.pop(name, None)
-            elif name == "layer_types" and set(output[name]) <= set(LAYER_TYPE_TABLE):  # not get_text_config's copy
+            elif name == "layer_types" and set(output[name]) <= set(LAYER_TYPES):  # not get_text_config's copy
                 output[SAVED_LAYER_TYPES] = output[name]
-                output[name] = [LAYER_TYPE_TABLE[layer_type].saved_name for layer_type in output[name]]
+                output[name] = [LAYER_TYPES[layer_type].saved_name for layer_type in output[name]]
         return output
 
     @classmethod
@@ -304,10 +302,10 @@ class CoreformerConfig(PreTrainedConfig):
         ("full_attention", "sliding_attention", ...). Hand it a translated copy; users keep our names."""
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
         layer_types = self.cached_layer_types
-        if not decoder or not layer_types or layer_types[0] not in LAYER_TYPE_TABLE:
+        if not decoder or not layer_types or layer_types[0] not in LAYER_TYPES:
             return text_config
         translated = copy.copy(text_config)
-        translated.layer_types = [LAYER_TYPE_TABLE[layer_type].cache_layer for layer_type in layer_types]
+        translated.layer_types = [LAYER_TYPES[layer_type].cache_layer for layer_type in layer_types]
         if text_config.sliding_window is not None:
             # transformers' window counts the query itself and keeps `sliding_window - 1` past tokens in the cache.
             translated.sliding_window = text_config.sliding_window + 1
@@ -324,7 +322,7 @@ class CoreformerConfig(PreTrainedConfig):
     def rope_theta_of(self, layer_type: str) -> float:
         """The rotary base of a layer of `layer_type`: the config field its layer-type entry names, else
         `rope_theta`."""
-        theta = getattr(self, LAYER_TYPE_TABLE[layer_type].rope_theta_field)
+        theta = getattr(self, LAYER_TYPES[layer_type].rope_theta_field)
         return self.rope_theta if theta is None else theta
 
     def require_head_dim(self) -> int:
@@ -347,7 +345,7 @@ class CoreformerConfig(PreTrainedConfig):
     @staticmethod
     def causal_layer_types() -> list[str]:
         """The layer types that may sit in a causal stack."""
-        return [name for name, layer_type in LAYER_TYPE_TABLE.items() if layer_type.not_causal is None]
+        return [name for name, layer_type in LAYER_TYPES.items() if layer_type.not_causal is None]
 
     def validate_layer_types(self) -> None:
         """Each layer-types list has one known entry per layer, and every type used has its parameters."""
@@ -356,12 +354,12 @@ class CoreformerConfig(PreTrainedConfig):
             types = getattr(self, name)
             if not isinstance(types, list) or len(types) != count:
                 raise ValueError(f"`{name}` needs one entry per layer ({count}), got {types!r}.")
-            unknown = sorted(set(types) - set(LAYER_TYPE_TABLE))
+            unknown = sorted(set(types) - set(LAYER_TYPES))
             if unknown:
-                known = tuple(LAYER_TYPE_TABLE)
+                known = tuple(LAYER_TYPES)
                 raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {known}.")
             for layer_type in sorted(set(types)) if causal else ():
-                refusal = LAYER_TYPE_TABLE[layer_type].not_causal
+                refusal = LAYER_TYPES[layer_type].not_causal
                 if refusal is not None:
                     raise ValueError(
                         f"`{name}` puts '{layer_type}' in a causal stack: {refusal}. It is bidirectional only "
@@ -369,7 +367,7 @@ class CoreformerConfig(PreTrainedConfig):
                     )
             used.update(types)
         for layer_type in sorted(used):
-            entry = LAYER_TYPE_TABLE[layer_type]
+            entry = LAYER_TYPES[layer_type]
             value = getattr(self, entry.parameter) if entry.parameter else None
             if entry.parameter and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"'{layer_type}' layers need `{entry.parameter}`, a positive integer; got {value!r}.")

@@ -9,9 +9,10 @@
     register_with_peft()           PEFT's default adapter targets for every family (LoRA: q_proj, v_proj)
 
 Who reads it: `__init__.py` (AutoConfig / AutoModel* registration), `configuration_coreformer.py` (the `auto_map`
-written into config.json, the tensor/pipeline-parallel plans over each family's stacks), `cli.py` and `model_card.py`
-(families, heads, pipeline tags, card text), PEFT through `register_with_peft`, and the training code (which family a
-checkpoint is, its language-model head, its special tokens). Nothing else compares a family or head name as a string.
+written into config.json, the tensor/pipeline-parallel plans over each family's stacks), `commands/convert.py` and
+`hub/model_card.py` (families, heads, pipeline tags, card text), PEFT through `register_with_peft`, and the training
+code (which family a checkpoint is, its language-model head, its special tokens). Nothing else compares a family or head
+name as a string.
 
 Classes are named here, not imported: `configuration_coreformer.py` imports this module, so it is copied next to
 every checkpoint and loaded with `trust_remote_code=True`; it must stay flat and import neither torch nor the

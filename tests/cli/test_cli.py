@@ -3,7 +3,6 @@
 token, and tests/hub_server.py --help."""
 
 import argparse
-import dataclasses
 import importlib
 import importlib.util
 import os
@@ -486,7 +485,9 @@ def test_fine_tuning_ends_with_where_everything_went(tmp_path):
 def test_missing_columns_are_named_together(tmp_path):
     import datasets
 
-    from coreformer.training.finetuning import FinetuningArguments, FinetuningError, check_columns
+    from coreformer.training.finetuning.arguments import FinetuningArguments
+    from coreformer.training.finetuning.data import check_columns
+    from coreformer_settings.base import FinetuningError
 
     splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["a"], "kind": [0]})})
     # text_pair_column is optional and left unset: not looked for
@@ -511,27 +512,33 @@ def _record(prepared, prog: str) -> int:
 
 
 def test_a_command_checks_its_inputs_before_it_imports_its_handler(tmp_path, capsys):
+    imported = []
+
+    def import_handler():  # what each command's handler function does: import the (heavy) module, return its handler
+        imported.append("demo")
+        return _record
+
     demo = coreformer_cli.Command(
         "demo",
         "a demo",
         lambda parser: parser.add_argument("folder"),
-        "no_such_module_anywhere:run",  # imported only once the inputs passed their checks
+        import_handler,
         prepare=coreformer_cli._check(local_folders=("folder",)),
     )
     assert demo.main([str(tmp_path / "missing")]) == 2
     assert "coreformer demo: error: no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         demo.main(["a", "--nope"])  # refused by the parser: nothing checked, nothing imported
-    assert dataclasses.replace(demo, handler="test_cli:_record").main([str(tmp_path)], prog="demo.py") == 0
-    assert RECORDED[-1][0].folder == str(tmp_path) and RECORDED[-1][1] == "demo.py"
+    assert imported == []
+    assert demo.main([str(tmp_path)], prog="demo.py") == 0
+    assert imported == ["demo"] and RECORDED[-1][0].folder == str(tmp_path) and RECORDED[-1][1] == "demo.py"
 
 
 def test_every_subcommand_is_one_command_whose_handler_is_in_the_package():
     for name, command in coreformer_cli.COMMANDS.items():
         assert isinstance(command, coreformer_cli.Command) and command.name == name
-        module, function = command.handler.split(":")
-        handler = getattr(importlib.import_module(module), function)
-        assert module.startswith("coreformer.commands.") and callable(handler)
+        handler = command.handler()
+        assert handler.__module__.startswith("coreformer.commands.") and callable(handler)
 
 
 def test_evaluate_help_prints_percentages_once():

@@ -4,11 +4,12 @@ the modeling files (copied next to every checkpoint) import only each other, by 
 nothing in the package imports the command line (coreformer_cli), a script or a benchmark
 coreformer_settings imports nothing of the package (it reads registry files by path)
 the package's modules import each other without a circle
-the page's layout names every folder of the package
+the page's layout names every folder of the package, and the wheel lists every package folder
 """
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,6 +125,13 @@ def test_the_package_imports_without_a_circle():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def test_the_wheel_lists_every_package_folder():
+    """pyproject.toml lists its packages (the model card templates ship inside one), so a new folder is listed too."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(path) for path in SRC.rglob("__init__.py") if "egg-info" not in str(path)}
+    assert folders <= listed, f"pyproject.toml's packages lack {sorted(folders - listed)}"
 
 
 def test_the_layout_on_the_page_names_every_folder_of_the_package():

@@ -7,7 +7,8 @@ from test_finetuning import bases  # noqa: F401  (a fixture: saved tiny base mod
 from test_finetuning import tiny_args as finetuning_args
 from test_pretraining import tiny_args, train_losses
 
-from coreformer.training.finetuning import build_trainer, prepare
+from coreformer.training.finetuning import prepare
+from coreformer.training.finetuning.trainer import build_trainer
 from coreformer.training.pretraining import run_pretraining
 
 # Inductor fuses elementwise ops and reorders some sums: the same function, rounded in another order.

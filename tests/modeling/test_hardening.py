@@ -15,7 +15,7 @@ from tiny import FAMILY_CLASSES, VOCAB, padded_batch, tiny_model
 from transformers import AutoModel, AutoModelForCausalLM
 
 import coreformer as cf
-from coreformer.configuration_coreformer import LAYER_TYPES
+from coreformer.layer_types import LAYER_TYPES
 
 HEADS = {
     "encoder": cf.CoreformerEncoderForMaskedLM,
@@ -30,7 +30,7 @@ def config_fields(draw):
     """Config values, valid and invalid alike: small ranges so that every valid draw runs in milliseconds."""
     family = draw(st.sampled_from(list(FAMILY_CLASSES)))
     layers = draw(st.integers(-1, 3))
-    types = st.lists(st.sampled_from(LAYER_TYPES), min_size=max(layers, 0), max_size=max(layers, 0))
+    types = st.lists(st.sampled_from(tuple(LAYER_TYPES)), min_size=max(layers, 0), max_size=max(layers, 0))
     fields = dict(
         vocab_size=draw(st.integers(-1, 64)),
         hidden_size=draw(st.sampled_from([0, 6, 8, 12, 16, 24])),
@@ -59,7 +59,7 @@ def config_fields(draw):
         fields.update(encoder_layers=layers, decoder_layers=draw(st.integers(1, 2)), decoder_start_token_id=1)
         fields.update(
             layer_types=draw(types),
-            decoder_layer_types=draw(st.lists(st.sampled_from(LAYER_TYPES), min_size=1, max_size=2)),
+            decoder_layer_types=draw(st.lists(st.sampled_from(tuple(LAYER_TYPES)), min_size=1, max_size=2)),
         )
     else:
         fields.update(num_hidden_layers=layers, layer_types=draw(types))

@@ -12,7 +12,7 @@ from coreformer.attention import Attention
 from coreformer.compat import SELECTS_HIDDEN_STATES
 
 # Every layer type each family can hold (Linformer is bidirectional only).
-LAYER_TYPES = {
+MIXED_LAYER_TYPES = {
     "encoder": ["full", "sliding", "strided", "lowrank", "linear"],
     "decoder": ["full", "sliding", "strided", "linear"],
 }
@@ -38,7 +38,7 @@ def _custom_sdpa(module, query, key, value, attention_mask, **kwargs):
 
 def _model(family: str, types: list[str] | None = None, **overrides):
     model_class = {"encoder": cf.CoreformerEncoderModel, "decoder": cf.CoreformerDecoderModel}[family]
-    types = types or LAYER_TYPES[family]
+    types = types or MIXED_LAYER_TYPES[family]
     return tiny_model(model_class, family, num_hidden_layers=len(types), layer_types=types, **PARAMETERS, **overrides)
 
 
@@ -67,14 +67,14 @@ def _assert_outputs_and_attentions_match_eager(family: str, backend: str, types:
 @pytest.mark.parametrize("backend", ["sdpa", "custom_sdpa"])
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
 def test_outputs_and_attentions_under_every_backend_and_layer_type_match_eager(family, backend, custom_sdpa):
-    _assert_outputs_and_attentions_match_eager(family, backend, LAYER_TYPES[family])
+    _assert_outputs_and_attentions_match_eager(family, backend, MIXED_LAYER_TYPES[family])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
 def test_outputs_and_attentions_under_flex_attention_match_eager_for_every_layer_type(family, flex_attention):
     # flex turns each layer type's mask function into a block-sparse BlockMask: one model holds every type.
-    _assert_outputs_and_attentions_match_eager(family, "flex_attention", LAYER_TYPES[family], **FLEX_HEADS)
+    _assert_outputs_and_attentions_match_eager(family, "flex_attention", MIXED_LAYER_TYPES[family], **FLEX_HEADS)
 
 
 @pytest.mark.parametrize("layer_type", ["sliding", "strided", "linear"])
@@ -147,7 +147,7 @@ def test_hidden_states_are_recorded_from_the_blocks_and_selectable_by_index(fami
         else:  # a release whose recorder would return every state: refused by name, never answered wrongly
             with pytest.raises(ValueError, match=r"needs transformers>=5\.23"):
                 model(ids, attention_mask=mask, output_hidden_states=[0, -1])
-    assert len(every) == len(LAYER_TYPES[family]) + 1
+    assert len(every) == len(MIXED_LAYER_TYPES[family]) + 1
     if SELECTS_HIDDEN_STATES:
         # As transformers records a selection: one entry per state, None where not selected.
         assert len(selected) == len(every) and all(state is None for state in selected[1:-1])

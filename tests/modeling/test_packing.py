@@ -32,7 +32,7 @@ LENGTHS = (5, 9, 3)  # encoder / decoder-only documents
 TARGET_LENGTHS = (4, 6, 2)  # the seq2seq decoder's documents, answering LENGTHS' one by one
 # Blocks of 4 and LSH chunks of 3 over documents of 5, 9 and 3: documents start mid-block and mid-chunk.
 PARAMETERS = dict(sliding_window=2, stride=3, block_size=4, lsh_bucket_size=3, lsh_num_hashes=2, lsh_num_buckets=4)
-LAYER_TYPES = ("full", "sliding", "strided", "linear", "block", "lsh")
+PACKED_LAYER_TYPES = ("full", "sliding", "strided", "linear", "block", "lsh")
 HEADS = {
     "encoder": cf.CoreformerEncoderForMaskedLM,
     "decoder": cf.CoreformerDecoderForCausalLM,
@@ -151,7 +151,7 @@ def assert_same(packed, alone) -> None:
 
 @pytest.mark.parametrize("described_by", ["positions", "cu_seq_lens"])
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
-@pytest.mark.parametrize("layer_type", LAYER_TYPES)
+@pytest.mark.parametrize("layer_type", PACKED_LAYER_TYPES)
 @pytest.mark.parametrize("family", sorted(HEADS))
 def test_packed_row_gives_each_document_what_it_gets_alone(family, layer_type, backend, described_by):
     assert_same(*packed_and_alone(family, layer_type, backend, described_by))

@@ -1,5 +1,5 @@
-"""Tests of export.py (the writing direction of coreformer.native) and `coreformer export`: every target and head
-round-trips through plain transformers in a fresh process without coreformer (logits and greedy tokens), export ->
+"""Tests of export/exporters.py (the writing direction of coreformer.native) and `coreformer export`: every target and
+head round-trips through plain transformers in a fresh process without coreformer (logits and greedy tokens), export ->
 convert is the identity, every refusal names the fields that differ, and the command line's exit codes and messages.
 
 One fresh process checks every exported folder of the module (`exported` fixture), so the file stays quick.
@@ -19,8 +19,8 @@ from transformers import AutoTokenizer
 
 import coreformer as cf
 import coreformer_cli as cli
-from coreformer.export import exporters as export_module
 from coreformer.export import CheckJob, CheckResult, check_exported, choose_target, export_to, to_native
+from coreformer.export import exporters as export_module
 from coreformer.export.exporters import gguf_path
 from coreformer.modeling_base import CoreformerPreTrainedModel
 from coreformer.native.conversion import convert_from_hf
@@ -359,7 +359,8 @@ def test_the_first_matching_target_is_chosen():
 def test_the_default_presets_have_a_native_twin(saved_decoder, family, preset, target):
     """The Quickstart model (decoder-tiny) and the default presets, built as pretraining builds them, export to a
     native architecture (the tiny encoder's logits are checked in test_recipe_presets)."""
-    from coreformer.training.pretraining import build_model_config, resolve_arguments
+    from coreformer.training.pretraining.inputs import build_model_config
+    from coreformer.training.pretraining.run import resolve_arguments
 
     args = resolve_arguments(family=family, preset=preset)
     config = build_model_config(args, AutoTokenizer.from_pretrained(saved_decoder))

@@ -177,3 +177,21 @@ def test_every_coreformer_head_is_written_by_one_native_class_per_architecture()
         targets = [head.target for head in architecture.heads.values()]
         assert len(set(targets)) == len(targets), architecture.name
         assert all(cf.families.head_of_class(target.__name__)[0].name == architecture.family for target in targets)
+
+
+def test_the_front_pages_and_the_help_texts_name_exactly_the_registered_architectures():
+    import re
+    from pathlib import Path
+
+    import coreformer_cli
+    from coreformer.native.names import NATIVE_NAMES
+
+    root = Path(__file__).resolve().parents[2]
+    assert list(NATIVE_ARCHITECTURES) == list(NATIVE_NAMES)
+    for page in ("README.md", "docs/index.md"):
+        text = " ".join((root / page).read_text().split())
+        listed = re.search(r"native transformers architecture(?: they compute)? \(([^)]*)\)", text)
+        assert listed and set(listed.group(1).split(", ")) == set(NATIVE_NAMES.values()), page
+    for name in ("convert", "export"):
+        help_text = " ".join(coreformer_cli.COMMANDS[name].build_parser().format_help().split())
+        assert ", ".join(NATIVE_NAMES.values()) in help_text, name

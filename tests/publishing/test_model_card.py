@@ -1,4 +1,4 @@
-"""Tests of model_card.py: each kind renders from its template, the metadata round-trips through huggingface_hub's
+"""Tests of hub/model_card.py: each kind renders from its template, the metadata round-trips through huggingface_hub's
 ModelCard, validate_model_card names what is wrong, write_model_card is atomic, and the templates ship in the wheel."""
 
 import os

@@ -1,4 +1,4 @@
-"""Tests of publishing.py and training/publish.py against a loopback Hub (tests/hub_server.py, 127.0.0.1 only).
+"""Tests of hub/publishing.py and training/publish.py against a loopback Hub (tests/hub_server.py, 127.0.0.1 only).
 
 A tiny decoder (public, main) and a tiny seq2seq model (--private, --revision dev), each with a trained tokenizer and
 a card, are pushed by training/publish.py in subprocesses whose HF_ENDPOINT is the loopback Hub; another subprocess,

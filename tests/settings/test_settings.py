@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from coreformer import families
-from coreformer.training.finetuning import FinetuningArguments
+from coreformer.training.finetuning.arguments import FinetuningArguments
 from coreformer.training.objectives import OBJECTIVES
-from coreformer.training.pretraining import PretrainingArguments
+from coreformer.training.pretraining.run import PretrainingArguments
 from coreformer.training.tasks import TASKS
 from coreformer_settings import finetuning, pretraining
 from coreformer_settings.base import FinetuningError, PretrainingError, arg

@@ -45,14 +45,12 @@ from coreformer.training.engine import (
     requested_engine,
     resolve_engine,
 )
-from coreformer.training.pretraining import (
-    PretrainingArguments,
-    PretrainingError,
-    check_checkpoint_engine,
-    load_dataset_splits,
-    run_pretraining,
-)
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.inputs import load_dataset_splits
+from coreformer.training.pretraining.run import PretrainingArguments
+from coreformer.training.pretraining.run_folder import check_checkpoint_engine
 from coreformer.training.tokenizer_training import train_tokenizer
+from coreformer_settings.base import PretrainingError
 from coreformer_settings.registries import FAMILY_NAMES
 
 # One worker runs the whole module under `pytest -n 2 --dist loadgroup` (make test): the `runs` fixture once.

@@ -37,21 +37,15 @@ from transformers import (
 import coreformer as cf
 import coreformer_cli as cli
 from coreformer.hub.model_card import validate_model_card
-from coreformer.training.finetuning import (
-    TASKS,
-    FinetuningArguments,
-    FinetuningError,
-    embedded_dataset,
-    evaluate_folder,
-    load_task_data,
-    resolve_arguments,
-    run_finetuning,
-)
-from coreformer.training.tasks import question_answering
+from coreformer.training.finetuning import evaluate_folder, run_finetuning
+from coreformer.training.finetuning.arguments import FinetuningArguments, resolve_arguments
+from coreformer.training.finetuning.data import embedded_dataset, load_task_data
+from coreformer.training.tasks import TASKS, question_answering
 from coreformer.training.tasks.metrics import squad_scores
 from coreformer.training.tasks.question_answering import question_answering_predictions
 from coreformer.training.tasks.token_classification import python_token_tags
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer_settings.base import FinetuningError
 
 REPO = Path(__file__).resolve().parents[2]
 FINETUNE = REPO / "training" / "finetune.py"
@@ -454,7 +448,7 @@ def test_embedded_datasets_are_the_same_on_every_build():
 def test_every_trainer_setting_reaches_the_training_arguments_and_lora_adapts_the_named_modules(bases, tmp_path):
     # A setting that parses but is never read fails silently: each must show in what it configures.
     from coreformer.training.finetuning import _attach_lora
-    from coreformer.training.finetuning_trainer import _training_arguments
+    from coreformer.training.finetuning.trainer import _training_arguments
 
     given = dict(weight_decay=0.05, num_train_epochs=2.5, eval_steps=3, warmup_steps=2, save_every=4, seed=7)
     given.update(lora_target_modules=" q_proj, k_proj ,o_proj", max_steps=None)

@@ -14,10 +14,14 @@ import torch
 from tiny import EOS, VOCAB, tiny_model
 
 import coreformer as cf
-from coreformer.training.finetuning import TASKS, FinetuningArguments, FinetuningError, embedded_dataset, run_finetuning
+from coreformer.training.finetuning import run_finetuning
+from coreformer.training.finetuning.arguments import FinetuningArguments
+from coreformer.training.finetuning.data import embedded_dataset
+from coreformer.training.tasks import TASKS
 from coreformer.training.tasks.base import FlatteningCollator
 from coreformer.training.tasks.causal_lm import SeparateDocumentsCollator
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
+from coreformer_settings.base import FinetuningError
 
 ATOL = 1e-5
 LENGTHS = (5, 9, 3)

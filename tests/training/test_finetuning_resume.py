@@ -1,4 +1,4 @@
-"""Fine-tuning checkpoints and resume (coreformer.training.trainer_checkpoints, finetuning.py, training/finetune.py).
+"""Fine-tuning checkpoints and resume (coreformer.training.finetuning and its checkpoints.py, training/finetune.py).
 
 A fine-tune SIGKILLed in the middle of a checkpoint save (after an earlier checkpoint is complete) leaves that earlier
 checkpoint as the latest and the interrupted one hidden; `--resume-from-checkpoint latest` then continues through
@@ -34,17 +34,14 @@ from test_finetuning import _texts
 from transformers import AutoModelForSequenceClassification, set_seed
 
 import coreformer as cf
-from coreformer.training import finetuning_trainer
 from coreformer.training.checkpoints import CHECKPOINTS_DIR, list_checkpoints
-from coreformer.training.finetuning import (
-    FinetuningArguments,
-    FinetuningError,
-    evaluate_folder,
-    run_engine,
-    run_finetuning,
-)
+from coreformer.training.finetuning import evaluate_folder, run_finetuning
+from coreformer.training.finetuning import trainer as finetuning_trainer
+from coreformer.training.finetuning.arguments import FinetuningArguments
+from coreformer.training.finetuning.checkpoints import RUN_RECORD
+from coreformer.training.finetuning.trainer import run_engine
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
-from coreformer.training.trainer_checkpoints import RUN_RECORD
+from coreformer_settings.base import FinetuningError
 
 REPO = Path(__file__).resolve().parents[2]
 FINETUNE = REPO / "training" / "finetune.py"
@@ -425,7 +422,7 @@ def test_a_rerun_killed_in_its_final_save_keeps_the_previous_model_and_resumes_f
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# FSDP2 on CPU processes (engine.py's CpuFsdp2Engine under Trainer: trainer_checkpoints.shard_with)
+# FSDP2 on CPU processes (engine.py's CpuFsdp2Engine under Trainer: finetuning/checkpoints.py shard_with)
 # ---------------------------------------------------------------------------------------------------------------------
 
 ACCELERATE_CONFIGS = REPO / "training" / "configs" / "accelerate"
@@ -439,7 +436,7 @@ FSDP_TOLERANCE = 1e-6
 FSDP_CHILD = """
 import json, pathlib, runpy, sys, time
 import transformers
-from coreformer.training import trainer_checkpoints
+from coreformer.training.finetuning import checkpoints as trainer_checkpoints
 
 report, marker, script = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 shard_with, save_rng_state = trainer_checkpoints._AtomicCheckpoints.shard_with, transformers.Trainer._save_rng_state
@@ -675,7 +672,7 @@ def test_seq2seq_evaluation_gathers_generations_without_the_copies_that_fill_the
     from tiny import tiny_model
     from transformers import Seq2SeqTrainingArguments
 
-    from coreformer.training.trainer_checkpoints import CheckpointingSeq2SeqTrainer
+    from coreformer.training.finetuning.checkpoints import CheckpointingSeq2SeqTrainer
 
     model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq")
     rows = [{"input_ids": [5 + i, 6, 7, 2], "labels": [8, 9 + i, 2]} for i in range(3)]

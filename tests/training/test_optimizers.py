@@ -20,7 +20,9 @@ from coreformer.training.optimizers import (
     muon_parameters,
     wsd_steps,
 )
-from coreformer.training.pretraining import PretrainingArguments, PretrainingError, run_pretraining
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.run import PretrainingArguments
+from coreformer_settings.base import PretrainingError
 
 HIDDEN_MATRIX = re.compile(r"(^|\.)layers\.\d+\.(self_attn|cross_attn|mlp)\.\w+_proj\.weight$")
 

@@ -14,9 +14,10 @@ from test_pretraining import args_from, tiny_settings
 from coreformer.training.data import best_fit_rows, load_embedded_corpus, pack_windows
 from coreformer.training.families import head_class
 from coreformer.training.objectives import OBJECTIVES
-from coreformer.training.pretraining import PretrainingError, build_model_config, run_pretraining
-from coreformer.training.pretraining_setup import input_token_count
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.inputs import build_model_config, input_token_count
 from coreformer.training.tokenizer_training import train_tokenizer
+from coreformer_settings.base import PretrainingError
 
 datasets.disable_progress_bars()
 

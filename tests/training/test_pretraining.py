@@ -33,19 +33,13 @@ from coreformer.training.arguments import RunStoppedError
 from coreformer.training.batches import GlobalBatches
 from coreformer.training.checkpoints import _quiet_about_ties, find_latest_checkpoint, list_checkpoints
 from coreformer.training.objectives.masked_lm import MaskedLMCollator
-from coreformer.training.pretraining import (
-    FAMILY_NAMES,
-    PRESETS,
-    PretrainingArguments,
-    PretrainingError,
-    build_collator,
-    build_model_config,
-    check_world_size,
-    prepare,
-    resolve_arguments,
-    resolve_resume,
-    run_pretraining,
-)
+from coreformer.training.pretraining import prepare, run_pretraining
+from coreformer.training.pretraining.inputs import build_collator, build_model_config
+from coreformer.training.pretraining.run import PretrainingArguments, resolve_arguments
+from coreformer.training.pretraining.run_folder import check_world_size, resolve_resume
+from coreformer_settings.base import PretrainingError
+from coreformer_settings.pretraining import PRESETS
+from coreformer_settings.registries import FAMILY_NAMES
 
 datasets.disable_progress_bars()
 
@@ -351,8 +345,8 @@ def test_the_run_frees_its_model_before_it_destroys_the_process_group():
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from coreformer.training.pretraining_loop import end_training
-    from coreformer.training.pretraining_run import _Training
+    from coreformer.training.pretraining.loop import end_training
+    from coreformer.training.pretraining.run import _Training
 
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(cpu=True)
@@ -442,7 +436,7 @@ def test_sigkill_during_a_save_then_resume_latest_is_bit_identical(tmp_path):
 INTERRUPTED_CHILD = textwrap.dedent(
     """
     import pathlib, runpy, sys, time
-    import coreformer.training.pretraining_loop as pretraining_loop
+    import coreformer.training.pretraining.loop as pretraining_loop
 
     marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
     original = pretraining_loop.train_step
@@ -760,7 +754,7 @@ def test_a_finished_run_is_not_resumed_over_and_copies_are_independent(trained, 
 KILLED_FINAL_SAVE = textwrap.dedent(
     """
     import pathlib, runpy, sys, time
-    import coreformer.training.pretraining_loop
+    import coreformer.training.pretraining.loop
 
     marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
 
@@ -768,7 +762,7 @@ KILLED_FINAL_SAVE = textwrap.dedent(
         marker.write_text("saving the final folder")
         time.sleep(300)  # the test kills us here
 
-    coreformer.training.pretraining_loop.plot_losses = plot_losses  # where `finish` looks it up
+    coreformer.training.pretraining.loop.plot_losses = plot_losses  # where `finish` looks it up
     sys.argv = [script] + sys.argv[3:]
     runpy.run_path(script, run_name="__main__")
     """
@@ -897,7 +891,7 @@ def test_an_earlier_accelerators_compile_plugin_never_reaches_the_saved_keys(tmp
 
 
 def test_a_run_whose_loss_stops_being_finite_stops_there_and_keeps_its_checkpoints(tmp_path, monkeypatch):
-    from coreformer.training import pretraining_loop
+    from coreformer.training.pretraining import loop as pretraining_loop
 
     real_step = pretraining_loop.train_step
 
@@ -921,7 +915,7 @@ FINAL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", 
 
 def _stop_at_step(monkeypatch, stop: int) -> None:
     """Ctrl-C when step `stop` begins, in this process (where `train` looks `train_step` up)."""
-    import coreformer.training.pretraining_loop as pretraining_loop
+    import coreformer.training.pretraining.loop as pretraining_loop
 
     original = pretraining_loop.train_step
 

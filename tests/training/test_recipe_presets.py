@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
 from coreformer.export import to_native
-from coreformer.training.pretraining import resolve_arguments, run_pretraining
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.run import resolve_arguments
 from coreformer_settings.pretraining import RECIPE_PRESETS
 
 AUTO = {"encoder": AutoModelForMaskedLM, "decoder": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM}

@@ -206,7 +206,7 @@ def test_a_folder_without_a_language_model_head_is_refused(tmp_path, stdlib_text
 
 
 def test_a_run_reports_why_its_folder_was_not_scored_instead_of_failing(tmp_path, stdlib_text):
-    from coreformer.training.pretraining import PretrainingArguments
+    from coreformer.training.pretraining.run import PretrainingArguments
     from coreformer.training.zero_shot import run_zero_shot
 
     tokenizer = train_tokenizer("encoder", [stdlib_text], 320)

@@ -41,7 +41,8 @@ def pretrain(prepared: tuple[dict[str, Any], str], prog: str) -> int:
 
 
 def finetune(values: dict[str, Any], prog: str) -> int:
-    from ..training.finetuning import BEFORE, FinetuningArguments, run_finetuning
+    from ..training.finetuning import FinetuningArguments, run_finetuning
+    from ..training.finetuning.trainer import BEFORE
     from ..training.reports import finetune_summary
 
     try:

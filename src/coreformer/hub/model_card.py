@@ -11,8 +11,8 @@ then in the source checkout. The card's metadata block holds Hub ids only (datas
 described in the text. Evaluation results go into `model-index` (ModelCardData(eval_results=[EvalResult(...)])),
 one entry per metric, all on `eval_dataset`.
 
-Used by pretraining.py, cli.py (`coreformer convert`), training/finetune.py and publishing.py; never imported by the
-modeling code, which is copied next to checkpoints.
+Used by the pretraining and fine-tuning runs, `coreformer convert` (coreformer.commands) and publishing.py; never
+imported by the modeling code, which is copied next to checkpoints.
 """
 
 import math

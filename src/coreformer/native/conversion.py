@@ -17,8 +17,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = supported_classes()
 
 
 def convert_from_hf(model: PreTrainedModel) -> CoreformerPreTrainedModel:
-    """The coreformer equivalent of a transformers BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX /
-    ModernBERT model: same head, same weights.
+    """The coreformer equivalent of a transformers model of a native architecture (`coreformer.native.NATIVE_NAMES`):
+    same head, same weights.
 
     The returned model is in eval mode, on the source's device and dtype, with the source's attention backend
     (`config._attn_implementation`) and, for generative models, a copy of its `generation_config`.

@@ -92,7 +92,7 @@ HEADS = {
 }
 
 # ModernBERT's layer types -> coreformer's (its `layer_types` rule: global every `global_attn_every_n_layers`).
-LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
+MODERNBERT_LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 
 
 def _rope_thetas(config: PreTrainedConfig) -> tuple[float, float]:
@@ -103,16 +103,16 @@ def _rope_thetas(config: PreTrainedConfig) -> tuple[float, float]:
         if rope.get("rope_type", "default") != "default":
             option = f"rope_parameters[{kind!r}].rope_type={rope['rope_type']!r}"
             raise unsupported("ModernBERT", option, "(scaled rotary frequencies)")
-        thetas[LAYER_TYPES[kind]] = float(rope["rope_theta"])
+        thetas[MODERNBERT_LAYER_TYPES[kind]] = float(rope["rope_theta"])
     rope_theta = thetas.get("full", float(config.rope_parameters["full_attention"]["rope_theta"]))
     return rope_theta, thetas.get("sliding", rope_theta)
 
 
 def _layer_types(config: PreTrainedConfig) -> list[str]:
-    unknown = sorted(set(config.layer_types) - set(LAYER_TYPES))
+    unknown = sorted(set(config.layer_types) - set(MODERNBERT_LAYER_TYPES))
     if unknown:
         raise unsupported("ModernBERT", f"layer_types with {unknown}", "(attention types)")
-    return [LAYER_TYPES[kind] for kind in config.layer_types]
+    return [MODERNBERT_LAYER_TYPES[kind] for kind in config.layer_types]
 
 
 def read_config(model: PreTrainedModel, is_mlm: bool) -> CoreformerEncoderConfig:

@@ -1,9 +1,10 @@
-"""What both runs share (pretraining.py, finetuning.py and their scripts training/pretrain.py and finetune.py): the
+"""What both runs share (pretraining/, finetuning/ and their scripts training/pretrain.py and finetune.py): the
 settings base, the error classes, flags and config files (all defined in the torch-free `coreformer_settings.base`
 and re-exported here, so that the scripts parse their arguments before torch is imported), and the output folders.
 
     RunError / PretrainingError / FinetuningError, RunStoppedError, INTERRUPTED, RunSettings, arg,
     load_config_file, coerce, add_flags, export_arg, EXPORT_FOLDER     from coreformer_settings.base (see there)
+    RUN_CONFIG                             "run_config.json": every run's resolved settings, written as it starts
     holds_run(folder, markers)             whether a folder holds a previous run (any of its marker files)
     check_output_dir(output_dir, ...)      refuse a non-empty output folder unless it is a run and --overwrite is set
     write_json(path, value)                indented JSON with a final newline
@@ -53,6 +54,8 @@ __all__ = [
     "load_config_file",
     "write_json",
 ]
+
+RUN_CONFIG = "run_config.json"
 
 
 def holds_run(folder: Path, markers: Sequence[str]) -> bool:

@@ -4,7 +4,7 @@
     matmul_parameters(model)                                the N of a model: its linear layers' weights and biases
     head_parameters(model)                                  the part of N that runs on labelled tokens only
 
-Used for MFU (pretraining.py, benchmarks/compare.py) and for equal-compute comparisons of objectives
+Used for MFU (the pretraining run, benchmarks/compare.py) and for equal-compute comparisons of objectives
 (`Objective.training_flops`, benchmarks/electra_vs_mlm.py). No import of the rest of the package.
 """
 

@@ -19,7 +19,6 @@ from ..hub.model_card import render_model_card as render_card
 from .arguments import EXPORT_FOLDER
 from .checkpoints import list_checkpoints
 from .families import TRAINING_FACTS
-from .flops import flops_per_token  # noqa: F401  (re-exported: pretraining.py imports it from here)
 from .objectives import OBJECTIVES
 from .optimizers import optimizer_text, schedule_text
 from .zero_shot import zero_shot_line

@@ -52,11 +52,11 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from coreformer_settings.evaluation import DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, DEFAULT_PAIRS
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
 
+from .arguments import RUN_CONFIG
 from .checkpoints import CHECKPOINTS_DIR, find_latest_checkpoint, read_trainer_state
 from .data import load_embedded_corpus, load_text_dataset, local_builder, pad_sequences
 from .families import TRAINING_FACTS as FAMILY_FACTS
 from .families import family_of, head_class, longest_input
-from .pretraining_setup import RUN_CONFIG
 
 EVAL_MLM_PROBABILITY = 0.15  # BERT's rate, whatever the run trained with
 EVAL_MASK_RATIO, EVAL_POISSON_LAMBDA = 0.3, 3.0  # BART's text infilling

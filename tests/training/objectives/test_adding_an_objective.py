@@ -12,7 +12,7 @@ import pytest
 from test_pretraining import PRETRAIN, tiny_settings
 
 from coreformer.training.objectives import OBJECTIVES
-from coreformer.training.pretraining import PretrainingArguments
+from coreformer.training.pretraining.run import PretrainingArguments
 from coreformer_settings.components import Registered
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY
 

@@ -34,7 +34,8 @@ from transformers import (
 
 import coreformer as cf
 from coreformer.training.checkpoints import find_latest_checkpoint
-from coreformer.training.finetuning import FinetuningArguments, run_finetuning
+from coreformer.training.finetuning import run_finetuning
+from coreformer.training.finetuning.arguments import FinetuningArguments
 from coreformer.training.flops import head_parameters
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.objectives.electra import (
@@ -43,7 +44,8 @@ from coreformer.training.objectives.electra import (
     generator_config,
     replaced_token_labels,
 )
-from coreformer.training.pretraining import PretrainingArguments, run_pretraining
+from coreformer.training.pretraining import run_pretraining
+from coreformer.training.pretraining.run import PretrainingArguments
 from coreformer.training.reports import held_out_numbers
 from coreformer_settings.objectives import objective_settings
 

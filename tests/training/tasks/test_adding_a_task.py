@@ -14,7 +14,8 @@ import torch
 from transformers import AutoTokenizer
 
 import coreformer as cf
-from coreformer.training.finetuning import FinetuningArguments, embedded_dataset
+from coreformer.training.finetuning.arguments import FinetuningArguments
+from coreformer.training.finetuning.data import embedded_dataset
 from coreformer.training.tasks import TASKS
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 from coreformer_settings.components import Registered

@@ -4,8 +4,6 @@
                                      coreformer_settings.pretraining), validated in __post_init__
     resolve_arguments(...)           dataclass defaults < preset or config file < explicit overrides
     run_pretraining(args) -> dict    prepare (checks) -> open_run_folder -> build (model, data) -> train -> finish
-    find_latest_checkpoint(dir)      newest complete `checkpoints/step-N` (checkpoints.py)
-    GlobalBatches                    global batch number -> collated batch: the data order of every run (batches.py)
 
 The objective (`--objective`, the family's default when not given) decides the examples, the collator, the model,
 the loss, what the final folder holds and what its card says:
@@ -14,6 +12,9 @@ the loss, what the final folder holds and what its card says:
     masked-lm    encoder   windows of at most block_size ids         MaskedLMCollator (15%, 80/10/10)
     causal-lm    decoder   documents packed into full blocks         PackedCausalLMCollator (no padding)
     denoising    seq2seq   windows of at most block_size ids         DenoisingCollator (infilling + permutation)
+    electra      encoder   windows of at most block_size ids         MaskedLMCollator (85% [MASK], the rest kept:
+                                                                     a small generator fills the masks, the model
+                                                                     tells replaced tokens from originals)
 
 --packing changes the rows (data.py draws them): `padded` one window per row, `packed` whole windows packed into rows
 of block_size with position_ids restarting at each document (every objective), `concatenated` the causal LM's blocks.
@@ -36,9 +37,10 @@ compute the same token-weighted mean. The final model goes through a temporary f
 `output_dir` with config.json, the file every loader reads first, moved last, so a folder that has a config.json
 holds a complete model.
 
-The stages' parts live beside this file: pretraining_setup.py (the checks of the inputs before the first write:
-tokenizer, data, model config, output folder, resume, launch) and pretraining_loop.py (the train step, the loop, the
-held-out evaluation, checkpoints, the final folder).
+The stages' parts live beside this file, in this package: run.py (the arguments and the run's state), inputs.py
+(tokenizer, data, collator, model config, checked before the first write), run_folder.py (the output folder, resume,
+launch), tracking.py (the tracker) and loop.py (the train step, the loop, the held-out evaluation, checkpoints, the
+final folder).
 """
 
 import dataclasses
@@ -46,51 +48,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coreformer_settings.pretraining import PRESETS
+from ...compat import enable_activation_checkpointing
+from ...hub.folders import drop_set_aside, restore_set_aside, set_aside, set_aside_path
+from ..arguments import RUN_CONFIG, PretrainingError, RunStoppedError, write_json
+from ..batches import GlobalBatches, strided_loader
+from ..checkpoints import find_latest_checkpoint, read_trainer_state, remove_stale_temporaries, stopped_message
+from ..data import iter_texts
+from ..engine import Engine, requested_engine, resolve_engine
+from ..optimizers import build_optimizer, build_schedule, check_run_optimizer
+from ..tokenizer_training import tokenizer_name, train_tokenizer
+from .inputs import build_collator, build_model_config, load_dataset_splits, load_tokenizer, shared_tokenizer
+from .loop import finish, train
+from .run import PretrainingArguments, _Run, _Training, resolve_arguments
+from .run_folder import check_checkpoint_engine, check_world_size, resolve_resume
+from .tracking import tracker_choice, tracker_hparams
 
-# the settings' torch-free declarations (beside the package, so that training/pretrain.py --help imports no torch)
-from coreformer_settings.registries import FAMILY_NAMES
-
-from ..compat import enable_activation_checkpointing
-from ..hub.folders import drop_set_aside, restore_set_aside, set_aside, set_aside_path
-from .arguments import PretrainingError, RunStoppedError, write_json
-from .batches import GlobalBatches, strided_loader
-from .checkpoints import find_latest_checkpoint, read_trainer_state, remove_stale_temporaries, stopped_message
-from .data import iter_texts
-from .engine import Engine, requested_engine, resolve_engine
-from .optimizers import build_optimizer, build_schedule, check_run_optimizer
-from .pretraining_loop import evaluate, finish, train, train_step  # noqa: F401  (evaluate, train_step: re-exported)
-from .pretraining_run import PretrainingArguments, _Run, _Training, resolve_arguments  # noqa: F401  (re-exported)
-from .pretraining_setup import (  # noqa: F401  (the names not used here are re-exported: importers name them here)
-    METRICS,
-    RUN_CONFIG,
-    build_collator,
-    build_model_config,
-    check_checkpoint_engine,
-    check_output_dir,
-    check_world_size,
-    input_token_count,
-    load_dataset_splits,
-    load_tokenizer,
-    resolve_resume,
-    shared_tokenizer,
-    tracker_choice,
-    tracker_hparams,
-)
-from .reports import flops_per_token
-from .tokenizer_training import tokenizer_name, train_tokenizer
-
-__all__ = [
-    "FAMILY_NAMES",
-    "PRESETS",
-    "GlobalBatches",
-    "PretrainingArguments",
-    "PretrainingError",
-    "find_latest_checkpoint",
-    "flops_per_token",
-    "resolve_arguments",
-    "run_pretraining",
-]
+__all__ = ["PretrainingArguments", "resolve_arguments", "run_pretraining"]
 
 
 def _accelerator(args: PretrainingArguments) -> tuple[Any, Engine, str | None, str]:

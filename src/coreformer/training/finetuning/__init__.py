@@ -4,13 +4,8 @@ offline default dataset.
     FinetuningArguments                every run setting (a CLI flag per field, plus run_glue / run_qa style aliases;
                                        declared in the torch-free coreformer_settings.finetuning)
     resolve_arguments(...)             dataclass defaults < --config file (YAML / JSON) < flags given
-    TASKS                              task name -> Task (tasks/__init__.py: one file per task)
-    embedded_dataset(task)             the offline default of a task, built from the Python standard library's source
-    load_task_data(args)               train / validation splits: embedded default | Hub dataset | local files
     run_finetuning(args) -> dict       prepare (checks, resume, data, labels, model + LoRA), train (the engine,
                                        evaluate before, Trainer, evaluate after), finish (save the folder)
-    run_engine(trainer, args, ...)     what runs: Accelerate's engine, or FSDP2 by fully_shard on CPU processes
-                                       (engine.py, as pretraining; trainer_checkpoints.shard_with)
     evaluate_folder(folder, args)      reload a saved folder with its Auto class and evaluate it on the same split
 
 Metrics come from the shipped offline `evaluate` modules through `coreformer.training.tasks.metrics`'s builders; the
@@ -18,7 +13,7 @@ model is evaluated once before training too (`before_eval_*` beside `eval_*`), s
 
 An output folder, as a run leaves it (the final files are written into a hidden sibling folder, renamed into place
 at the end, so a crash never leaves a half-written `output_dir`; only the checkpoints are written into it during
-the run, each atomically: trainer_checkpoints.py):
+the run, each atomically: checkpoints.py):
 
     output_dir/
       config.json, model.safetensors, modeling code, tokenizer files [, generation_config.json]
@@ -32,9 +27,9 @@ the run, each atomically: trainer_checkpoints.py):
 QA and seq2seq folders carry coreformer's custom pipeline (`save_with_pipeline`), so
 `pipeline(model=output_dir, trust_remote_code=True)` works where transformers 5 has no QA / text2text pipeline.
 
-The stages' parts live beside this file: finetuning_data.py (data, columns, labels, the base model's config and
-tokenizer), finetuning_trainer.py (the Trainer, the evaluation before training, the engine), finetuning_card.py
-(the model card).
+The stages' parts live beside this file, in this package: arguments.py (the run's settings), data.py (data,
+columns, labels, the base model's config and tokenizer), trainer.py (the Trainer, the evaluation before training, the
+engine), checkpoints.py (Trainer's checkpoints, written atomically, and resume) and card.py (the model card).
 """
 
 import dataclasses
@@ -50,45 +45,37 @@ from typing import Any
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-# the settings' torch-free declarations (beside the package, so that training/finetune.py --help imports no torch)
-from ..hub.folders import link_into, staged_folder
-from ..hub.model_card import write_model_card
-from ..pipelines import save_with_pipeline
-from .arguments import FinetuningError, RunStoppedError, export_run, write_json
-from .checkpoints import CHECKPOINTS_DIR, stopped_message
-from .engine import CpuFsdp2Engine, Engine
-from .finetuning_arguments import FinetuningArguments, resolve_arguments  # noqa: F401  (re-exported)
-from .finetuning_card import finetuned_card_info
-from .finetuning_data import (  # noqa: F401  (the names not used here are re-exported: importers name them here)
-    check_columns,
-    embedded_dataset,
+from ...hub.folders import link_into, staged_folder
+from ...hub.model_card import write_model_card
+from ...pipelines import save_with_pipeline
+from ..arguments import RUN_CONFIG, FinetuningError, RunStoppedError, export_run, write_json
+from ..checkpoints import CHECKPOINTS_DIR, stopped_message
+from ..engine import CpuFsdp2Engine, Engine
+from .arguments import FinetuningArguments, resolve_arguments
+from .card import finetuned_card_info
+from .checkpoints import resolve_resume, run_settings
+from .data import (
     labels_for,
     load_finetuning_tokenizer,
     load_model_config,
     load_task_data,
     read_label_names,
-    resolve_labels,
 )
-from .finetuning_trainer import (  # noqa: F401  (the names not used here are re-exported: importers name them here)
-    BEFORE,
+from .trainer import (
     MetricsBeforeTraining,
     PreparedTask,
     build_trainer,
     predict_validation,
     prepare_task,
     run_engine,
-    with_examples,
 )
-from .tasks import TASKS
-from .trainer_checkpoints import resolve_resume, run_settings
 
-RUN_CONFIG = "run_config.json"
 PREDICTIONS = "eval_predictions.jsonl"
 ADAPTER_DIR = "adapter"
 # What a run leaves in its output folder: a folder holding any of these is a previous run (--overwrite replaces it).
 _RUN_MARKERS = ("config.json", RUN_CONFIG, "all_results.json", ADAPTER_DIR, CHECKPOINTS_DIR)
 
-__all__ = ["TASKS", "FinetuningArguments", "FinetuningError", "embedded_dataset", "evaluate_folder", "run_finetuning"]
+__all__ = ["FinetuningArguments", "evaluate_folder", "resolve_arguments", "run_finetuning"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Fine-tuning's data and labels: where the examples come from, the columns the task reads, the label names, and
-the base model's config and tokenizer (finetuning.py's `prepare` calls these before anything is written).
+the base model's config and tokenizer (the driver's `prepare` calls these before anything is written).
 
     embedded_dataset(task)             the offline default of a task, built from the Python standard library's source
     load_task_data(args)               train / validation splits: embedded default | Hub dataset | local files
@@ -20,12 +20,12 @@ from pathlib import Path
 import datasets
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from ..hub.folders import MissingTokenizerError, folder_tokenizer
-from .arguments import FinetuningError
-from .data import local_builder
-from .families import family_of
-from .finetuning_arguments import FinetuningArguments
-from .tasks import TASKS
+from ...hub.folders import MissingTokenizerError, folder_tokenizer
+from ..arguments import FinetuningError
+from ..data import local_builder
+from ..families import family_of
+from ..tasks import TASKS
+from .arguments import FinetuningArguments
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Data

@@ -45,10 +45,10 @@ from typing import Any
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from ..hub.folders import replace_folder
-from .arguments import FinetuningError, check_output_dir, holds_run, write_json
-from .checkpoints import check_unchanged, requested_checkpoint
-from .engine import CpuFsdp2Engine
+from ...hub.folders import replace_folder
+from ..arguments import FinetuningError, check_output_dir, holds_run, write_json
+from ..checkpoints import check_unchanged, requested_checkpoint
+from ..engine import CpuFsdp2Engine
 
 RUN_RECORD = "fine_tuning_run.json"  # {"args": settings, "world_size": processes, "before": metrics before training}
 _SAVING = ".saving"

@@ -1,15 +1,15 @@
-"""The transformers `Trainer` a fine-tuning run trains and evaluates with (finetuning.py's `train` stage).
+"""The transformers `Trainer` a fine-tuning run trains and evaluates with (the driver's `train` stage).
 
     prepare_task(args, splits, ...)    features of both splits, the collator and compute_metrics of the task
     build_trainer(args, model, ...)    Trainer (Seq2SeqTrainer for tasks that generate) over the prepared data,
-                                       writing only its atomic checkpoints (trainer_checkpoints.py); under
+                                       writing only its atomic checkpoints (checkpoints.py); under
                                        --padding-free its training batches are flattened rows (PaddingFreeTraining)
     MetricsBeforeTraining, BEFORE      the evaluation before the first step, kept as `before_eval_*`
     run_engine(trainer, args, ...)     the engine that runs (engine.py), checked against a resumed checkpoint
     predict_validation(trainer, ...)   the metrics and prediction rows of the validation split
     with_examples(rows, args, ...)     prediction rows beside the inputs and gold answers they came from
 
-Only the checkpoints are written while training; the final folder is finetuning.py's `finish`.
+Only the checkpoints are written while training; the final folder is the driver's `finish`.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import datasets
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from ..pipelines import input_length_limit
-from .arguments import FinetuningError
-from .checkpoints import CHECKPOINTS_DIR, check_unchanged
-from .engine import CpuFsdp2Engine, Engine, requested_engine, resolve_engine
-from .families import longest_input
-from .finetuning_arguments import FinetuningArguments
-from .tasks import Evaluation, Task
-from .trainer_checkpoints import CHECKPOINTING_TRAINERS, CheckpointingTrainer
+from ...pipelines import input_length_limit
+from ..arguments import FinetuningError
+from ..checkpoints import CHECKPOINTS_DIR, check_unchanged
+from ..engine import CpuFsdp2Engine, Engine, requested_engine, resolve_engine
+from ..families import longest_input
+from ..tasks import Evaluation, Task
+from .arguments import FinetuningArguments
+from .checkpoints import CHECKPOINTING_TRAINERS, CheckpointingTrainer
 
 
 @dataclass
@@ -121,7 +121,7 @@ def _training_arguments(args: FinetuningArguments, output_dir: Path, evaluate_fi
         eval_strategy="steps" if args.eval_steps else "no",
         eval_steps=args.eval_steps or None,
         eval_on_start=evaluate_first,  # inside train(), after the model is wrapped for DDP (MetricsBeforeTraining)
-        # Checkpoints: Trainer's, made atomic by trainer_checkpoints (the final folder is written by this module)
+        # Checkpoints: Trainer's, made atomic by checkpoints.py (the final folder is written by this module)
         save_strategy="steps" if args.save_every else "no",
         save_steps=args.save_every or None,
         save_total_limit=args.save_total_limit,
@@ -174,7 +174,7 @@ def build_trainer(
     evaluate_first: bool = False,
 ):
     """Trainer (Seq2SeqTrainer for seq2seq) over the prepared data; it writes only its checkpoints (into
-    args.output_dir/checkpoints, atomically: trainer_checkpoints), the caller saves the rest."""
+    args.output_dir/checkpoints, atomically: checkpoints.py), the caller saves the rest."""
     padding_free = prepared.training_collator is not None  # no task that generates allows it (FinetuningArguments)
     trainer_class = PaddingFreeTraining if padding_free else CHECKPOINTING_TRAINERS[args.spec.generates]
     trainer = trainer_class(
@@ -310,7 +310,7 @@ def _shown(metrics: dict[str, float]) -> str:
 def run_engine(trainer, args: FinetuningArguments, resume_record: dict | None) -> Engine:
     """The engine that runs, decided as pretraining decides it (engine.py): what Accelerate set up under Trainer, or
     FSDP2 by `fully_shard` on CPU processes (an FSDP config that Accelerate 1.15 turns into DDP there), applied to
-    the model here, before Trainer prepares it (trainer_checkpoints: `shard_with`). An engine asked for but not set
+    the model here, before Trainer prepares it (checkpoints.py: `shard_with`). An engine asked for but not set
     up is refused with one FinetuningError, as is a checkpoint written in another engine's format. Printed in one
     line; recorded in train_results.json / all_results.json and every checkpoint."""
     engine = resolve_engine(

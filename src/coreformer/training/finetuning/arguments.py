@@ -1,5 +1,5 @@
-"""A fine-tuning run's arguments, shared by the driver (finetuning.py) and its steps (finetuning_data.py,
-finetuning_trainer.py, finetuning_card.py), which all import them from here and never from the driver.
+"""A fine-tuning run's arguments, shared by the driver (__init__.py) and its steps (data.py,
+trainer.py, card.py), which all import them from here and never from the driver.
 
     FinetuningArguments      FinetuningSettings with the checks that need the task registry
     resolve_arguments(...)   gathered settings -> typed, checked FinetuningArguments
@@ -14,8 +14,8 @@ from typing import Any
 from coreformer_settings.finetuning import PEFT_CHOICES, REPORT_TO, FinetuningSettings
 from coreformer_settings.tasks import task_settings
 
-from .arguments import FinetuningError, load_config_file
-from .tasks import TASKS, Task
+from ..arguments import FinetuningError, load_config_file
+from ..tasks import TASKS, Task
 
 
 @dataclass

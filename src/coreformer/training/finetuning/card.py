@@ -1,13 +1,13 @@
 """What the model card of a fine-tuned folder (and of its LoRA adapter) says: the task, the data, the settings and
-the evaluation numbers, as a `ModelCardInfo` for coreformer.hub.model_card (finetuning.py's `finish` writes it).
+the evaluation numbers, as a `ModelCardInfo` for coreformer.hub.model_card (the driver's `finish` writes it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..hub.model_card import ModelCardInfo, inherited_license, is_hub_id
-from .finetuning_arguments import FinetuningArguments
+from ...hub.model_card import ModelCardInfo, inherited_license, is_hub_id
+from .arguments import FinetuningArguments
 
 
 def finetuned_card_info(

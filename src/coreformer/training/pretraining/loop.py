@@ -1,4 +1,4 @@
-"""Pretraining's loop and what it writes, from the first step to the final folder (pretraining.py's `train` and
+"""Pretraining's loop and what it writes, from the first step to the final folder (the driver's `train` and
 `finish` stages).
 
     evaluate(accelerator, model, ...)     the held-out loss, token-weighted as in training, split across processes
@@ -18,24 +18,25 @@ from typing import Any
 
 import torch
 
-from ..hub.folders import drop_set_aside, link_into, staged_folder
-from . import arguments
-from .arguments import export_run, write_json
-from .batches import derive_seed
-from .checkpoints import save_checkpoint
-from .objectives import Objective
-from .pretraining_run import _Run, _Training
-from .pretraining_setup import METRICS, input_token_count
-from .reports import (
+from ...hub.folders import drop_set_aside, link_into, staged_folder
+from .. import arguments
+from ..arguments import export_run, write_json
+from ..batches import derive_seed
+from ..checkpoints import save_checkpoint
+from ..flops import flops_per_token
+from ..objectives import Objective
+from ..reports import (
     PEAK_FLOPS,
-    flops_per_token,
     held_out_numbers,
     plot_losses,
     render_model_card,
     run_summary,
     time_line,
 )
-from .zero_shot import run_zero_shot, zero_shot_line
+from ..zero_shot import run_zero_shot, zero_shot_line
+from .inputs import input_token_count
+from .run import _Run, _Training
+from .run_folder import METRICS
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
-"""A pretraining run's arguments and its state, shared by the driver (pretraining.py) and its steps
-(pretraining_setup.py, pretraining_loop.py), which all import from here and never from each other's driver.
+"""A pretraining run's arguments and its state, shared by the driver (__init__.py) and its steps
+(inputs.py, run_folder.py, loop.py), which all import from here and never from the driver.
 
     PretrainingArguments     PretrainingSettings with the checks that need the registries
     resolve_arguments(...)   gathered settings -> typed, checked PretrainingArguments
@@ -21,11 +21,11 @@ from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_setting
 from coreformer_settings.pretraining import MIXED_PRECISION, REPORT_TO, PretrainingSettings, gather_settings
 from coreformer_settings.registries import FAMILY_NAMES
 
-from .arguments import PretrainingError
-from .engine import Engine
-from .families import TRAINING_FACTS
-from .objectives import OBJECTIVES, Objective
-from .optimizers import check_optimization_settings
+from ..arguments import PretrainingError
+from ..engine import Engine
+from ..families import TRAINING_FACTS
+from ..objectives import OBJECTIVES, Objective
+from ..optimizers import check_optimization_settings
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Arguments
@@ -80,11 +80,6 @@ class PretrainingArguments(PretrainingSettings):
     def spec(self) -> Objective:
         return OBJECTIVES[self.objective]
 
-    @property
-    def global_batch_size(self) -> int:
-        """Examples per optimizer step on one process (times the number of processes for the whole run)."""
-        return self.batch_size * self.grad_accum
-
 
 def _config_fields(family: str) -> set[str]:
     return {f.name for f in dataclasses.fields(TRAINING_FACTS[family].config_class)}
@@ -108,7 +103,7 @@ def resolve_arguments(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The run: prepare, build, train, finish (the train and finish stages: pretraining_loop.py)
+# The run: prepare, build, train, finish (the train and finish stages: loop.py)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
