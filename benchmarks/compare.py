@@ -20,23 +20,22 @@ and forward+backward, under each attention backend transformers registers that r
     python benchmarks/compare.py --device cuda      # every row on the GPU, plus the 124M training and attention tables
     python benchmarks/compare.py --tiny --large-rows   # toy shapes for every row and table: checks the harness
     python benchmarks/compare.py --only "vocab 50,257" --no-compiled-rows   # some rows only
+
+Beside it: compare_attention.py (the attention-core table) and measure.py (timing, memory and the machine).
 """
 
 import argparse
-import ctypes
-import ctypes.util
-import gc
 import json
 import multiprocessing
-import platform
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from compare_attention import attention_core, attention_markdown
+from measure import LIBC, M_MMAP_THRESHOLD, bf16_gemm_peak, device_name, interleaved, peak_memory_mib
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -46,48 +45,10 @@ from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
 )
-from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_flash_attn_4_available
 
-from coreformer import CoreformerDecoderConfig, convert_from_hf
-from coreformer.attention import Attention, eager_attention_forward
+from coreformer import convert_from_hf
 from coreformer.training.flops import flops_per_token
-
-# A flash backend is only tried where its package is importable: transformers would otherwise fall back to fetching a
-# kernel from the Hub.
-FLASH_AVAILABLE = {
-    "flash_attention_2": is_flash_attn_2_available,
-    "flash_attention_3": is_flash_attn_3_available,
-    "flash_attention_4": is_flash_attn_4_available,
-}
-
-# glibc, for the memory measurement: mallopt(M_MMAP_THRESHOLD) and malloc_trim. None where the C library is not glibc.
-_LIBC_NAME = ctypes.util.find_library("c")
-LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME and hasattr(ctypes.CDLL(_LIBC_NAME), "mallopt") else None
-M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on `device`: CUDA kernels run asynchronously, so reading the clock before this would
-    time the launches, not the work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def interleaved(runs: dict[str, Callable[[], None]], repeats: int, device: torch.device) -> dict[str, list[float]]:
-    """Time each callable `repeats` times, alternating between them, after one warm-up call each."""
-    for run in runs.values():
-        run()
-    synchronize(device)
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def row(name: str, unit_count: float, unit: str, times: dict[str, list[float]]) -> dict:
@@ -107,37 +68,6 @@ def assert_same_function(reference: torch.Tensor, ours: torch.Tensor, name: str,
     difference = (reference.float() - ours.float()).abs().max().item()
     if difference > tolerance:
         raise SystemExit(f"{name}: coreformer and the reference differ by {difference:.2e} (> {tolerance}): not timing")
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else the architecture."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
-    return platform.machine()
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name on CUDA, else the CPU's model name and torch's thread count."""
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    return f"{cpu_name()}, {torch.get_num_threads()} threads"
-
-
-def bf16_gemm_peak(size: int, device: torch.device, repeats: int = 5) -> float:
-    """The device's bf16 matmul FLOP/s: the best of `repeats` (size x size) @ (size x size) products."""
-    a, b = (torch.randn(size, size, dtype=torch.bfloat16, device=device) for _ in range(2))
-    a @ b
-    synchronize(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
 
 
 class Prepared(NamedTuple):
@@ -424,27 +354,6 @@ def benchmarks(args: argparse.Namespace) -> list[Benchmark]:
     return rows
 
 
-def peak_memory_mib(run: Callable[[], None]) -> float:
-    """MiB the process's resident memory rose above its level before `run` (its second call: the first allocates
-    what stays, such as optimizer state and caches), read from Linux's high-water mark. Set up by
-    `memory_of_benchmark` so that large allocations are mapped and unmapped one by one (glibc keeps nothing freed),
-    so the mark follows the tensors alive at once: a count of bytes, not of time, and so unaffected by load."""
-    run()
-    gc.collect()
-    LIBC.malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
-    baseline = process_memory_kib("VmRSS")
-    run()
-    return (process_memory_kib("VmHWM") - baseline) / 1024
-
-
-def process_memory_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
 def memory_of_benchmark(benchmark: Benchmark, args: argparse.Namespace) -> dict[str, float]:
     """Peak MiB of each model's call in `benchmark`, in a fresh process (run by `measure_memory`)."""
     LIBC.mallopt(M_MMAP_THRESHOLD, 64 * 1024)  # every allocation of 64 KiB or more: its own mapping, unmapped on free
@@ -499,126 +408,6 @@ def large_decoder_training(args: argparse.Namespace) -> dict:
     return run_benchmark(
         Benchmark(label, prepare_decoder_training, dict(precision="bf16", fused_adamw=True), "gemm"), shape
     )
-
-
-def attention_backends(names: list[str], device: torch.device) -> dict[str, str | None]:
-    """Each backend in `names` with the reason it cannot run on `device`, or None where it may."""
-    backends: dict[str, str | None] = {}
-    for name in names:
-        if name.startswith("paged"):
-            backends[name] = "reads keys and values from a paged cache (continuous batching): no plain forward"
-        elif name.startswith("flash") and device.type != "cuda":
-            backends[name] = "needs CUDA"
-        elif name.startswith("flash") and not FLASH_AVAILABLE.get(name, lambda: False)():
-            backends[name] = "its package is not installed"
-        else:
-            backends[name] = None
-    return backends
-
-
-def attention_call(implementation: str, shape: tuple[int, int, int, int], device: torch.device) -> Callable:
-    """coreformer's attention core for a full causal layer under `implementation`, called as `Attention._attend`
-    calls it: (B, H, L, D) queries, keys and values -> (B, L, H, D)."""
-    batch, heads, length, head_dim = shape
-    config = CoreformerDecoderConfig(
-        hidden_size=heads * head_dim, num_attention_heads=heads, num_hidden_layers=1, max_position_embeddings=length
-    )
-    config._attn_implementation = implementation
-    module = Attention(config, layer_idx=0, is_causal=True).to(device).eval()  # its settings are read, not its weights
-    # The mask the decoder stack builds once per forward, in the form this backend wants (None for sdpa and flash,
-    # which then run their causal kernels; a BlockMask for flex; an additive (B, 1, L, L) tensor for eager).
-    mask = create_causal_mask(
-        config=config,
-        inputs_embeds=torch.empty(batch, length, config.hidden_size, dtype=torch.bfloat16, device=device),
-        attention_mask=None,
-        past_key_values=None,
-        position_ids=torch.arange(length, device=device)[None],
-    )
-    attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-
-    def call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        return attention_fn(module, query, key, value, mask, dropout=0.0, scaling=module.scaling)[0]
-
-    return call
-
-
-def failure(error: Exception) -> str:
-    """An exception as a one-line reason for a table cell."""
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
-
-
-def attention_core(args: argparse.Namespace) -> dict:
-    """FLOP/s of the attention core, forward and forward+backward, causal and bf16, under each backend that runs on
-    the device. A backend that raises here, or whose output is not the first backend's (eager's by default), is
-    reported as skipped with the reason."""
-    batch, heads, length, head_dim = args.attention_shape
-    # FLOPs as FlashAttention counts them (Dao 2023, benchmarks/benchmark_flash_attention.py): Q Kᵀ and P V take
-    # 2·B·H·L²·D each, so 4·B·H·L²·D forward, halved for causal attention (only the lower triangle is useful work,
-    # whatever a backend computes); the backward pass counts 2.5x the forward (FlashAttention's backward recomputes
-    # Q Kᵀ: five matmuls to the forward's two), so forward+backward is 3.5x the forward.
-    forward_flops = 4 * batch * heads * length**2 * head_dim / 2
-    flops = {"forward": forward_flops, "forward_backward": 3.5 * forward_flops}
-    torch.manual_seed(0)
-    inputs = [
-        torch.randn(batch, heads, length, head_dim, dtype=torch.bfloat16, device=args.device) for _ in range(3)
-    ]  # query, key, value: (B, H, L, D)
-    leaves = [tensor.detach().requires_grad_() for tensor in inputs]
-    output_grad = torch.randn(batch, length, heads, head_dim, dtype=torch.bfloat16, device=args.device)  # (B, L, H, D)
-
-    backends = attention_backends(args.attention_backends, args.device)
-    results = {name: {"backend": name} for name in backends}
-    runs: dict[str, dict[str, Callable[[], None]]] = {"forward": {}, "forward_backward": {}}
-    reference = None
-    for name, reason in backends.items():
-        if reason is None:
-            # Any error is this backend's limit on this device (no CPU backward for flex, a missing compiler, ...):
-            # it becomes the row's reason rather than ending the run.
-            try:
-                call = attention_call(name, args.attention_shape, args.device)
-                with torch.no_grad():
-                    output = call(*inputs).float()
-            except Exception as error:
-                reason = failure(error)
-            else:
-                if reference is None:  # the first backend that runs, eager by default
-                    reference, reference_name = output, name
-                # bf16 outputs: two roundings (a bf16 step is 2⁻⁸ of the value) are not a difference.
-                difference = (output - reference).abs().max().item()
-                if difference > 2e-2 * reference.abs().max().item():
-                    reason = f"output differs from {reference_name}'s by {difference:.2e}: not timed"
-        if reason is not None:
-            results[name].update(forward={"skipped": reason}, forward_backward={"skipped": reason})
-            continue
-
-        def forward(call=call):
-            with torch.no_grad():
-                call(*inputs)
-
-        def forward_backward(call=call):
-            torch.autograd.grad(call(*leaves), leaves, output_grad)
-
-        runs["forward"][name] = forward
-        try:
-            forward_backward()
-            runs["forward_backward"][name] = forward_backward
-        except Exception as error:
-            results[name]["forward_backward"] = {"skipped": failure(error)}
-
-    for mode, mode_runs in runs.items():
-        for name, seconds in interleaved(mode_runs, args.repeats, args.device).items():
-            median = statistics.median(seconds)
-            results[name][mode] = {
-                "flop_per_s": flops[mode] / median,
-                "median_s": median,
-                "spread_s": [min(seconds), max(seconds)],
-            }
-    return {
-        "shape": dict(zip(("batch", "heads", "length", "head_dim"), args.attention_shape)),
-        "causal": True,
-        "dtype": "bfloat16",
-        "flops": flops,
-        "backends": list(results.values()),
-    }
 
 
 def share_of_limit(r: dict) -> str:
@@ -686,31 +475,6 @@ def training_markdown(r: dict, device: str, bf16_peak: float) -> str:
         spread = "{:.3f}-{:.3f}".format(*r[f"{name}_spread_s"])
         lines.append(f"| {label} | {r[f'{name}_per_s']:,.0f} | {r[f'{name}_peak_fraction']:.1%} | {spread} |")
     return "\n".join(lines + ["", f"coreformer / transformers: {r['speedup']:.2f}x"])
-
-
-def attention_markdown(attention: dict, device: str) -> str:
-    shape = attention["shape"]
-    lines = [
-        f"Attention core on {device}: causal, bf16, batch {shape['batch']}, {shape['heads']} heads, length "
-        f"{shape['length']}, head dim {shape['head_dim']}. TFLOP/s count the causal half, "
-        f"4·B·H·L²·D / 2 = {attention['flops']['forward'] / 1e9:,.3g} GFLOP forward, and 3.5x that forward+backward "
-        "(FlashAttention's convention), whatever a backend computes.",
-        "",
-        "| backend | forward TFLOP/s | forward (ms) | forward+backward TFLOP/s | forward+backward (ms) |",
-        "|---|---|---|---|---|",
-    ]
-    for backend in attention["backends"]:
-        cells = []
-        for mode in ("forward", "forward_backward"):
-            result = backend[mode]
-            if "skipped" in result:
-                cells += [f"skipped: {result['skipped']}", ""]
-            else:
-                cells += [f"{result['flop_per_s'] / 1e12:.3g}", f"{result['median_s'] * 1e3:.3g}"]
-        # A pipe inside a cell ("paged|eager") would end it: markdown tables take it escaped.
-        cells = [cell.replace("|", "\\|") for cell in (backend["backend"], *cells)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def parse_arguments() -> argparse.Namespace:

@@ -246,7 +246,7 @@ def main() -> None:
 
     # compare.py (this folder's other benchmark, sys.path[0] when run as a script) imports transformers' GPT-2, BERT
     # and BART: only the parent, which writes the report, pays for that, not each measuring child.
-    from compare import cpu_name
+    from measure import cpu_name
 
     machine = f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}"
     print(f"machine: {machine}")
