@@ -116,7 +116,7 @@ def test_the_native_architecture_example_converts_and_exports(tmp_path, monkeypa
     from coreformer.export import choose_target, to_native
     from coreformer.native import NATIVE_ARCHITECTURES
     from coreformer.native.conversion import convert_from_hf
-    from coreformer.native.parity import model_differences, tolerance
+    from coreformer.native.parity import compare_models, tolerance
 
     toy = section_module("extending.md", "Add a native architecture", "docs_opt", tmp_path, monkeypatch)
     monkeypatch.setitem(NATIVE_ARCHITECTURES, "opt", toy.OPT)
@@ -132,8 +132,8 @@ def test_the_native_architecture_example_converts_and_exports(tmp_path, monkeypa
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
     ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(0)).masked_fill(mask == 0, 0)
     inputs = {"input_ids": ids, "attention_mask": mask}
-    assert max(model_differences(source, converted, inputs).values()) <= tolerance("f32")
+    assert max(compare_models(source, converted, inputs).differences.values()) <= tolerance("f32")
     assert choose_target(converted.config, type(converted).__name__) == (toy.OPT, "OPTForCausalLM")
     native = to_native(converted)
     assert type(native) is transformers.OPTForCausalLM
-    assert max(model_differences(source, native, inputs).values()) <= tolerance("f32")
+    assert max(compare_models(source, native, inputs).differences.values()) <= tolerance("f32")

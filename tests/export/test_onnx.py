@@ -10,7 +10,9 @@ from conftest import MODERNBERT, VARIANTS
 from tiny import padded_batch, tiny_model
 
 import coreformer as cf
-from coreformer.export.onnx import CHECK_TOLERANCE, MANIFEST_NAME, export_onnx, without_eos
+from coreformer.export.onnx import MANIFEST_NAME, export_onnx, without_eos
+from coreformer.native.parity import ExportCheckError
+from coreformer_settings.exports import CHECK_TOLERANCE
 
 
 def session(path):
@@ -161,7 +163,7 @@ def test_a_failed_check_exits_1_naming_the_difference_and_writes_nothing(tmp_pat
     folder = save(tmp_path, tiny_model(cf.CoreformerEncoderForMaskedLM, "encoder"))
     # the graphs are not written (export is tested above): the check alone reports them 0.25 apart
     monkeypatch.setattr(onnx_export, "export_graph", lambda graph, folder: None)
-    monkeypatch.setattr(onnx_export, "check_graph", lambda graph, folder: 0.25)
+    monkeypatch.setattr(onnx_export, "check_graph", lambda graph, folder: (0.25, 0.5))  # (difference, scale)
     assert cli.main(["export", str(folder), str(tmp_path / "onnx"), "--to", "onnx", "--check"]) == 1
     assert "check failed: the ONNX graphs differ from PyTorch by 0.25" in capsys.readouterr().err
     assert not (tmp_path / "onnx").exists()
@@ -212,3 +214,36 @@ def test_linear_attention_seq2seq_decoder_is_refused_naming_the_layer_type(tmp_p
     model = tiny_model(cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq", decoder_layer_types=["full", "linear"])
     with pytest.raises(ValueError, match=r"\['linear'\] attention layers, whose cache is not keys and values"):
         export_onnx(save(tmp_path, model), tmp_path / "onnx")
+
+
+def test_logits_at_a_trained_models_scale_pass_the_check_and_a_wrong_graph_fails_it(tmp_path, monkeypatch):
+    """A trained model's logits reach 10-20 (the Quickstart model's 12.5), where fp32 reordering between onnxruntime
+    and PyTorch alone moves them by about 1e-5: the check's tolerance grows with their scale, and a graph whose
+    weights are off by 1% still fails it."""
+    import coreformer.export.onnx as onnx_export
+
+    model = tiny_model(cf.CoreformerEncoderForMaskedLM, "encoder", tie_word_embeddings=False)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(500 / model.lm_head.weight.abs().max())  # logits of a trained model's scale
+    folder = save(tmp_path, model)
+    report = export_onnx(folder, tmp_path / "onnx", check=True)
+    logits = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert logits.abs().max() > 5 and report["tolerance"] > CHECK_TOLERANCE
+    assert report["max_abs_diff"] <= report["tolerance"]
+
+    export_graph = onnx_export.export_graph
+
+    def export_a_wrong_graph(graph, graph_folder):  # every weight of the written graph 1% off
+        with torch.no_grad():
+            for parameter in graph.module.parameters():
+                parameter.mul_(1.01)
+            try:
+                export_graph(graph, graph_folder)
+            finally:
+                for parameter in graph.module.parameters():
+                    parameter.div_(1.01)
+
+    monkeypatch.setattr(onnx_export, "export_graph", export_a_wrong_graph)
+    with pytest.raises(ExportCheckError, match="check failed: the ONNX graphs differ from PyTorch"):
+        export_onnx(folder, tmp_path / "wrong", check=True)
+    assert not (tmp_path / "wrong").exists()

@@ -5,12 +5,16 @@ import pytest
 import torch
 
 import coreformer_cli
-from coreformer.export import exporters, onnx
+from coreformer.commands import convert
+from coreformer.export import exporters, gguf, onnx
 from coreformer.export.gguf import DTYPES
 from coreformer.native.parity import (
+    allowed_difference,
+    compare_models,
+    magnitude,
     max_abs_difference,
-    model_differences,
     output_differences,
+    output_scale,
     tolerance,
     within_tolerance,
 )
@@ -18,7 +22,10 @@ from coreformer_settings.exports import CHECK_TOLERANCE, CHECK_TOLERANCES, GGUF_
 
 
 def test_every_check_reads_the_one_tolerance_of_its_dtype():
-    assert exporters.CHECK_TOLERANCE is onnx.CHECK_TOLERANCE is CHECK_TOLERANCE == tolerance("f32")
+    assert CHECK_TOLERANCE == tolerance("f32") == allowed_difference(0.0)
+    for module in (exporters, onnx, convert, gguf):  # each check asks the one rule, none keeps a number of its own
+        assert "allowed_difference" in vars(module) or "allowed" in vars(module.Dtype), module.__name__
+        assert not any(name.endswith("TOLERANCE") for name in vars(module)), module.__name__
     assert str(CHECK_TOLERANCE) in coreformer_cli.COMMANDS["export"].build_parser().format_help()
     assert {name: dtype.tolerance for name, dtype in DTYPES.items()} == {name: tolerance(name) for name in GGUF_DTYPES}
     assert tolerance("f32") < tolerance("f16") <= tolerance("bf16")
@@ -53,7 +60,24 @@ def test_within_tolerance_needs_something_compared():
     assert within_tolerance(1e-3, "f16") and not within_tolerance(1e-3)
 
 
-def test_model_differences_run_both_models_in_fp32():
+def test_the_tolerance_grows_with_the_outputs_scale_above_one():
+    # A trained model's logits reach 12.5; fp32 reordering alone (onnxruntime against PyTorch) moved them 1.24e-05.
+    assert within_tolerance({"logits": 1.24e-5}, scale=12.5) and allowed_difference(12.5) == pytest.approx(1.25e-4)
+    assert not within_tolerance({"logits": 1.24e-5}, scale=0.5)  # outputs near 0 are held to the tolerance itself
+    assert allowed_difference(0.5) == allowed_difference(1.0) == tolerance("f32")
+    # A wrong output is off by a share of the scale, far above any rounding at that scale.
+    assert not within_tolerance({"logits": 12.5 * 1e-3}, scale=12.5)
+    assert allowed_difference(40.0, "f16") == pytest.approx(40 * tolerance("f16"))
+
+
+def test_the_scale_is_the_largest_real_output_both_sides_have():
+    reference = {"logits": torch.tensor([[[1.0, -12.5], [30.0, 0.0]]]), "extra": torch.full((1,), 99.0)}
+    found = {"logits": reference["logits"] + 1e-4}
+    mask = torch.tensor([[1, 0]])  # the second position is padding: its 30.0 does not count
+    assert output_scale(reference, found, mask) == 12.5 and magnitude(reference["logits"]) == 30.0
+
+
+def test_compared_models_run_in_fp32():
     torch.manual_seed(0)
     reference = torch.nn.Linear(4, 3).to(torch.bfloat16).float()  # weights a bf16 model holds exactly
     model = torch.nn.Linear(4, 3).to(torch.bfloat16)
@@ -68,5 +92,6 @@ def test_model_differences_run_both_models_in_fp32():
             return {"logits": self.linear(input_ids)}
 
     inputs = {"input_ids": torch.randn(2, 5, 4), "attention_mask": torch.ones(2, 5)}
-    differences = model_differences(Wrapped(reference), Wrapped(model), inputs)
-    assert differences["logits"] == 0.0  # the same weights, both computed in fp32 (bf16 outputs would be rounded)
+    comparison = compare_models(Wrapped(reference), Wrapped(model), inputs)
+    # the same weights, both computed in fp32 (bf16 outputs would be rounded)
+    assert comparison.differences["logits"] == 0.0 and comparison.passed

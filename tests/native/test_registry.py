@@ -17,7 +17,7 @@ import coreformer as cf
 from coreformer.export import choose_target, export_to, to_native
 from coreformer.native import NATIVE_ARCHITECTURES, architecture_of_class, register, supported_classes
 from coreformer.native.conversion import convert_from_hf
-from coreformer.native.parity import model_differences, tolerance
+from coreformer.native.parity import compare_models, tolerance
 
 # The whole of a native architecture, as a contributor would write it in src/coreformer/native/opt.py (imports made
 # absolute: it lives outside the package here). OPT's positions are stored from row 2, like BART's.
@@ -143,7 +143,7 @@ def test_a_toy_architecture_converts_and_exports_through_the_registry(toy_opt, t
     converted = convert_from_hf(source)
     assert isinstance(converted, cf.CoreformerDecoderForCausalLM) and converted.config.position_offset == 2
     inputs = right_padded_batch()
-    assert max(model_differences(source, converted, inputs).values()) <= tolerance("f32")
+    assert max(compare_models(source, converted, inputs).differences.values()) <= tolerance("f32")
 
     assert choose_target(converted.config, type(converted).__name__) == (toy_opt.OPT, "OPTForCausalLM")
     native = to_native(converted)
@@ -156,7 +156,7 @@ def test_a_toy_architecture_converts_and_exports_through_the_registry(toy_opt, t
     assert summary["native_class"] == "OPTForCausalLM" and summary["target"] == "opt"
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "native").eval()
     assert type(reloaded) is transformers.OPTForCausalLM
-    assert max(model_differences(source, reloaded, inputs).values()) <= tolerance("f32")
+    assert max(compare_models(source, reloaded, inputs).differences.values()) <= tolerance("f32")
 
 
 def test_without_the_registry_line_the_toy_is_refused():

@@ -16,12 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from coreformer_settings.exports import CHECK_TOLERANCE
-
 from ..families import head_of_class
 from ..hub.folders import TOKENIZER_FILES, saved_tokenizer, staged_folder
 from ..hub.model_card import ModelCardInfo, inherited_license, is_hub_id, source_card_metadata, write_model_card
-from ..native.parity import model_differences, sample_inputs
+from ..native.parity import Comparison, allowed_difference, compare_models, sample_inputs
 from ..pipelines import save_with_pipeline
 from .base import CheckFailedError, CommandError, tool_command
 
@@ -123,21 +121,22 @@ def convert(args: argparse.Namespace) -> int:
         if args.check:
             # Check the written folder, not the in-memory model: that also covers saving and loading.
             reloaded = type(model).from_pretrained(staging).eval()
-            differences = model_differences(hf_model, reloaded, sample_inputs(reloaded, tokenizer))
-            worst = max(differences.values())
-            for key, value in differences.items():
+            comparison = compare_models(hf_model, reloaded, sample_inputs(reloaded, tokenizer))
+            allowed = allowed_difference(comparison.scale)
+            for key, value in comparison.differences.items():
                 print(f"max abs difference {key}: {value:.3g}")
-            if worst > CHECK_TOLERANCE:
-                print(f"check failed: {worst:.3g} > {CHECK_TOLERANCE}; {dst} not written.", file=sys.stderr)
+            if not comparison.passed:
+                worst = max(comparison.differences.values(), default=float("inf"))
+                print(f"check failed: {worst:.3g} > {allowed:.3g}; {dst} not written.", file=sys.stderr)
                 raise CheckFailedError
-        info = converted_card_info(src, hf_model, model, tokenizer, differences if args.check else None)
+        info = converted_card_info(src, hf_model, model, tokenizer, comparison if args.check else None)
         write_model_card(staging, info, path_hint=str(dst))
         _check_destination(dst, args.overwrite)  # it may have been filled while we worked
     print(f"wrote {dst}")
     return 0
 
 
-def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict[str, float] | None) -> ModelCardInfo:
+def converted_card_info(src: Path, hf_model, model, tokenizer, comparison: Comparison | None) -> ModelCardInfo:
     """The card of a converted folder: what it was converted from, and the `--check` differences when measured.
     License and Hub datasets come from the source folder's card when it has one (the weights are the source's); with
     no card the license is "other" and the text says the source's terms apply."""
@@ -163,11 +162,11 @@ def converted_card_info(src: Path, hf_model, model, tokenizer, differences: dict
         ("tokenizer", "copied from the source" if tokenizer is not None else "none (not in the source, or skipped)"),
     ]
     eval_results = {}
-    if differences is not None:
-        eval_results["max_abs_diff_vs_transformers"] = max(differences.values())
-        for key, value in differences.items():
+    if comparison is not None:
+        eval_results["max_abs_diff_vs_transformers"] = max(comparison.differences.values())
+        for key, value in comparison.differences.items():
             hyperparameters.append((f"check: max abs difference, {key}", f"{value:.3g}"))
-        hyperparameters.append(("check tolerance", CHECK_TOLERANCE))
+        hyperparameters.append(("check tolerance", f"{allowed_difference(comparison.scale):.3g}"))
         inputs = "tokenized sample texts" if tokenizer is not None else "random token ids"
         hyperparameters.append(("check inputs", f"{inputs}, right-padded; padding positions ignored"))
     return ModelCardInfo(

@@ -41,7 +41,7 @@ def export(args: argparse.Namespace) -> int:
 
 def print_check(check: dict) -> None:
     """What `export --check` found, alike for every format (coreformer.native.parity.check_summary)."""
-    print(f"max abs difference: {check['max_abs_difference']:.3g} (tolerance {check['tolerance']})")
+    print(f"max abs difference: {check['max_abs_difference']:.3g} (tolerance {check['tolerance']:.3g})")
     for key, what in (("tokens_equal", "greedy tokens equal"), ("tokenizer_equal", "tokenizer ids equal")):
         if check.get(key) is not None:
             print(f"{what}: {check[key]}")

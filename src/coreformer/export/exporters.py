@@ -39,7 +39,8 @@ from. It is written atomically (folders.staged_folder); a non-empty OUT is refus
 `check=True` reloads OUT with plain transformers in a fresh `python -I` process in which importing coreformer
 fails (asserted there), runs it on a padded sample batch and, for generative heads, generates a few greedy tokens;
 the same runs here on the coreformer model. The comparison is `coreformer.native.parity`'s: a difference above its
-fp32 tolerance (`CHECK_TOLERANCE`) or a different token fails the export and leaves nothing at OUT.
+fp32 tolerance (`CHECK_TOLERANCE`, times the outputs' scale above 1: `allowed_difference`) or a different token fails
+the export and leaves nothing at OUT.
 
 A native transformers folder (an exported one, or any checkpoint of an architecture in the registry) is accepted
 too: it is converted in memory (`convert_from_hf`) and exported as its coreformer twin would be, except that
@@ -64,7 +65,7 @@ import transformers
 from transformers import PreTrainedModel
 
 from coreformer_settings.base import installed_version as version
-from coreformer_settings.exports import CHECK_TOLERANCE, GGUF_DTYPES
+from coreformer_settings.exports import GGUF_DTYPES
 
 from ..configuration_coreformer import CoreformerConfig
 from ..families import head_of_class
@@ -76,9 +77,11 @@ from ..native.base import match_device_and_mode
 from ..native.parity import (
     SAMPLE_TEXTS,
     ExportCheckError,
+    allowed_difference,
     check_summary,
     greedy_tokens,
     output_differences,
+    output_scale,
     sample_inputs,
     within_tolerance,
 )
@@ -189,16 +192,21 @@ class CheckResult:
     differences: dict[str, float]  # output name -> max abs difference over real tokens
     tokens_equal: bool | None  # greedy tokens identical (None: not a generative head)
     tokenizer_equal: bool | None  # the exported tokenizer's ids (None: no tokenizer)
+    scale: float = 0.0  # the largest magnitude of the compared outputs (native.parity.output_scale)
     worst: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.worst = max(self.differences.values(), default=float("inf"))
 
     @property
+    def allowed(self) -> float:
+        """The largest difference the check accepts at these outputs' scale (native.parity.allowed_difference)."""
+        return allowed_difference(self.scale)
+
+    @property
     def passed(self) -> bool:
-        return (
-            within_tolerance(self.differences) and self.tokens_equal is not False and self.tokenizer_equal is not False
-        )
+        within = within_tolerance(self.differences, scale=self.scale)
+        return within and self.tokens_equal is not False and self.tokenizer_equal is not False
 
 
 def _generation_inputs(model: CoreformerPreTrainedModel, inputs: dict) -> dict | None:
@@ -257,7 +265,8 @@ def check_exported(jobs: list[CheckJob], timeout: float = 900) -> list[CheckResu
             tokens_equal = torch.equal(reference["tokens"], child["tokens"])
         tokenizer_equal = None if reference["token_ids"] is None else reference["token_ids"] == child["token_ids"]
         differences = output_differences(reference["outputs"], child["outputs"], mask)
-        results.append(CheckResult(child["class"], differences, tokens_equal, tokenizer_equal))
+        scale = output_scale(reference["outputs"], child["outputs"], mask)
+        results.append(CheckResult(child["class"], differences, tokens_equal, tokenizer_equal, scale))
     return results
 
 
@@ -339,7 +348,7 @@ def _card(
         check = "not run (`coreformer export --check` reloads the folder with plain transformers and compares)"
     else:
         tokens = {None: "", True: "; greedy tokens identical", False: "; greedy tokens DIFFER"}[result.tokens_equal]
-        check = f"max abs difference {result.worst:.3g} (tolerance {CHECK_TOLERANCE}, fp32){tokens}"
+        check = f"max abs difference {result.worst:.3g} (tolerance {result.allowed:.3g}, fp32){tokens}"
     rows = [
         ("exported from", f"`{source}`"),
         ("coreformer class", type(model).__name__),
@@ -397,8 +406,9 @@ def export_native(
             (result,) = check_exported([CheckJob(staging, model, tokenizer)])
             if not result.passed:
                 raise ExportCheckError(
-                    f"check failed: max abs difference {result.worst:.3g} (tolerance {CHECK_TOLERANCE}), greedy tokens "
-                    f"equal: {result.tokens_equal}, tokenizer ids equal: {result.tokenizer_equal}; {out} not written."
+                    f"check failed: max abs difference {result.worst:.3g} (tolerance {result.allowed:.3g}), greedy "
+                    f"tokens equal: {result.tokens_equal}, tokenizer ids equal: {result.tokenizer_equal}; {out} not "
+                    "written."
                 )
         card = _card(str(source), str(out), model, native, result)
         validate_model_card(card)
@@ -409,7 +419,7 @@ def export_native(
         None
         if result is None
         else {
-            **check_summary(result.worst, CHECK_TOLERANCE, result.tokens_equal, result.tokenizer_equal),
+            **check_summary(result.worst, result.allowed, result.tokens_equal, result.tokenizer_equal),
             "differences": result.differences,
         }
     )

@@ -29,15 +29,15 @@ eos / unk / pad ids, add_bos_token = False.
 dtypes (`DTYPES`): f32, f16, bf16, q8_0 (gguf.quants; 2D weights whose rows are not a whole number of 32-value
 blocks stay f16, as llama.cpp's converter does). Norm weights and biases (1D) are always f32.
 
-`check=True` reads the file back and compares logits (tolerance per dtype, `DTYPES`) and greedy tokens with the
-native model, and the token ids both tokenizers give for a few texts. llama and gpt2 files are read back by
-transformers (`AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)`, `AutoTokenizer` likewise), a reader
-written independently of this one; transformers 5.23's loader does not read every field back (gpt2.context_length
-lands in an `n_ctx` GPT2Config ignores): such fields are passed to it explicitly and named in the report
-(`passed_to_transformers_loader`); llama.cpp reads them from the file. transformers has no gptneox GGUF loader, so
-gptneox files are read back by `gptneox_read_back` here: the model rebuilt from the file's metadata and tensors alone
-as llama.cpp reads them (its key names, q/k/v blocks, the tanh GELU it computes), the tokenizer from its token list
-and merges. The report says which reader ran (`read_back_with`).
+`check=True` reads the file back and compares logits (tolerance per dtype, `DTYPES`, times the logits' scale above 1)
+and greedy tokens with the native model, and the token ids both tokenizers give for a few texts. llama and gpt2 files
+are read back by transformers (`AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)`, `AutoTokenizer` likewise),
+a reader written independently of this one; transformers 5.23's loader does not read every field back
+(gpt2.context_length lands in an `n_ctx` GPT2Config ignores): such fields are passed to it explicitly and named in the
+report (`passed_to_transformers_loader`); llama.cpp reads them from the file. transformers has no gptneox GGUF loader,
+so gptneox files are read back by `gptneox_read_back` here: the model rebuilt from the file's metadata and tensors alone
+as llama.cpp reads them (its key names, q/k/v blocks, the tanh GELU it computes), the tokenizer from its token list and
+merges. The report says which reader ran (`read_back_with`).
 """
 
 import json
@@ -49,7 +49,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..native.parity import ExportCheckError, check_summary, max_abs_difference, tolerance
+from ..native.parity import (
+    ExportCheckError,
+    allowed_difference,
+    check_summary,
+    magnitude,
+    max_abs_difference,
+    tolerance,
+)
 
 GREEDY_STEPS = 8
 TOKENIZER_SAMPLES = ("Hello world, this is a test.", "  two spaces\tand a tab\nnew line", "ünïcödé ✓ 123 4567")
@@ -62,16 +69,24 @@ class Dtype:
 
     tensor_type: str  # gguf.GGMLQuantizationType member
     file_type: str  # gguf.LlamaFileType member
-    tolerance: float
+    parity_dtype: str  # its key in coreformer_settings.exports.CHECK_TOLERANCES
     exact_greedy: bool
+
+    @property
+    def tolerance(self) -> float:
+        return tolerance(self.parity_dtype)
+
+    def allowed(self, scale: float) -> float:
+        """The largest logit difference the check accepts where the logits reach `scale`."""
+        return allowed_difference(scale, self.parity_dtype)
 
 
 # Keyed by coreformer_settings.exports.GGUF_DTYPES; each tolerance is the parity check's for that dtype.
 DTYPES = {
-    "f32": Dtype("F32", "ALL_F32", tolerance("f32"), True),
-    "f16": Dtype("F16", "MOSTLY_F16", tolerance("f16"), False),
-    "bf16": Dtype("BF16", "MOSTLY_BF16", tolerance("bf16"), False),
-    "q8_0": Dtype("Q8_0", "MOSTLY_Q8_0", tolerance("q8_0"), False),
+    "f32": Dtype("F32", "ALL_F32", "f32", True),
+    "f16": Dtype("F16", "MOSTLY_F16", "f16", False),
+    "bf16": Dtype("BF16", "MOSTLY_BF16", "bf16", False),
+    "q8_0": Dtype("Q8_0", "MOSTLY_Q8_0", "q8_0", False),
 }
 
 
@@ -605,7 +620,9 @@ def check_gguf(native_folder: Path, path: Path, dtype: Dtype, architecture: Arch
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, native.config.vocab_size, (2, 12), generator=generator)
     with torch.no_grad():
-        difference = max_abs_difference(native(ids).logits, loaded(ids).logits)
+        native_logits = native(ids).logits
+        difference = max_abs_difference(native_logits, loaded(ids).logits)
+        allowed = dtype.allowed(magnitude(native_logits))
         options = dict(max_new_tokens=GREEDY_STEPS, min_new_tokens=GREEDY_STEPS, do_sample=False)
         expected = native.generate(ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), **options)[:, 4:]
         got = loaded.generate(ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), **options)[:, 4:]
@@ -619,17 +636,17 @@ def check_gguf(native_folder: Path, path: Path, dtype: Dtype, architecture: Arch
     tokens_equal = got.tolist() == expected.tolist()
     report = {
         "max_abs_diff": difference,
-        "tolerance": dtype.tolerance,
+        "tolerance": allowed,
         "greedy_tokens": {"gguf": got.tolist(), "native": expected.tolist()},
         "tokenizer": {"samples": len(TOKENIZER_SAMPLES), "mismatched": mismatched},
         "read_back_with": read_back_with,
-        "check": check_summary(difference, dtype.tolerance, tokens_equal, not mismatched),
+        "check": check_summary(difference, allowed, tokens_equal, not mismatched),
     }
     if unread:
         report["passed_to_transformers_loader"] = unread
     problems = []
-    if difference > dtype.tolerance:
-        problems.append(f"logits differ by {difference:.3g} (> {dtype.tolerance})")
+    if difference > allowed:
+        problems.append(f"logits differ by {difference:.3g} (> {allowed:.3g})")
     if dtype.exact_greedy and not tokens_equal:
         problems.append(f"greedy tokens {got.tolist()} != {expected.tolist()}")
     if mismatched:

@@ -60,14 +60,12 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from coreformer_settings.exports import CHECK_TOLERANCE
-
 from ..compat import output_cache, with_cache
 from ..families import Family, family_of_model_type, head_of_class
 from ..hub.folders import prepare_for_serving, staged_folder
 from ..hub.publishing import CONFIG_FILES, PUSHED_TOKENIZER_FILES
 from ..layer_types import LAYER_TYPES
-from ..native.parity import ExportCheckError, check_summary, max_abs_difference
+from ..native.parity import ExportCheckError, allowed_difference, check_summary, magnitude, max_abs_difference
 
 GREEDY_STEPS = 5
 EXPORT_SHAPE = (2, 7)  # (batch, length) the graphs are traced at; checks use others
@@ -506,10 +504,11 @@ def _session(path: Path):
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def check_graph(graph: Graph, folder: Path) -> float:
-    """The largest |onnxruntime - PyTorch| over every output at the CHECK_SHAPES."""
+def check_graph(graph: Graph, folder: Path) -> tuple[float, float]:
+    """The largest |onnxruntime - PyTorch| over every output at the CHECK_SHAPES, and the largest |PyTorch output|
+    (the scale the tolerance grows with: native.parity.allowed_difference)."""
     session = _session(folder / graph.file_name)
-    largest = 0.0
+    largest, scale = 0.0, 0.0
     for shape in CHECK_SHAPES:
         inputs = graph.example(*shape)
         with torch.no_grad():
@@ -519,7 +518,8 @@ def check_graph(graph: Graph, folder: Path) -> float:
         for name, reference, value in zip(graph.output_names, expected, got, strict=True):
             mask = named.get(graph.per_token.get(name, ""))
             largest = max(largest, max_abs_difference(reference, torch.from_numpy(value), mask))
-    return largest
+            scale = max(scale, magnitude(reference, mask))
+    return largest, scale
 
 
 def without_eos(logits: torch.Tensor, model: nn.Module) -> torch.Tensor:
@@ -634,17 +634,18 @@ def export_onnx(source: Path, out: Path, *, check: bool = False, label: str | No
 def check_graphs(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict:
     """Every graph against PyTorch, and greedy decoding through the cache graphs; ExportCheckError when apart."""
 
-    report: dict = {"max_abs_diff": max(check_graph(graph, folder) for graph in graphs), "tolerance": CHECK_TOLERANCE}
+    differences, scales = zip(*(check_graph(graph, folder) for graph in graphs), strict=True)
+    report: dict = {"max_abs_diff": max(differences), "tolerance": allowed_difference(max(scales))}
     greedy_check = GREEDY_CHECKS.get(tuple(graph.name for graph in graphs))
     tokens = None
     if greedy_check is not None:
         tokens = report["greedy_tokens"] = greedy_check(model, folder, graphs)
     tokens_equal = None if tokens is None else tokens["onnxruntime"] == tokens["pytorch"]
-    report["check"] = check_summary(report["max_abs_diff"], CHECK_TOLERANCE, tokens_equal)
-    if report["max_abs_diff"] > CHECK_TOLERANCE or tokens_equal is False:
+    report["check"] = check_summary(report["max_abs_diff"], report["tolerance"], tokens_equal)
+    if report["max_abs_diff"] > report["tolerance"] or tokens_equal is False:
         raise ExportCheckError(
             f"check failed: the ONNX graphs differ from PyTorch by {report['max_abs_diff']:.3g} (tolerance "
-            f"{CHECK_TOLERANCE}), greedy tokens equal: {tokens_equal}"
+            f"{report['tolerance']:.3g}), greedy tokens equal: {tokens_equal}"
             + (
                 ""
                 if tokens_equal is not False

@@ -1,23 +1,33 @@
 """THE parity check: how far two models' outputs are apart, and whether that is within the one tolerance of a dtype.
 
     tolerance(dtype="f32") -> float                       coreformer_settings.exports.CHECK_TOLERANCES, one per dtype
+    allowed_difference(scale, dtype="f32") -> float       THE rule: that tolerance, times the outputs' scale above 1
     sample_inputs(model, tokenizer=None) -> dict          the right-padded batch every check runs both sides on
     SAMPLE_TEXTS                                          its texts, when there is a tokenizer (and whose ids an
                                                           exported tokenizer must reproduce)
     max_abs_difference(reference, found, mask) -> float   one output; per-token outputs over real tokens only
+    magnitude(reference, mask) -> float                   its largest |value| there: the scale of one output
     output_differences(reference, found, mask) -> dict    every floating output both sides have, by name
-    model_differences(reference, model, inputs) -> dict   run both models in fp32 on `inputs`, then the above
+    output_scale(reference, found, mask) -> float         the largest magnitude among those outputs
+    compare_models(reference, model, inputs) -> Comparison   run both models in fp32 on `inputs`, then the above two
     greedy_tokens(model, inputs, new_tokens) -> tensor    the tokens greedy decoding adds (generative heads)
-    within_tolerance(differences, dtype="f32") -> bool
+    within_tolerance(differences, dtype="f32", scale=0.0) -> bool
     check_summary(...) -> dict, ExportCheckError            what every exporter reports, and raises when apart
 
 Every check compares with these: `coreformer convert --check` (transformers source vs converted folder),
 `export --check` (coreformer vs the native folder reloaded in plain transformers), the ONNX check (onnxruntime vs
 PyTorch) and the GGUF check (the file read back vs the native model). Padding positions are left out: no supported
 architecture defines what a padding position outputs, and nothing attends to them.
+
+The rule is relative where the outputs are large. Float rounding is relative to the values rounded: a trained model's
+logits reach 10-20, where fp32 reordering alone (onnxruntime's kernels against PyTorch's) moves them by about 1e-5, a
+relative 1e-6; a wrong conversion or export is off by a share of the outputs themselves. So a check accepts a largest
+difference up to the dtype's tolerance times the largest output magnitude it compared, where that exceeds 1, and
+exactly the tolerance below (an untrained model's outputs, near 0, are held to it absolutely).
 """
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 
@@ -82,13 +92,27 @@ def sample_inputs(model: torch.nn.Module, tokenizer=None, seed: int = 0) -> dict
     return inputs
 
 
+def allowed_difference(scale: float, dtype: str = "f32") -> float:
+    """The largest difference a check in `dtype` accepts between outputs whose largest magnitude is `scale`."""
+    return tolerance(dtype) * max(1.0, scale)
+
+
+def _largest(values: torch.Tensor, mask: torch.Tensor | None) -> float:
+    """max of `values` (>= 0); where the output is per token (its leading dims are `mask`'s shape), only over the
+    positions `mask` marks as real."""
+    if mask is not None and tuple(values.shape[: mask.dim()]) == tuple(mask.shape):
+        values = values[mask.bool()]  # (B, T, ...) -> (real tokens, ...)
+    return values.max().item() if values.numel() else 0.0
+
+
 def max_abs_difference(reference: torch.Tensor, found: torch.Tensor, mask: torch.Tensor | None = None) -> float:
-    """max |reference - found| in fp32; where the output is per token (its leading dims are `mask`'s shape), only over
-    the positions `mask` marks as real."""
-    difference = (reference.float() - found.float()).abs()
-    if mask is not None and tuple(difference.shape[: mask.dim()]) == tuple(mask.shape):
-        difference = difference[mask.bool()]  # (B, T, ...) -> (real tokens, ...)
-    return difference.max().item() if difference.numel() else 0.0
+    """max |reference - found| in fp32, over the real tokens of a per-token output."""
+    return _largest((reference.float() - found.float()).abs(), mask)
+
+
+def magnitude(reference: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """max |reference| in fp32, over the real tokens of a per-token output: the scale of one output."""
+    return _largest(reference.float().abs(), mask)
 
 
 def output_differences(
@@ -104,14 +128,32 @@ def output_differences(
     return differences
 
 
+def output_scale(
+    reference: Mapping[str, object], found: Mapping[str, object], mask: torch.Tensor | None = None
+) -> float:
+    """The largest `magnitude` among the reference's floating outputs that `found` holds too (those compared)."""
+    compared = [reference[key] for key in output_differences(reference, found, mask)]
+    return max((magnitude(value, mask) for value in compared), default=0.0)
+
+
+class Comparison(NamedTuple):
+    """Two models' outputs compared: each shared output's largest difference, and the scale of those outputs."""
+
+    differences: dict[str, float]
+    scale: float
+
+    @property
+    def passed(self) -> bool:
+        return within_tolerance(self.differences, scale=self.scale)
+
+
 @torch.no_grad()
-def model_differences(
-    reference: torch.nn.Module, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
-) -> dict[str, float]:
+def compare_models(reference: torch.nn.Module, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> Comparison:
     """Run both models in fp32 on `inputs` and compare every shared output over the real tokens."""
     expected = reference.float()(**inputs)
     found = model.float()(**inputs)
-    return output_differences(found, expected, inputs.get("attention_mask"))
+    mask = inputs.get("attention_mask")
+    return Comparison(output_differences(expected, found, mask), output_scale(expected, found, mask))
 
 
 @torch.no_grad()
@@ -120,11 +162,12 @@ def greedy_tokens(model: torch.nn.Module, inputs: dict[str, torch.Tensor], new_t
     return model.generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=new_tokens)
 
 
-def within_tolerance(differences: Mapping[str, float] | float, dtype: str = "f32") -> bool:
-    """Whether every difference is at most the dtype's tolerance (an empty mapping compares nothing: False)."""
+def within_tolerance(differences: Mapping[str, float] | float, dtype: str = "f32", scale: float = 0.0) -> bool:
+    """Whether every difference is at most `allowed_difference(scale, dtype)` (an empty mapping compares nothing:
+    False)."""
     if isinstance(differences, Mapping):
-        return bool(differences) and max(differences.values()) <= tolerance(dtype)
-    return differences <= tolerance(dtype)
+        return bool(differences) and max(differences.values()) <= allowed_difference(scale, dtype)
+    return differences <= allowed_difference(scale, dtype)
 
 
 class ExportCheckError(RuntimeError):
