@@ -40,8 +40,10 @@ from coreformer_settings.command_line import (
     check_local_folder,
     check_model_location,
 )
+from coreformer_settings.data_sources import local_data
 from coreformer_settings.pretraining import PRESETS, default_configs_dir, gather_settings, preset_defaults
 from coreformer_settings.registries import native_list
+from coreformer_settings.tasks import TASK_REGISTRY
 from coreformer_settings.tools import add_attention_map_arguments, add_convert_arguments, add_export_arguments
 
 PROGRAM = "coreformer"
@@ -148,6 +150,8 @@ def _prepare_pretrain(args: argparse.Namespace, parser: argparse.ArgumentParser)
     given = vars(args)
     preset, config, family = given.pop("preset", None), given.pop("config", None), given.pop("family", None)
     values, source = gather_settings(family=family, preset=preset, config_file=config, overrides=given)
+    if values.get("dataset") is not None:  # a missing or empty local file, before `datasets` is imported
+        local_data(values["dataset"], error=PretrainingError)
     if values.get("tokenizer") is not None:
         check_model_location(values["tokenizer"])
     if values.get("resume_from_checkpoint") not in (None, "latest"):
@@ -190,11 +194,17 @@ def _finetune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _prepare_finetune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """The settings gathered once (--config file <- the flags given); a mistyped --model or --tokenizer folder (given
-    here or in --config) is one line, before torch or the Hub."""
+    """The settings gathered once (--config file <- the flags given); a mistyped --model or --tokenizer folder, an
+    unknown --task or a missing data file (given here or in --config) is one line, before torch or the Hub."""
     given = vars(args)
     config = given.pop("config", None)
     values = {**(load_config_file(config, error=FinetuningError) if config is not None else {}), **given}
+    task = values.get("task")
+    if task is not None and task not in TASK_REGISTRY:
+        raise FinetuningError(f"Unknown task {task!r}: --task must be one of {', '.join(TASK_REGISTRY)}.")
+    for key, must_be_local in (("dataset", False), ("train_file", True), ("validation_file", True)):
+        if values.get(key) is not None:
+            local_data(values[key], must_be_local=must_be_local, error=FinetuningError)
     for key in ("model", "tokenizer"):
         if values.get(key) is not None:
             check_model_location(values[key])
@@ -232,6 +242,7 @@ def _prepare_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser)
         settings = evaluation.settings_from(args)
     except ValueError as error:
         parser.error(str(error))
+    check_model_location(settings.folder)  # a mistyped folder: one line, before torch is imported
     return settings
 
 

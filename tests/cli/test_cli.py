@@ -74,6 +74,22 @@ def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_pa
     assert "imported []" in result.stdout, result.stdout  # before: coreformer.cli imported torch first (6.5 s)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["evaluate", "./nope"], "coreformer evaluate: error: no such folder: ./nope"),
+        (["finetune", "--task", "nope"], "coreformer finetune: error: Unknown task 'nope': --task must be one of"),
+        (["finetune", "--train-file", "missing.jsonl"], "coreformer finetune: error: Local data file 'missing.jsonl'"),
+        (["pretrain", "--family", "decoder", "--dataset", "missing.txt"], "Local data file 'missing.txt' does not"),
+    ],
+    ids=["evaluate-folder", "finetune-task", "finetune-file", "pretrain-dataset"],
+)
+def test_simple_input_errors_answer_in_one_line_without_importing_torch(tmp_path, argv, message):
+    result = run_python(HEAVY_IMPORTS_AFTER.format(argv=argv, heavy=HEAVY), tmp_path)
+    assert "exit 2" in result.stdout and "imported []" in result.stdout, result.stdout + result.stderr
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
 # A meta-path finder that refuses the heavy packages: a script that imports one before parsing its arguments fails
 # with ImportError (exit 1) instead of answering.
 BLOCKED_SCRIPT = """

@@ -187,12 +187,8 @@ def test_json_report_schema_and_one_line_errors(tmp_path, stdlib_text, capsys):
     assert EVALUATE.main([str(folder), "--data", str(data), "--pairs", "12", "--batches", "2"]) == 0
     printed = capsys.readouterr().out
     assert "minimal pairs      " in printed and "unigram entropy    " in printed
-    assert EVALUATE.main([str(tmp_path / "missing")]) == 1
-    assert (
-        capsys.readouterr()
-        .err.strip()
-        .endswith(f"no such folder: {tmp_path / 'missing'}; pass a pretrained folder (a run's --output-dir).")
-    )
+    assert EVALUATE.main([str(tmp_path / "missing")]) == 2  # checked by the command line, before torch
+    assert capsys.readouterr().err.startswith(f"coreformer evaluate: error: no such folder: {tmp_path / 'missing'} ")
     assert EVALUATE.main([str(tmp_path)]) == 1  # a folder, but no model in it
     nothing = "holds no config.json; pass a pretrained folder (a run's --output-dir)."
     assert capsys.readouterr().err.strip().endswith(nothing)

@@ -1,7 +1,5 @@
 """Data for both runs: text loading (embedded corpus | local files | Hub), tokenization, and collator pieces.
 
-    DATA_BUILDERS                                                    file extension -> `datasets` builder (one map)
-    local_builder(source)                                            (builder, files) of a local source, or (None, None)
     load_embedded_corpus(seed, validation_fraction, max_documents)  the Python standard library's own source files
     load_text_dataset(source, text_column, ...)                      embedded corpus | local file(s) | Hub dataset
     iter_texts(dataset)                                              the texts, re-iterable, for `train_tokenizer`
@@ -32,14 +30,11 @@ reproducible without touching the global RNG. Nothing here imports the modeling 
 
 import bisect
 import copy
-import glob
 import math
-import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from pathlib import Path
 from typing import Any
 
 import datasets
@@ -47,18 +42,9 @@ import torch
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
-from .corpora import read_source, stdlib_root, stdlib_source_files
+from coreformer_settings.data_sources import local_builder
 
-# File extension -> `datasets` builder. A .txt file gives one example per line (pass `sample_by="document"` through
-# `load_text_dataset(**load_kwargs)` for one per file).
-DATA_BUILDERS = {
-    ".txt": "text",
-    ".text": "text",
-    ".json": "json",
-    ".jsonl": "json",
-    ".csv": "csv",
-    ".parquet": "parquet",
-}
+from .corpora import read_source, stdlib_root, stdlib_source_files
 
 
 def load_embedded_corpus(
@@ -187,42 +173,6 @@ class _BatchedTexts:
     def __iter__(self) -> Iterator[str]:
         for start in range(0, len(self.dataset), self.batch_size):
             yield from self.dataset[start : start + self.batch_size][self.column]
-
-
-def local_builder(source: str) -> tuple[str | None, list[str] | None]:
-    """(builder, files) for a local source, (None, None) for a Hub name; raises the local-file ValueErrors."""
-    path = Path(source).expanduser()
-    is_glob = any(char in source for char in "*?[")
-    files = sorted(glob.glob(str(path))) if is_glob else None
-    suffix = path.suffix.lower()
-    # A Hub name is "name" or "owner/name"; anything that exists, looks like a path, or ends in a data extension is
-    # local, so a typo in a file name is reported here instead of becoming a Hub request.
-    looks_local = (
-        is_glob
-        or path.exists()
-        or source.startswith((".", "/", "~"))
-        or source.count("/") > 1
-        or "\\" in source  # a Windows path; Hub names never hold a backslash
-        or suffix in DATA_BUILDERS
-    )
-    if not looks_local:
-        return None, None
-    if files is None:
-        if not path.exists():
-            raise ValueError(f"Local data file {source!r} does not exist.")
-        if path.is_dir():
-            raise ValueError(f"{source!r} is a directory; pass a file or a glob such as '{source}/*.jsonl'.")
-        files = [str(path)]
-    if not files:
-        raise ValueError(f"No local data file matches {source!r}.")
-    if suffix not in DATA_BUILDERS:
-        raise ValueError(
-            f"Cannot load {source!r}: unknown extension {suffix or '(none)'!r}; expected one of "
-            f"{', '.join(DATA_BUILDERS)}."
-        )
-    if all(os.path.getsize(file) == 0 for file in files):  # `datasets` fails on empty files with no useful message
-        raise ValueError(f"{source!r} is empty: no text to train on.")
-    return DATA_BUILDERS[suffix], files
 
 
 def split_documents(dataset: datasets.Dataset, validation_fraction: float, seed: int | None) -> datasets.DatasetDict:

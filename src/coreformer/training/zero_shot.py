@@ -49,12 +49,13 @@ import datasets
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
+from coreformer_settings.data_sources import local_builder
 from coreformer_settings.evaluation import DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, DEFAULT_PAIRS
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
 
 from .arguments import RUN_CONFIG
 from .checkpoints import CHECKPOINTS_DIR, find_latest_checkpoint, read_trainer_state
-from .data import load_embedded_corpus, load_text_dataset, local_builder, pad_sequences
+from .data import load_embedded_corpus, load_text_dataset, pad_sequences
 from .families import TRAINING_FACTS as FAMILY_FACTS
 from .families import family_of, head_class, longest_input
 

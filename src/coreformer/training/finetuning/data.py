@@ -20,9 +20,10 @@ from pathlib import Path
 import datasets
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
+from coreformer_settings.data_sources import local_data
+
 from ...hub.folders import MissingTokenizerError, folder_tokenizer
 from ..arguments import FinetuningError
-from ..data import local_builder
 from ..families import family_of
 from ..tasks import TASKS
 from .arguments import FinetuningArguments
@@ -43,14 +44,8 @@ def embedded_dataset(task: str) -> datasets.DatasetDict:
 
 
 def _local_files(path: str, *, must_be_local: bool) -> tuple[str | None, list[str] | None]:
-    """(builder, files) of a local data file, (None, None) for a Hub name (data.local_builder)."""
-    try:
-        builder, files = local_builder(path)
-    except ValueError as error:
-        raise FinetuningError(str(error)) from None
-    if builder is None and must_be_local:
-        raise FinetuningError(f"Data file {path!r} does not exist.")
-    return builder, files
+    """(builder, files) of a local data file, (None, None) for a Hub name (coreformer_settings.data_sources)."""
+    return local_data(path, must_be_local=must_be_local, error=FinetuningError)
 
 
 def load_task_data(args: FinetuningArguments) -> tuple[datasets.DatasetDict, str]:
