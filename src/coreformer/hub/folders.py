@@ -241,12 +241,8 @@ def has_tokenizer(folder: str | Path) -> bool:
 
 
 def saved_tokenizer(folder: str | Path):
-    """The tokenizer saved in the local `folder`, or None when it holds no tokenizer files."""
-    if not has_tokenizer(folder):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    """The tokenizer saved in the local `folder` (`folder_tokenizer`), or None when it holds no tokenizer files."""
+    return folder_tokenizer(folder) if has_tokenizer(folder) else None
 
 
 class MissingTokenizerError(ValueError):
