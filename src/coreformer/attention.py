@@ -24,6 +24,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .compat import is_paged_cache, paged_keys_values
 from .configuration_coreformer import CoreformerConfig
 from .forward_plan import LayerPlan, Unpadding
 from .layer_types import LAYER_TYPES
@@ -248,7 +249,9 @@ class Attention(nn.Module):
         if plan.kernel and kernel is None:
             raise ValueError(f"'{self.layer_type}' layers have no kernel; the plan must not ask for one.")
         mask = plan.mask
-        if cache is not None and not (kernel is not None and kernel.keeps_cache):
+        if is_paged_cache(cache):  # continuous batching (the plan ran no kernel)
+            key, value = paged_keys_values(cache, key, value, self.layer_idx, kwargs)
+        elif cache is not None and not (kernel is not None and kernel.keeps_cache):
             cached_key, cached_value = cache.update(key, value, self.layer_idx)
             if self.is_cross_attention:
                 past_key_values.is_updated[self.layer_idx] = True

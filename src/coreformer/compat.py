@@ -22,6 +22,11 @@ it, with a comment pointing here; where none does, the entry below answers for t
     pipeline_generate_kwargs       5.20        pipelines merge their generation settings in `_prepare_generate_kwargs`
     enable_activation_checkpointing  5.23      `gradient_checkpointing_enable` became `activation_checkpointing_enable`
                                                (the old name warns until 6)
+    CONTINUOUS_BATCHING            5.17        continuous batching reads the layer types from `get_text_config()`
+                                               (5.16 reads `config.layer_types` as stored: in coreformer's names)
+    paged_keys_values              5.24        continuous batching's paged cache is updated by the model (Llama's
+                                               attention, with the batch's kwargs); before, by the paged attention
+                                               functions, which take it as the `cache` keyword
 
 Torch-free: it reads the running release from the installed package's metadata, and imports from transformers only
 inside the functions that need a class of it. Copied next to every checkpoint with the other modeling files
@@ -130,6 +135,30 @@ def enable_activation_checkpointing(model: Any) -> None:
     """Recompute each block's activations in backward, under the method name the running release declares."""
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable()
+
+
+CONTINUOUS_BATCHING = RELEASE >= (5, 17)
+
+
+def is_paged_cache(cache: Any) -> bool:
+    """Whether `cache` is continuous batching's `PagedAttentionCache` (`generate_batch`, `transformers serve`): every
+    request of the batch flattened into one row, its keys and values in shared blocks."""
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+
+    return isinstance(cache, PagedAttentionCache)
+
+
+def paged_keys_values(
+    cache: Any, key: torch.Tensor, value: torch.Tensor, layer_idx: int, kwargs: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values one layer attends to under continuous batching, as Llama of the running release gets
+    them: from 5.24 the model writes the new ones to the paged cache and reads back the requests' pasts, the cache
+    filling this layer's varlen arguments into `kwargs` (the layer's own dict) in place; before, the paged attention
+    functions do both, given the cache as the `cache` keyword."""
+    if RELEASE >= (5, 24):
+        return cache.update(key, value, layer_idx, kwargs=kwargs)
+    kwargs["cache"] = cache
+    return key, value
 
 
 def pipeline_generate_kwargs(pipeline: Any, generate_kwargs: dict) -> dict:

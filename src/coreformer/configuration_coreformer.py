@@ -32,6 +32,11 @@ LINEAR_FEATURE_MAPS = ("elu", "performer")
 # config.json writes `layer_types` in names transformers' generic config accepts (AutoTokenizer reads config.json
 # where coreformer is not installed, and validates that field strictly), and our own names under SAVED_LAYER_TYPES.
 SAVED_LAYER_TYPES = "coreformer_layer_types"
+# The fields `get_text_config` hands transformers in its own conventions. Every other attribute set on the copy it
+# returns is set on the config too, as on the config itself (transformers resizes the vocabulary by
+# `get_text_config().vocab_size = n`, torchao unties by `setattr(get_text_config(decoder=True), ...)`).
+TRANSLATED_FIELDS = frozenset({"layer_types", "sliding_window"})
+TRANSLATED_FROM = "_translated_from"
 GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPES.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -232,6 +237,7 @@ class CoreformerConfig(PreTrainedConfig):
 
     def to_dict(self) -> dict:
         output = super().to_dict()
+        output.pop(TRANSLATED_FROM, None)
         # transformers' generic config (AutoTokenizer on a machine without coreformer) validates `layer_types`
         # against its own names. An all-"full" list is the default and is rebuilt on load, so it is left out; any
         # other is written in transformers' names, with ours under SAVED_LAYER_TYPES (from_dict reads them back).
@@ -298,18 +304,29 @@ class CoreformerConfig(PreTrainedConfig):
         return self.layer_types
 
     def get_text_config(self, decoder=None, encoder=None) -> PreTrainedConfig:
-        """transformers sizes its caches from `get_text_config(decoder=True).layer_types`, in its own vocabulary
-        ("full_attention", "sliding_attention", ...). Hand it a translated copy; users keep our names."""
+        """The config as transformers reads it, however it asks: `layer_types` in its vocabulary ("full_attention",
+        "sliding_attention", ...; what its caches, continuous batching and serving engines build layers from) and
+        `sliding_window` in its convention. The decoder's stack with `decoder=True` (the seq2seq decoder's), the
+        other stack otherwise. A copy: users keep our names; attributes set on it reach this config
+        (`TRANSLATED_FIELDS`)."""
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
-        layer_types = self.cached_layer_types
-        if not decoder or not layer_types or layer_types[0] not in LAYER_TYPES:
+        layer_types = self.cached_layer_types if decoder else self.layer_types
+        if not layer_types or layer_types[0] not in LAYER_TYPES:  # already translated
             return text_config
         translated = copy.copy(text_config)
         translated.layer_types = [LAYER_TYPES[layer_type].cache_layer for layer_type in layer_types]
         if text_config.sliding_window is not None:
             # transformers' window counts the query itself and keeps `sliding_window - 1` past tokens in the cache.
             translated.sliding_window = text_config.sliding_window + 1
+        if text_config is self:  # not a copy transformers made for one stack of a seq2seq config
+            translated.__dict__[TRANSLATED_FROM] = self
         return translated
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        source = self.__dict__.get(TRANSLATED_FROM)
+        if source is not None and name not in TRANSLATED_FIELDS:
+            setattr(source, name, value)
 
     def validate_fields(self) -> None:
         """Raise one `ValueError` naming the first bad field and how to fix it."""

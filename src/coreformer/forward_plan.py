@@ -1,6 +1,7 @@
 """The forward plan: what a stack decides once per forward and every block reads, and the planner that decides it.
 
     CoreformerStack.forward
+        (continuous batching: self.planner.continuous_batching_plan(...) instead of the three steps below)
         packed_rows(...)                      packed documents and their positions, read from the caller's arguments
         self.planner.checked_positions(...)   the new tokens' positions, the mask's shape and the length checked
         plan = self.planner.plan(...)         masks, kernels, probabilities, rotary angles, unpadding: decided here
@@ -51,7 +52,7 @@ from transformers.utils.generic import is_flash_attention_requested
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration_coreformer import CoreformerConfig
-from .layer_types import LAYER_TYPES
+from .layer_types import LAYER_TYPES, check_served
 
 Masks = dict[str, torch.Tensor | None]
 
@@ -404,6 +405,42 @@ class ForwardPlanner:
         )
         return ForwardPlan(layers, cross, unpadding, unpadding is not None and padded_states, documents)
 
+    def continuous_batching_plan(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | Masks | None,
+        position_ids: torch.Tensor,
+        rotary_tables: tuple[torch.nn.Module | None, ...] = (),
+    ) -> ForwardPlan:
+        """The plan of a continuous-batching forward (`generate_batch`, a paged cache): every request of the batch
+        end to end in one (1, N) row with its own `position_ids`, under the masks continuous batching built for it
+        by transformers' layer type (a dict, or one tensor where the model has one type; None under flash attention,
+        which reads the varlen arguments arriving with the call's kwargs). Only the types transformers computes
+        exactly run (`LayerType.served_as`); no kernel runs, the cache does not hold their state."""
+        self.check_continuous_batching()
+        rotary = self.rotary_position_embeddings(hidden_states, position_ids, rotary_tables)
+        layers = {}
+        for name in dict.fromkeys(self.layer_types):
+            served_as = LAYER_TYPES[name].served_as
+            mask = attention_mask.get(served_as) if isinstance(attention_mask, dict) else attention_mask
+            layers[name] = LayerPlan(
+                mask=mask, position_embeddings=rotary.get(name), attention_kwargs={"position_ids": position_ids}
+            )
+        return ForwardPlan(layers, None, None, False)
+
+    def check_continuous_batching(self) -> None:
+        """Refuse, by name, what continuous batching would run wrongly (`generate_batch` calls this before starting)."""
+        if not self.is_causal or self.cross_attention:
+            raise ValueError(
+                "continuous batching (generate_batch, transformers serve --continuous-batching) serves decoder-only "
+                "models: generate this encoder-decoder model with model.generate(), which batches padded inputs."
+            )
+        check_served(
+            self.layer_types,
+            "continuous batching (generate_batch, transformers serve --continuous-batching)",
+            "generate with model.generate(), which batches padded prompts and runs every layer type.",
+        )
+
     def attention_kwargs(
         self, position_ids: torch.Tensor, documents: torch.Tensor | None, packing: dict[str, Any]
     ) -> dict[str, Any]:
@@ -551,7 +588,14 @@ class ForwardPlanner:
         return masks
 
     def check_mask_backend(self, implementation: str | None) -> None:
-        """Types defined by their mask need a backend that reads masks, and a mask function registered for it."""
+        """Types defined by their mask need a backend that reads masks, and a mask function registered for it; the
+        paged implementations read continuous batching's masks only."""
+        if implementation is not None and implementation.startswith("paged|"):
+            raise ValueError(
+                f"{implementation!r} attends over continuous batching's paged cache (generate_batch sets it for its "
+                f"own forwards, and puts the model's back): run this forward with "
+                f"attn_implementation={implementation.removeprefix('paged|')!r}."
+            )
         patterns = sorted(name for name in set(self.layer_types) if LAYER_TYPES[name].overlay is not None)
         # A window reaches every attention function as its `sliding_window` argument (as Mistral's does); other
         # patterns only through a mask.

@@ -1,8 +1,8 @@
 """THE table of attention layer types (`config.layer_types`): one entry per type, so a new type is one entry.
 
     type      mask the stack builds                kernel (file)                            transformers' cache layer
-    full      causal / bidirectional               -                                        full_attention
-    sliding   ... AND |q - k| <= sliding_window    band, O(L·w) (sparse_attention)          sliding_attention
+    full      causal / bidirectional               -                                        full_attention (served)
+    sliding   ... AND |q - k| <= sliding_window    band, O(L·w) (sparse_attention)          sliding_attention (served)
     strided   ... AND (|q - k| < s or s | q - k)   A1 + A2 parts (sparse_attention)         full_attention
     lowrank   (B, S) padding mask                  Linformer E/F (lowrank_attention)        full_attention, never cached
     linear    (B, S) padding mask                  feature maps, O(L) (linear_attention)    coreformer_linear_attention
@@ -13,7 +13,8 @@ This file is free of torch: the configuration reads it (names, parameters, cache
 a kernel. Each kernel is named by a loader that imports its file on first use (`Attention.__init__`), so a new layer
 type is its kernel file (a `layer_kernel.LayerKernel`) plus one entry here. Per forward the stack's plan
 (`forward_plan.py`) builds each type's mask from this table and decides whether each kernel runs; `Attention` calls
-the kernel's hooks.
+the kernel's hooks. "Served" types are those transformers' own layer types compute exactly, which engines that build
+attention from the layer type alone (continuous batching, vLLM) may run; `check_served` refuses the others by name.
 """
 
 from collections.abc import Callable
@@ -168,6 +169,9 @@ class LayerType:
             window counts the query itself, as Mistral/Qwen2 pass it), from the parameter; None if not a window.
         rope_theta_field: the config field holding the rotary base of this type's layers (`None` there falls back
             to `rope_theta`): sliding layers read `local_rope_theta`, as ModernBERT's local layers have their own.
+        served_as: the transformers layer type that computes exactly what this type computes in a causal stack, so
+            that engines building each layer's attention from `get_text_config().layer_types` alone (continuous
+            batching, vLLM) run it right; None where none does, and such engines are refused by name.
     """
 
     cache_layer: str
@@ -184,10 +188,11 @@ class LayerType:
     validate: Callable[[Any], None] | None = None
     transformers_window: Callable[[int], int] | None = None
     rope_theta_field: str = "rope_theta"
+    served_as: str | None = None
 
 
 LAYER_TYPES: dict[str, LayerType] = {
-    "full": LayerType("full_attention", "full_attention"),
+    "full": LayerType("full_attention", "full_attention", served_as="full_attention"),
     "sliding": LayerType(
         "sliding_attention",
         "sliding_attention",
@@ -197,6 +202,7 @@ LAYER_TYPES: dict[str, LayerType] = {
         dense_fallback=True,
         transformers_window=lambda window: window + 1,
         rope_theta_field="local_rope_theta",
+        served_as="sliding_attention",
     ),
     # Every key may be needed later: the stride pattern reaches back indefinitely, so the cache keeps them all.
     "strided": LayerType(
@@ -251,3 +257,23 @@ LAYER_TYPES: dict[str, LayerType] = {
         dense_fallback=True,
     ),
 }
+
+
+def check_served(layer_types: list[str], engine: str, instead: str) -> None:
+    """Refuse, before any work, a stack that `engine` would run wrongly: it builds each layer's attention from
+    transformers' layer type alone, which computes exactly only the types with a `served_as`. `instead`: what serves
+    such a model (a sentence ending the message)."""
+    unserved: dict[str, list[int]] = {}
+    for index, name in enumerate(layer_types):
+        if LAYER_TYPES[name].served_as is None:
+            unserved.setdefault(name, []).append(index)
+    if unserved:
+        exact = " and ".join(repr(name) for name, layer_type in LAYER_TYPES.items() if layer_type.served_as)
+        found = "; ".join(
+            f"{name!r} ({'layer' if len(indices) == 1 else 'layers'} {', '.join(map(str, indices))})"
+            for name, indices in unserved.items()
+        )
+        raise ValueError(
+            f"{engine} runs only {exact} layers exactly (it builds each layer from transformers' layer type), but "
+            f"this model has {found}: {instead}"
+        )

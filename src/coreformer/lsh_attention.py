@@ -5,6 +5,7 @@
     length_normalized     the shared-QK keys: each query scaled to unit root-mean-square (Reformer's `_len_norm`)
     lsh_attention         the O(L log L) kernel: sort by bucket, chunk, attend, unsort, join the rounds
     lsh_visible_mask      the same pattern as a dense (B, H, T, S) mask: cached decoding, attention maps, references
+    HashingProjection     the shared query-key projection (the layer's `q_proj`): what it computes is hashed
     LshKernel             the "lsh" layer type: rotations as a buffer, the kernel, cached decoding, probabilities
 
 Queries and keys share one projection (Reformer sec. 3): a key is its query, length-normalised, so a token's query
@@ -42,6 +43,12 @@ sorted and chunked exactly as alone; a chunk's reach into its neighbour meets ot
     sorted   a1 | a0 a2 a3 | b0 b2 | b1      (document, bucket): (a,0) | (a,1) | (b,0) | (b,1)
 
 Time O(n·L·log L) (the sort) plus O(n·L·c·D); memory O(n·L·c).
+
+A bucket is an argmax, so a small change to a hashed vector moves its token to another bucket and changes which keys
+it sees, not only by how much. What feeds the hash is therefore kept in full precision by the model's declarations
+(`CoreformerPreTrainedModel`): the rotations (fp32 under any load dtype) and the query-key projection (fp32 and never
+quantized: under torchao int8, a tiny "lsh" decoder with an int8 `q_proj` kept 77% of its fp32 top-1 tokens where the
+same model with full layers kept 95%; with its `q_proj` in fp32, 95%).
 """
 
 from functools import partial
@@ -370,6 +377,18 @@ def _masked_softmax(query: torch.Tensor, key: torch.Tensor, visible: torch.Tenso
     return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
 
 
+class HashingProjection(nn.Linear):
+    """The query-key projection of an "lsh" layer (its `q_proj`, same checkpoint keys): its output is hashed, so its
+    weights stay fp32 whatever the model's dtype and are never quantized (both by name, from `post_init`). Computes
+    in its own precision and returns the activations' dtype, so the rest of the layer is unchanged."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__(in_features, out_features, bias=bias, dtype=torch.float32)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return super().forward(hidden_states.to(self.weight.dtype)).to(hidden_states.dtype)
+
+
 class LshKernel(LayerKernel):
     """The "lsh" layer type (`layer_types.py`): shared query-key, rotations kept as `lsh_rotations`, the sorted-chunk
     kernel on uncached forwards and prefills, the dense form of the same pattern on cached decoding steps.
@@ -383,10 +402,13 @@ class LshKernel(LayerKernel):
 
     def build(self, attention: nn.Module) -> None:
         config = attention.config
-        # Reformer's shared query-key: a token's key is its own query (length-normalised in `attend`).
+        # Reformer's shared query-key: a token's key is its own query (length-normalised in `attend`), hashed.
         attention.k_proj = None
+        query = attention.q_proj
+        attention.q_proj = HashingProjection(query.in_features, query.out_features, bias=query.bias is not None)
         shape = (attention.num_heads, attention.head_dim, config.lsh_num_hashes, config.lsh_num_buckets // 2)
-        attention.register_buffer("lsh_rotations", torch.empty(shape))
+        # fp32 whatever the dtype the model is built in (a bf16 load keeps it so too: `_keep_in_fp32_modules_strict`).
+        attention.register_buffer("lsh_rotations", torch.empty(shape, dtype=torch.float32))
 
     def init_weights(self, attention: nn.Module) -> None:
         config = attention.config

@@ -17,6 +17,8 @@ collected by hand; the stack is a `PreTrainedModel` for that (transformers' cont
 The head pieces the families share live in `modeling_heads.py`.
 """
 
+import re
+
 import torch
 from safetensors import SafetensorError
 from torch import nn
@@ -31,7 +33,15 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention import Attention
-from .compat import CACHE_KEYWORDS, SELECTS_HIDDEN_STATES, cache_from, output_recorder, with_cache
+from .compat import (
+    CACHE_KEYWORDS,
+    CONTINUOUS_BATCHING,
+    SELECTS_HIDDEN_STATES,
+    cache_from,
+    is_paged_cache,
+    output_recorder,
+    with_cache,
+)
 from .configuration_coreformer import CoreformerConfig
 from .forward_plan import ForwardPlan, ForwardPlanner, packed_rows
 from .layers import (
@@ -42,6 +52,8 @@ from .layers import (
     build_norm,
     sinusoidal_table,
 )
+from .lowrank_attention import SequenceProjection
+from .lsh_attention import HashingProjection
 
 
 class CoreformerPreTrainedModel(PreTrainedModel):
@@ -57,6 +69,12 @@ class CoreformerPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
+    # Read as matrices or fed to a hash, so kept out of quantization (transformers hands `_keep_in_fp32_modules` to
+    # every quantizer as modules not to convert) and fp32 under fp16 and bf16 loads (`_strict`): Linformer's E and F
+    # (`lowrank_attention.py`) and the rotations of "lsh" layers. Patterns searched in parameter names; `post_init`
+    # adds each "lsh" layer's query-key projection by its full name.
+    _keep_in_fp32_modules = ["k_seq_proj", "v_seq_proj", "lsh_rotations"]
+    _keep_in_fp32_modules_strict = ["k_seq_proj", "v_seq_proj", "lsh_rotations"]
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -67,6 +85,16 @@ class CoreformerPreTrainedModel(PreTrainedModel):
                 f"The weights of {pretrained_model_name_or_path} are truncated or corrupt ({error}): download or save "
                 f"the checkpoint again."
             ) from error
+
+    def post_init(self) -> None:
+        super().post_init()
+        # An "lsh" layer's q_proj (`lsh_attention.HashingProjection`) computes what is hashed (see that file). Named
+        # here, from the built model, since "q_proj" alone names every layer's: anchored full names, which match only
+        # in the model they were taken from (a stack's own names do not match its family model's keys).
+        modules = self.named_modules()
+        hashing = {f"^{re.escape(name)}" for name, module in modules if isinstance(module, HashingProjection)}
+        self._keep_in_fp32_modules |= hashing
+        self._keep_in_fp32_modules_strict |= hashing
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -102,6 +130,17 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device).unsqueeze(0) + past_length
         return stack.planner.build_masks(inputs_embeds, attention_mask, cache, position_ids)
 
+    def init_continuous_batching(self, *args, **kwargs):
+        """transformers' continuous batching (`generate_batch`, `transformers serve --continuous-batching`), after
+        refusing by name what it would run wrongly: its manager reports a failing forward only as failed requests."""
+        if not CONTINUOUS_BATCHING:
+            raise ValueError(
+                "continuous batching of coreformer models needs transformers>=5.17 (5.16 reads the layer types as the "
+                "config stores them, in coreformer's names): upgrade transformers, or generate with model.generate()."
+            )
+        self.base_model.decoder.planner.check_continuous_batching()
+        return super().init_continuous_batching(*args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)  # normal(initializer_range) linears/embeddings, unit norms, zero biases
@@ -114,6 +153,8 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             init.normal_(projection.weight, mean=0.0, std=std / (2 * num_layers) ** 0.5)
         if isinstance(module, Attention) and module.kernel is not None:
             module.kernel.init_weights(module)
+        elif isinstance(module, SequenceProjection):  # Linformer's E/F, drawn as the linear layers they once were
+            init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
         elif isinstance(module, SinusoidalPositions):
@@ -329,6 +370,13 @@ class CoreformerStack(CoreformerPreTrainedModel):
         past_key_values = cache_from(past_key_values, cache)
         output_attentions, output_hidden_states = self._recorded_outputs(output_attentions, output_hidden_states)
         inputs = input_ids if input_ids is not None else inputs_embeds
+        if is_paged_cache(past_key_values):  # continuous batching: the batch's kwargs reach the attention as given
+            hidden_states = self.embed(input_ids, inputs_embeds, token_type_ids, position_ids)
+            plan = self.planner.continuous_batching_plan(
+                hidden_states, attention_mask, position_ids, (self.rotary_emb, self.local_rotary_emb)
+            )
+            hidden_states = self.run_blocks(hidden_states, plan, None, past_key_values, **kwargs)
+            return self._stack_output(hidden_states, None)
         packing, documents, position_ids, use_cache = packed_rows(
             inputs, attention_mask, past_key_values, position_ids, use_cache, kwargs
         )

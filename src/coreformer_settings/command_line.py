@@ -34,18 +34,37 @@ def add_version_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def flag_words(flag: str) -> set[str]:
+    """The words of a flag: "--num_train-epochs" -> {"num", "train", "epochs"}."""
+    return set(re.split(r"[-_]+", flag.strip("-").lower()))
+
+
+def closest_flag(given: str, known: list[str]) -> str | None:
+    """The known flag `given` most likely meant: among the flags holding every word of it (`--epochs` ->
+    `--num-train-epochs`), else among all, the closest spelling; None where nothing is close (`--epochs` is not
+    `--export`, 0.62 alike: the cutoff sits above that and below `--save-steps` / `--save-every`, 0.67)."""
+    name = given.split("=")[0]
+    holding = [flag for flag in known if flag_words(name) <= flag_words(flag)]
+    candidates = holding or known
+    if "_" not in name:  # the hyphenated spelling of a flag that also takes transformers' underscored one
+        candidates = [flag for flag in candidates if "_" not in flag] or candidates
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.0 if holding else 0.65)
+    return close[0] if close else None
+
+
 class SuggestingParser(argparse.ArgumentParser):
     """An ArgumentParser whose "unrecognized arguments" error names the closest known flag (`--lerning-rate` ->
-    "did you mean --learning-rate?"); Python 3.12's argparse suggests only for choices, and 3.11's not at all."""
+    "did you mean --learning-rate?", `closest_flag`); Python 3.12's argparse suggests only for choices, and 3.11's
+    not at all."""
 
     def error(self, message: str):
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             known = [option for option in self._option_string_actions if option.startswith("--")]
             for given in message[len(prefix) :].split():
-                close = difflib.get_close_matches(given.split("=")[0], known, n=1) if given.startswith("--") else []
+                close = closest_flag(given, known) if given.startswith("--") else None
                 if close:
-                    message += f" (did you mean {close[0]}?)"
+                    message += f" (did you mean {close}?)"
                     break
         super().error(message)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import transformers
+from tiny import tiny_model
 
 import coreformer
 import coreformer_cli
@@ -250,6 +251,9 @@ def test_a_mistyped_hub_name_fails_at_once_in_one_line(tmp_path, monkeypatch, ca
         (["pretrain", "--family", "decoder", "--max-step", "3"], None),  # a prefix: argparse takes it as --max-steps
         (["pretrain", "--family", "decoder", "--max-stesp", "3"], "--max-steps"),
         (["export", "a", "b", "--overwirte"], "--overwrite"),
+        # a flag holding every word typed, however far its spelling: not `--export`, 0.62 alike
+        (["finetune", "--task", "causal-lm", "--epochs", "2"], "--num-train-epochs"),
+        (["pretrain", "--family", "decoder", "--epochs", "2"], ""),  # nothing close: no suggestion
     ],
 )
 def test_an_unknown_flag_names_the_closest_one(tmp_path, monkeypatch, capsys, argv, suggestion):
@@ -262,9 +266,8 @@ def test_an_unknown_flag_names_the_closest_one(tmp_path, monkeypatch, capsys, ar
         coreformer_cli.main(argv)
     assert exit.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith(f"coreformer {argv[0]}: error: unrecognized arguments: ") and err.endswith(
-        f"(did you mean {suggestion}?)"
-    ), err
+    assert err.startswith(f"coreformer {argv[0]}: error: unrecognized arguments: "), err
+    assert err.endswith(f"(did you mean {suggestion}?)") if suggestion else "did you mean" not in err
 
 
 def test_the_scripts_and_the_installed_command_share_one_parser():
@@ -483,7 +486,7 @@ def test_fine_tuning_ends_with_where_everything_went(tmp_path):
     folder = tmp_path / "cls"
     make = SimpleNamespace(auto_class="AutoModelForSequenceClassification")
     args = SimpleNamespace(output_dir=str(folder), spec=make, peft="lora", save_every=0, export=None)
-    folder.mkdir()
+    tiny_model(coreformer.CoreformerEncoderForSequenceClassification, "encoder").save_pretrained(folder)
     (folder / "all_results.json").write_text("{}")
     assert finetune_summary(args).splitlines() == [
         "where everything went:",

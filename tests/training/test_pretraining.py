@@ -26,6 +26,7 @@ from accelerate.utils.other import clean_state_dict_for_safetensors
 from conftest import free_port, run_launch
 from ranks import fork_python, launch_ranks
 from safetensors.torch import load_file
+from tiny import tiny_model
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import coreformer as cf
@@ -828,6 +829,7 @@ def test_run_summary_names_every_output_and_the_exact_next_commands(tmp_path):
         (output_dir / "checkpoints" / f"step-{step}").mkdir(parents=True)
         (output_dir / "checkpoints" / f"step-{step}" / "trainer_state.json").write_text("{}")
     (output_dir / "logs").mkdir()
+    tiny_model(cf.CoreformerDecoderForCausalLM, "decoder").save_pretrained(output_dir)
     args = PretrainingArguments(family="decoder", output_dir=str(output_dir))
     lines = run_summary(args, output_dir).splitlines()
     assert f"  model        {output_dir}/  (AutoModelForCausalLM.from_pretrained('{output_dir}'))" in lines
@@ -840,9 +842,37 @@ def test_run_summary_names_every_output_and_the_exact_next_commands(tmp_path):
     finetune = f"coreformer finetune --task causal-lm --model {output_dir} --output-dir {output_dir}-causal-lm"
     assert f"  fine-tune    {finetune}" in lines
     assert f"  publish      coreformer publish {output_dir} --repo-id YOUR_NAME/demo" in lines
+    assert f"  export       coreformer export {output_dir} {output_dir}-native --check" in lines
+    tiny_model(cf.CoreformerEncoderForMaskedLM, "encoder").save_pretrained(tmp_path / "e")
     encoder = PretrainingArguments(family="encoder", objective="electra", output_dir=str(tmp_path / "e"), save_every=0)
     summary = run_summary(encoder, tmp_path / "e")
     assert "checkpoints  none (save_every is 0)" in summary and "--task sequence-classification" in summary
+
+
+@pytest.mark.parametrize(
+    "family, model_class, settings, export",
+    [
+        # no native twin (BART has learned positions), so the ONNX export, whose graphs hold it
+        ("seq2seq", cf.CoreformerSeq2SeqForConditionalGeneration, dict(position_embedding_type="rotary"), "onnx"),
+        # linear layers: no native twin, and their running state does not fit ONNX's key/value cache graphs
+        ("decoder", cf.CoreformerDecoderForCausalLM, dict(layer_types=["linear", "full"]), None),
+    ],
+)
+def test_run_summary_suggests_only_an_export_that_takes_the_model(tmp_path, family, model_class, settings, export):
+    from coreformer.training.reports import run_summary
+
+    model = tiny_model(model_class, family, **settings)
+    model.save_pretrained(tmp_path / "run")
+    with pytest.raises(ValueError, match="cannot export"):  # what `coreformer export --to native` answers
+        cf.export.choose_target(model.config, model_class.__name__)
+    summary = run_summary(PretrainingArguments(family=family, output_dir=str(tmp_path / "run")), tmp_path / "run")
+    exports = [line for line in summary.splitlines() if line.startswith("  export ")]
+    if export is None:
+        assert exports == []
+    else:
+        assert exports == [
+            f"  export       coreformer export {tmp_path / 'run'} {tmp_path / 'run'}-{export} --to {export} --check"
+        ]
 
 
 def test_time_line_says_minutes_and_seconds_and_whether_the_sample_is_counted():

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from ..families import head_of_class
-from ..hub.folders import TOKENIZER_FILES, saved_tokenizer, staged_folder
+from ..hub.folders import TOKENIZER_FILES, DestinationExistsError, check_destination, saved_tokenizer, staged_folder
 from ..hub.model_card import ModelCardInfo, inherited_license, is_hub_id, source_card_metadata, write_model_card
 from ..native.parity import Comparison, allowed_difference, compare_models, sample_inputs
 from ..pipelines import save_with_pipeline
@@ -32,10 +32,12 @@ WEIGHT_FILES = (
 
 
 def _check_destination(dst: Path, overwrite: bool) -> None:
-    if dst.exists() and not dst.is_dir():
-        raise CommandError(f"{dst} exists and is not a folder.")
-    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
-        raise CommandError(f"{dst} exists and is not empty; pass --overwrite to replace it.")
+    try:
+        check_destination(dst, overwrite)
+    except DestinationExistsError as error:
+        raise CommandError(error.command_line_message()) from error
+    except ValueError as error:
+        raise CommandError(str(error)) from error
 
 
 def load_hf_model(src: Path):

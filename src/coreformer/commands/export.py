@@ -17,6 +17,7 @@ from .base import CheckFailedError, CommandError, tool_command
 def export(args: argparse.Namespace) -> int:
     """`coreformer export`: a coreformer folder -> a native transformers folder, ONNX or GGUF (coreformer.export)."""
     from ..export import ExportCheckError, export_to
+    from ..hub.folders import DestinationExistsError
 
     try:
         summary = export_to(
@@ -30,6 +31,8 @@ def export(args: argparse.Namespace) -> int:
     except ExportCheckError as error:
         print(str(error), file=sys.stderr)
         raise CheckFailedError from error
+    except DestinationExistsError as error:
+        raise CommandError(error.command_line_message()) from error
     except ValueError as error:
         raise CommandError(str(error)) from error
     if summary.get("check"):

@@ -69,7 +69,7 @@ from coreformer_settings.exports import GGUF_DTYPES
 
 from ..configuration_coreformer import CoreformerConfig
 from ..families import head_of_class
-from ..hub.folders import prepare_for_serving, saved_tokenizer, staged_folder
+from ..hub.folders import DestinationExistsError, check_destination, prepare_for_serving, saved_tokenizer, staged_folder
 from ..hub.model_card import CARD_NAME, inherited_license, is_hub_id, validate_model_card
 from ..modeling_base import CoreformerPreTrainedModel
 from ..native import NATIVE_ARCHITECTURES, NativeArchitecture, architecture_of_class
@@ -114,6 +114,27 @@ def choose_target(config: CoreformerConfig, class_name: str) -> tuple[NativeArch
         f"closest native architecture is {closest.export_heads[class_name]}; differs in: "
         f"{'; '.join(differences[closest.name])}. Export to ONNX (--to onnx) keeps any configuration."
     )
+
+
+def suggested_export(config: CoreformerConfig, class_name: str) -> str | None:
+    """The export that takes `class_name` with `config` as it is, for a run's "what to run next": "native" where a
+    native architecture computes the same function (`choose_target`), else "onnx" where the graphs hold its layer
+    types (a generation head's with a key/value cache), else None. The exporters' own refusals decide."""
+    from .onnx import refuse_uncachable, refuse_unexportable
+
+    try:
+        choose_target(config, class_name)
+        return "native"
+    except ValueError:
+        pass
+    family, head = head_of_class(class_name)
+    try:
+        refuse_unexportable(config)
+        if head.auto_class == family.language_model_auto_class and family.name != "encoder":
+            refuse_uncachable(config.cached_layer_types)
+    except ValueError:
+        return None
+    return "onnx"
 
 
 def to_native(model: CoreformerPreTrainedModel) -> PreTrainedModel:
@@ -319,13 +340,6 @@ def load_exportable(source: str | Path) -> CoreformerPreTrainedModel:
     return convert_from_hf(native).eval()
 
 
-def _check_destination(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a folder.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out} exists and is not empty; pass --overwrite (overwrite=True) to replace it.")
-
-
 def _card(
     source: str, out: str, model: CoreformerPreTrainedModel, native: PreTrainedModel, result: CheckResult | None
 ) -> str:
@@ -383,7 +397,7 @@ def export_native(
         ExportCheckError: `check` found a difference; nothing is written.
     """
     out = Path(out)
-    _check_destination(out, overwrite)
+    check_destination(out, overwrite)
     if native_class_of(source) is None:
         model_class = coreformer_class(source)
         choose_target(model_class.config_class.from_pretrained(source), model_class.__name__)  # refuse before loading
@@ -413,7 +427,7 @@ def export_native(
         card = _card(str(source), str(out), model, native, result)
         validate_model_card(card)
         (staging / CARD_NAME).write_text(card, encoding="utf-8")
-        _check_destination(out, overwrite)  # it may have been filled while we worked
+        check_destination(out, overwrite)  # it may have been filled while we worked
     summary = {"out": str(out), "native_class": type(native).__name__, "target": native.config.model_type}
     summary["check"] = (
         None
@@ -444,7 +458,7 @@ def coreformer_folder(source: Path) -> Iterator[Path]:
 def _export_onnx(source: Path, out: Path, *, check: bool, overwrite: bool, gguf_dtype: str) -> dict:
     from .onnx import export_onnx  # the serve helper's module; imported only when asked for
 
-    _check_destination(out, overwrite)
+    check_destination(out, overwrite)
     with coreformer_folder(source) as folder:
         return export_onnx(folder, out, check=check, label=str(source))
 
@@ -460,7 +474,7 @@ def _export_gguf(source: Path, out: Path, *, check: bool, overwrite: bool, gguf_
 
     path = gguf_path(out, gguf_dtype)
     if path.exists() and not overwrite:
-        raise ValueError(f"{path} exists; pass --overwrite (overwrite=True) to replace it.")
+        raise DestinationExistsError(path, "exists")
     if native_class_of(source) is not None:  # already native: written as it is (or refused naming its class)
         return export_gguf(source, path, dtype=gguf_dtype, check=check, label=str(source))
     path.parent.mkdir(parents=True, exist_ok=True)

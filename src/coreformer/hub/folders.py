@@ -39,6 +39,27 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+
+class DestinationExistsError(ValueError):
+    """A destination holds something and replacing it was not asked for. Its text speaks to Python callers
+    (`overwrite=True`); the commands print `command_line_message()` (`--overwrite`)."""
+
+    def __init__(self, path: Path, state: str = "exists and is not empty"):
+        self.path, self.state = path, state
+        super().__init__(f"{path} {state}; pass overwrite=True to replace it.")
+
+    def command_line_message(self) -> str:
+        return f"{self.path} {self.state}; pass --overwrite to replace it."
+
+
+def check_destination(out: Path, overwrite: bool) -> None:
+    """Refuse a destination that is a file, or a folder with something in it unless `overwrite`."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise DestinationExistsError(out)
+
+
 _AT_FDCWD = -100  # paths relative to the working directory (linux/fcntl.h)
 _RENAME_EXCHANGE = 2  # linux/fs.h
 

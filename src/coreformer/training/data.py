@@ -145,7 +145,7 @@ def _text_split(
     if text_column not in split.column_names:
         raise ValueError(
             f"{source!r} has no column {text_column!r}; its columns are {split.column_names}. "
-            "Pass `text_column=` with one of them."
+            "Name one of them with --text-column (text_column: in a config file)."
         )
     split = split.select_columns([text_column])
     if text_column != "text":

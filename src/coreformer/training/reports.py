@@ -14,6 +14,9 @@ The card's family facts come from families.py, its objective text from the run's
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoConfig
+
+from ..export.exporters import suggested_export
 from ..hub.model_card import ModelCardInfo, is_hub_id
 from ..hub.model_card import render_model_card as render_card
 from .arguments import EXPORT_FOLDER
@@ -125,11 +128,17 @@ def _summary(where: list[tuple[str, str]], next_steps: list[tuple[str, str]]) ->
 
 
 def _export_lines(args: Any, folder: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """The native export a run wrote (--export native), or the command that writes one."""
+    """The native export a run wrote (--export native), or the command of the export that takes the saved model
+    as it is (`suggested_export`: native, else ONNX; none where neither does)."""
     native = Path(folder) / EXPORT_FOLDER
     if args.export is not None and native.is_dir():
         return [("native", f"{native}/  (transformers' own architecture, no coreformer needed)")], []
-    return [], [("export", f"coreformer export {folder} {folder}-native --check")]
+    config = AutoConfig.from_pretrained(folder)
+    target = suggested_export(config, config.architectures[0])
+    if target is None:
+        return [], []
+    flag = "" if target == "native" else f" --to {target}"
+    return [], [("export", f"coreformer export {folder} {folder}-{target}{flag} --check")]
 
 
 def run_summary(args: Any, output_dir: Path) -> str:
