@@ -209,13 +209,16 @@ def preset_path(family: str, preset: str, configs_dir: str | Path | None = None)
 
 def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
     """For --help: each setting some preset sets -> "from the preset: tiny 600, small 20000, ..." (a preset whose
-    families disagree is named per family), then the value a --config file that does not set it gets."""
+    families disagree is named per family; a family's preset that leaves the setting out runs with the default,
+    which is shown as its value), then the value a --config file that does not set it gets."""
     values: dict[str, dict[str, Any]] = {}
+    presets = {}
     for preset in SIZE_PRESETS:  # the recipes' values are in their files
         for family in FAMILY_NAMES:
             path = Path(configs_dir or default_configs_dir()) / f"{family}-{preset}.yaml"
             if path.is_file():
-                for name, value in load_preset(family, preset, configs_dir).items():
+                presets[f"{family}-{preset}"] = load_preset(family, preset, configs_dir)
+                for name, value in presets[f"{family}-{preset}"].items():
                     values.setdefault(name, {})[f"{family}-{preset}"] = value
     texts = {}
     objectives = [spec for _, spec in objective_fields().values()]
@@ -224,7 +227,11 @@ def preset_defaults(configs_dir: str | Path | None = None) -> dict[str, str]:
             continue
         shown = []
         for preset in SIZE_PRESETS:
-            found = {name: value for name, value in values[spec.name].items() if name.endswith(f"-{preset}")}
+            found = {
+                name: settings.get(spec.name, spec.default)
+                for name, settings in presets.items()
+                if name.endswith(f"-{preset}")
+            }
             if len(set(map(str, found.values()))) == 1:
                 shown.append(f"{preset} {next(iter(found.values()))}")
             else:

@@ -189,6 +189,7 @@ def test_the_command_exports_a_native_folder_through_its_conversion_with_its_tok
     printed = capsys.readouterr().out
     assert float(printed.split("max abs difference: ")[1].split()[0]) <= CHECK_TOLERANCE
     assert f"(tolerance {CHECK_TOLERANCE})" in printed and "greedy tokens equal: True" in printed
+    assert "tokenizer ids equal: True" in printed  # the same lines as every format's check
     written = {path.name for path in (tmp_path / "onnx").iterdir()}
     assert {"model.onnx", "decoder_with_past.onnx", "tokenizer.json", MANIFEST_NAME} <= written
     manifest = json.loads((tmp_path / "onnx" / MANIFEST_NAME).read_text())

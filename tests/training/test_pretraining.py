@@ -547,6 +547,15 @@ def test_pretrain_help_shows_the_presets_values_not_the_overridden_dataclass_def
         "optimizer steps (default: from the preset: encoder-tiny 1600, decoder-tiny 600, seq2seq-tiny 600, small "
         "10000, base 100000; a --config file" in text
     )  # the value a preset takes from the preset it extends is shown too
+    # A family's preset that leaves a setting out runs with the default, and the help says so (it once said
+    # "tiny muon" for every family, where an encoder tiny run records adamw and cosine).
+    for name in ("optimizer", "lr_scheduler_type"):
+        ran = {
+            family: getattr(resolve_arguments(family=family, preset="tiny", configs_dir=CONFIGS), name)
+            for family in FAMILY_NAMES
+        }
+        assert ran["encoder"] != ran["decoder"]
+        assert ", ".join(f"{family}-tiny {value}" for family, value in ran.items()) in text
     assert "(default: 1000)" not in text
     assert "--seed SEED seed of the data order, masking, dropout and initialisation (default: 0)" in text  # no preset
 

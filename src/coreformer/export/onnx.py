@@ -62,10 +62,17 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ..compat import output_cache, with_cache
 from ..families import Family, family_of_model_type, head_of_class
-from ..hub.folders import prepare_for_serving, staged_folder
+from ..hub.folders import prepare_for_serving, saved_tokenizer, staged_folder
 from ..hub.publishing import CONFIG_FILES, PUSHED_TOKENIZER_FILES
 from ..layer_types import LAYER_TYPES
-from ..native.parity import ExportCheckError, allowed_difference, check_summary, magnitude, max_abs_difference
+from ..native.parity import (
+    SAMPLE_TEXTS,
+    ExportCheckError,
+    allowed_difference,
+    check_summary,
+    magnitude,
+    max_abs_difference,
+)
 
 GREEDY_STEPS = 5
 EXPORT_SHAPE = (2, 7)  # (batch, length) the graphs are traced at; checks use others
@@ -622,17 +629,30 @@ def export_onnx(source: Path, out: Path, *, check: bool = False, label: str | No
     with staged_folder(out) as staging:
         for graph in graphs:
             export_graph(graph, staging)
-        if check:
-            report.update(check_graphs(model, staging, graphs))
         copy_companions(source, staging)
+        if check:
+            report.update(check_graphs(model, staging, graphs, tokenizer_ids_equal(source, staging)))
         prepare_for_serving(staging, causal_lm=auto_class == "AutoModelForCausalLM")
         report["files"] = sorted(path.name for path in staging.iterdir()) + [MANIFEST_NAME]
         (staging / MANIFEST_NAME).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def check_graphs(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict:
-    """Every graph against PyTorch, and greedy decoding through the cache graphs; ExportCheckError when apart."""
+def tokenizer_ids_equal(source: Path, folder: Path) -> bool | None:
+    """Whether the tokenizer copied into `folder` gives the source folder's ids for the sample texts, as the native
+    check compares them; None where the source holds no tokenizer."""
+    reference = saved_tokenizer(source)
+    if reference is None:
+        return None
+    copied = saved_tokenizer(folder)
+    return copied is not None and all(
+        reference(text)["input_ids"] == copied(text)["input_ids"] for text in SAMPLE_TEXTS
+    )
+
+
+def check_graphs(model: nn.Module, folder: Path, graphs: list[Graph], tokenizer_equal: bool | None = None) -> dict:
+    """Every graph against PyTorch, greedy decoding through the cache graphs, and the copied tokenizer's ids
+    (`tokenizer_equal`, from `tokenizer_ids_equal`); ExportCheckError when apart."""
 
     differences, scales = zip(*(check_graph(graph, folder) for graph in graphs), strict=True)
     report: dict = {"max_abs_diff": max(differences), "tolerance": allowed_difference(max(scales))}
@@ -641,11 +661,11 @@ def check_graphs(model: nn.Module, folder: Path, graphs: list[Graph]) -> dict:
     if greedy_check is not None:
         tokens = report["greedy_tokens"] = greedy_check(model, folder, graphs)
     tokens_equal = None if tokens is None else tokens["onnxruntime"] == tokens["pytorch"]
-    report["check"] = check_summary(report["max_abs_diff"], report["tolerance"], tokens_equal)
-    if report["max_abs_diff"] > report["tolerance"] or tokens_equal is False:
+    report["check"] = check_summary(report["max_abs_diff"], report["tolerance"], tokens_equal, tokenizer_equal)
+    if report["max_abs_diff"] > report["tolerance"] or tokens_equal is False or tokenizer_equal is False:
         raise ExportCheckError(
             f"check failed: the ONNX graphs differ from PyTorch by {report['max_abs_diff']:.3g} (tolerance "
-            f"{report['tolerance']:.3g}), greedy tokens equal: {tokens_equal}"
+            f"{report['tolerance']:.3g}), greedy tokens equal: {tokens_equal}, tokenizer ids equal: {tokenizer_equal}"
             + (
                 ""
                 if tokens_equal is not False
