@@ -27,6 +27,7 @@ import gc
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from coreformer_settings import evaluation, finetuning, pretraining
@@ -145,8 +146,8 @@ def _pretrain_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _prepare_pretrain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
     """The run's settings gathered once (defaults <- preset or --config <- the flags given), with the folders they
-    name checked: a mistyped --tokenizer or --resume-from-checkpoint (given here, in the preset or in --config) is one
-    line, before torch is imported or the Hub is asked."""
+    name checked: a mistyped --tokenizer or --resume-from-checkpoint (given here, in the preset or in --config), or an
+    --output-dir holding a run without --overwrite, is one line, before torch is imported or the Hub is asked."""
     given = vars(args)
     preset, config, family = given.pop("preset", None), given.pop("config", None), given.pop("family", None)
     values, source = gather_settings(family=family, preset=preset, config_file=config, overrides=given)
@@ -156,7 +157,16 @@ def _prepare_pretrain(args: argparse.Namespace, parser: argparse.ArgumentParser)
         check_model_location(values["tokenizer"])
     if values.get("resume_from_checkpoint") not in (None, "latest"):
         check_local_folder(values["resume_from_checkpoint"])
+    else:  # resuming from a folder elsewhere, the run folder is checked with the checkpoint
+        _check_run_folder(values, pretraining.PretrainingSettings, pretraining.check_run_folder)
     return values, source
+
+
+def _check_run_folder(values: dict[str, Any], settings: type, check: Callable[[Path, bool], None]) -> None:
+    """A run starting anew (no --resume-from-checkpoint) in a folder that holds something: refused now, as the run
+    would refuse it after the heavy imports."""
+    if values.get("resume_from_checkpoint") is None:
+        check(Path(values.get("output_dir", settings.output_dir)).expanduser(), bool(values.get("overwrite", False)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -208,6 +218,7 @@ def _prepare_finetune(args: argparse.Namespace, parser: argparse.ArgumentParser)
     for key in ("model", "tokenizer"):
         if values.get(key) is not None:
             check_model_location(values[key])
+    _check_run_folder(values, finetuning.FinetuningSettings, finetuning.check_run_folder)
     return values
 
 

@@ -11,6 +11,8 @@ help text, config files, value coercion and one argparse flag per field.
     coerce(name, value, annotation, ...)   a config-file or CLI value -> the field's type
     add_flags(parser, arguments, fields)   one argparse flag per dataclass field, defaults suppressed
     export_arg(), EXPORT_FOLDER            the `--export native` setting of both runs and where it writes
+    RUN_CONFIG, CHECKPOINTS_DIR,           the run folder's layout, and the check that a folder may take a new run
+      holds_run, check_output_dir
     installed_version()                    the installed coreformer's version, from its metadata (nothing imported)
 
 Each run raises its own subclass of RunError, so a script catches exactly its run's refusals; a message reads the
@@ -225,6 +227,34 @@ def add_flags(
 
 
 EXPORT_FOLDER = "native"  # inside the run folder
+RUN_CONFIG = "run_config.json"  # the run's settings, in the run folder and in each checkpoint
+CHECKPOINTS_DIR = "checkpoints"  # the run folder's checkpoints/step-N
+
+
+def holds_run(folder: Path, markers: Sequence[str]) -> bool:
+    """Whether `folder` holds a previous run: any of the files or folders a run writes (`markers`)."""
+    return any((folder / marker).exists() for marker in markers)
+
+
+def check_output_dir(
+    output_dir: Path, overwrite: bool, *, markers: Sequence[str], error: type[Exception], otherwise: str
+) -> None:
+    """Refuse a folder that holds something, unless it is a previous run (see `holds_run`) and `overwrite` is set.
+    `otherwise` ends the message for a run folder without `overwrite`: what else the user can do. Torch-free, so
+    the command line checks the folder before the heavy imports."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise error(f"--output-dir {str(output_dir)!r} is a file.")
+    if not output_dir.is_dir() or not any(output_dir.iterdir()):
+        return
+    if not holds_run(output_dir, markers):
+        raise error(
+            f"--output-dir {str(output_dir)!r} is not empty and holds no previous run; choose an empty or new folder "
+            f"(--overwrite only replaces a run folder)."
+        )
+    if not overwrite:
+        raise error(
+            f"--output-dir {str(output_dir)!r} already holds a run. Pass --overwrite to replace it, or {otherwise}."
+        )
 
 
 def export_arg() -> Any:

@@ -13,14 +13,38 @@ import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from .base import FinetuningError, RunSettings, add_flags, arg, export_arg
+from .base import (
+    CHECKPOINTS_DIR,
+    RUN_CONFIG,
+    FinetuningError,
+    RunSettings,
+    add_flags,
+    arg,
+    check_output_dir,
+    export_arg,
+)
 from .components import add_owned_flags, gather_owned
 from .tasks import TASK_REGISTRY, TaskSettings, task_fields
 
 PEFT_CHOICES = ("none", "lora")
 REPORT_TO = ("none", "tensorboard")
+ADAPTER_DIR = "adapter"  # the LoRA adapter alone, in the run folder
+# What a fine-tuning run writes into its folder: any of them there means the folder holds a run.
+RUN_MARKERS = ("config.json", RUN_CONFIG, "all_results.json", ADAPTER_DIR, CHECKPOINTS_DIR)
+
+
+def check_run_folder(output_dir: Path, overwrite: bool) -> None:
+    """Refuse a folder that holds something, unless it is a previous run and `overwrite` is set."""
+    check_output_dir(
+        output_dir,
+        overwrite,
+        markers=RUN_MARKERS,
+        error=FinetuningError,
+        otherwise="--resume-from-checkpoint latest to continue it, or choose another folder",
+    )
 
 
 @dataclass

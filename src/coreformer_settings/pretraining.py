@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from . import base
-from .base import PretrainingError, RunSettings, add_flags, arg, export_arg
+from .base import (
+    CHECKPOINTS_DIR,
+    RUN_CONFIG,
+    PretrainingError,
+    RunSettings,
+    add_flags,
+    arg,
+    check_output_dir,
+    export_arg,
+)
 from .components import add_owned_flags, gather_owned
 from .objectives import OBJECTIVE_REGISTRY, ObjectiveSettings, objective_fields
 from .registries import FAMILY_NAMES
@@ -193,6 +202,22 @@ def default_configs_dir() -> Path:
     """The presets shipped inside the package, coreformer/training/configs (in a clone, a link to training/configs);
     found beside this package without importing coreformer (which imports torch)."""
     return Path(__file__).resolve().parent.parent / "coreformer" / "training" / "configs"
+
+
+METRICS = "metrics.json"  # the run's numbers, in its folder
+# What a pretraining run writes into its folder: any of them there means the folder holds a run.
+RUN_MARKERS = (RUN_CONFIG, CHECKPOINTS_DIR, "config.json", "model.safetensors", "tokenizer.json", METRICS)
+
+
+def check_run_folder(output_dir: Path, overwrite: bool) -> None:
+    """Refuse a folder that holds something, unless it is a previous run and `overwrite` is set."""
+    check_output_dir(
+        output_dir,
+        overwrite,
+        markers=RUN_MARKERS,
+        error=PretrainingError,
+        otherwise="--resume-from-checkpoint latest to continue it",
+    )
 
 
 def preset_path(family: str, preset: str, configs_dir: str | Path | None = None) -> Path:

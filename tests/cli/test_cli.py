@@ -82,10 +82,28 @@ def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_pa
         (["finetune", "--task", "nope"], "coreformer finetune: error: Unknown task 'nope': --task must be one of"),
         (["finetune", "--train-file", "missing.jsonl"], "coreformer finetune: error: Local data file 'missing.jsonl'"),
         (["pretrain", "--family", "decoder", "--dataset", "missing.txt"], "Local data file 'missing.txt' does not"),
+        (["pretrain", "--family", "decoder", "--output-dir", "run"], "--output-dir 'run' already holds a run. Pass"),
+        (["finetune", "--task", "causal-lm", "--output-dir", "run"], "--output-dir 'run' already holds a run. Pass"),
+        (
+            ["pretrain", "--family", "decoder", "--output-dir", "notes"],
+            "'notes' is not empty and holds no previous run",
+        ),
     ],
-    ids=["evaluate-folder", "finetune-task", "finetune-file", "pretrain-dataset"],
+    ids=[
+        "evaluate-folder",
+        "finetune-task",
+        "finetune-file",
+        "pretrain-dataset",
+        "pretrain-run",
+        "finetune-run",
+        "other",
+    ],
 )
 def test_simple_input_errors_answer_in_one_line_without_importing_torch(tmp_path, argv, message):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run_config.json").write_text("{}")  # a previous run's folder
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("not a run")
     result = run_python(HEAVY_IMPORTS_AFTER.format(argv=argv, heavy=HEAVY), tmp_path)
     assert "exit 2" in result.stdout and "imported []" in result.stdout, result.stdout + result.stderr
     assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr

@@ -3,10 +3,9 @@ settings base, the error classes, flags and config files (all defined in the tor
 and re-exported here, so that the scripts parse their arguments before torch is imported), and the output folders.
 
     RunError / PretrainingError / FinetuningError, RunStoppedError, INTERRUPTED, RunSettings, arg,
-    load_config_file, coerce, add_flags, export_arg, EXPORT_FOLDER     from coreformer_settings.base (see there)
-    RUN_CONFIG                             "run_config.json": every run's resolved settings, written as it starts
-    holds_run(folder, markers)             whether a folder holds a previous run (any of its marker files)
-    check_output_dir(output_dir, ...)      refuse a non-empty output folder unless it is a run and --overwrite is set
+    load_config_file, coerce, add_flags, export_arg, EXPORT_FOLDER, RUN_CONFIG ("run_config.json": every run's
+    resolved settings, written as it starts), holds_run, check_output_dir (refuse a non-empty output folder unless
+    it is a run and --overwrite is set)    from coreformer_settings.base (see there)
     write_json(path, value)                indented JSON with a final newline
     export_run(kind, folder)               `--export native`: after training, OUTPUT_DIR/native (coreformer export)
 
@@ -15,13 +14,13 @@ Nothing here imports the modeling code or torch at module level.
 
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from coreformer_settings.base import (
     EXPORT_FOLDER,
     INTERRUPTED,
+    RUN_CONFIG,
     RUN_EXPORT_FORMATS,
     FinetuningError,
     PretrainingError,
@@ -30,13 +29,16 @@ from coreformer_settings.base import (
     RunStoppedError,
     add_flags,
     arg,
+    check_output_dir,
     coerce,
     export_arg,
+    holds_run,
     load_config_file,
 )
 
 __all__ = [
     "EXPORT_FOLDER",
+    "RUN_CONFIG",
     "RUN_EXPORT_FORMATS",
     "INTERRUPTED",
     "FinetuningError",
@@ -54,33 +56,6 @@ __all__ = [
     "load_config_file",
     "write_json",
 ]
-
-RUN_CONFIG = "run_config.json"
-
-
-def holds_run(folder: Path, markers: Sequence[str]) -> bool:
-    """Whether `folder` holds a previous run: any of the files or folders a run writes (`markers`)."""
-    return any((folder / marker).exists() for marker in markers)
-
-
-def check_output_dir(
-    output_dir: Path, overwrite: bool, *, markers: Sequence[str], error: type[Exception], otherwise: str
-) -> None:
-    """Refuse a folder that holds something, unless it is a previous run (see `holds_run`) and `overwrite` is set.
-    `otherwise` ends the message for a run folder without `overwrite`: what else the user can do."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise error(f"--output-dir {str(output_dir)!r} is a file.")
-    if not output_dir.is_dir() or not any(output_dir.iterdir()):
-        return
-    if not holds_run(output_dir, markers):
-        raise error(
-            f"--output-dir {str(output_dir)!r} is not empty and holds no previous run; choose an empty or new folder "
-            f"(--overwrite only replaces a run folder)."
-        )
-    if not overwrite:
-        raise error(
-            f"--output-dir {str(output_dir)!r} already holds a run. Pass --overwrite to replace it, or {otherwise}."
-        )
 
 
 def write_json(path: Path, value: Any) -> None:

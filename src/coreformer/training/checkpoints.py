@@ -27,10 +27,11 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from coreformer_settings.base import CHECKPOINTS_DIR
+
 from ..hub.folders import remove_stale_saves, replace_folder
 from .arguments import PretrainingError, write_json
 
-CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
 _CHECKPOINT_NAME = re.compile(r"step-(\d+)")
 

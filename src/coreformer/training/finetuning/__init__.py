@@ -45,11 +45,14 @@ from typing import Any
 import transformers
 from transformers import PreTrainedTokenizerBase
 
+from coreformer_settings.base import CHECKPOINTS_DIR
+from coreformer_settings.finetuning import ADAPTER_DIR
+
 from ...hub.folders import link_into, staged_folder
 from ...hub.model_card import write_model_card
 from ...pipelines import save_with_pipeline
 from ..arguments import RUN_CONFIG, FinetuningError, RunStoppedError, export_run, write_json
-from ..checkpoints import CHECKPOINTS_DIR, stopped_message
+from ..checkpoints import stopped_message
 from ..engine import CpuFsdp2Engine, Engine
 from .arguments import FinetuningArguments, resolve_arguments
 from .card import finetuned_card_info
@@ -71,9 +74,7 @@ from .trainer import (
 )
 
 PREDICTIONS = "eval_predictions.jsonl"
-ADAPTER_DIR = "adapter"
 # What a run leaves in its output folder: a folder holding any of these is a previous run (--overwrite replaces it).
-_RUN_MARKERS = ("config.json", RUN_CONFIG, "all_results.json", ADAPTER_DIR, CHECKPOINTS_DIR)
 
 __all__ = ["FinetuningArguments", "evaluate_folder", "resolve_arguments", "run_finetuning"]
 
@@ -162,7 +163,7 @@ def load_with_head(auto_class, path: str, **kwargs):
 def prepare(args: FinetuningArguments, world_size: int = 1) -> _Run:
     """Every check (output folder, resume checkpoint, model, task / family, data, columns, labels) and the model with
     its new head."""
-    resume, record = resolve_resume(args, world_size, _RUN_MARKERS, RUN_CONFIG)
+    resume, record = resolve_resume(args, world_size)
     config, family = load_model_config(args.model, args.task)
     tokenizer = load_finetuning_tokenizer(args, args.model)
     splits, data_description = load_task_data(args)

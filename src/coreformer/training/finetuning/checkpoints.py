@@ -45,8 +45,10 @@ from typing import Any
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from coreformer_settings.finetuning import RUN_MARKERS, check_run_folder
+
 from ...hub.folders import replace_folder
-from ..arguments import FinetuningError, check_output_dir, holds_run, write_json
+from ..arguments import RUN_CONFIG, FinetuningError, holds_run, write_json
 from ..checkpoints import check_unchanged, requested_checkpoint
 from ..engine import CpuFsdp2Engine
 
@@ -196,26 +198,23 @@ def _finished_here(output_dir: Path, record: dict, state: dict, run_config: str)
     return same_run and json.loads(final_state.read_text())["global_step"] >= state["global_step"]
 
 
-def resolve_resume(
-    args, world_size: int, markers: tuple[str, ...], run_config: str
-) -> tuple[Path | None, dict[str, Any] | None]:
+def resolve_resume(args, world_size: int) -> tuple[Path | None, dict[str, Any] | None]:
     """(checkpoint, its run record) to resume, or (None, None) to start fresh, with pretraining's refusals: a missing
     or incomplete checkpoint, a folder that holds a run but no checkpoint, other settings; and a finished run (its
-    final folder, with `run_config` and trainer_state.json, in output_dir)."""
+    final folder, with RUN_CONFIG and trainer_state.json, in output_dir)."""
     output_dir = Path(args.output_dir)
-    start_over = "--resume-from-checkpoint latest to continue it, or choose another folder"
     if args.resume_from_checkpoint is None:
-        check_output_dir(output_dir, args.overwrite, markers=markers, error=FinetuningError, otherwise=start_over)
+        check_run_folder(output_dir, args.overwrite)
         return None, None
-    is_run = output_dir.is_dir() and holds_run(output_dir, markers)
+    is_run = output_dir.is_dir() and holds_run(output_dir, RUN_MARKERS)
     checkpoint, state = requested_checkpoint(
         args.resume_from_checkpoint, output_dir, holds_run=is_run, error=FinetuningError
     )
     if checkpoint is None:
-        check_output_dir(output_dir, args.overwrite, markers=markers, error=FinetuningError, otherwise=start_over)
+        check_run_folder(output_dir, args.overwrite)
         return None, None
     if output_dir.resolve() not in checkpoint.resolve().parents:  # continuing another run's checkpoint elsewhere
-        check_output_dir(output_dir, args.overwrite, markers=markers, error=FinetuningError, otherwise=start_over)
+        check_run_folder(output_dir, args.overwrite)
     if not (checkpoint / RUN_RECORD).is_file():
         raise FinetuningError(
             f"{str(checkpoint)!r} is not a fine-tuning checkpoint (no {RUN_RECORD}): pass a checkpoints/step-N folder "
@@ -244,7 +243,7 @@ def resolve_resume(
             f"fine-tune from the checkpoint's weights as a new run: --model {str(checkpoint)!r} without "
             f"--resume-from-checkpoint."
         )
-    if state["global_step"] >= state["max_steps"] and _finished_here(output_dir, record, state, run_config):
+    if state["global_step"] >= state["max_steps"] and _finished_here(output_dir, record, state, RUN_CONFIG):
         raise FinetuningError(
             f"Checkpoint {str(checkpoint)!r} is the end of a finished run (step {state['global_step']} of "
             f"{state['max_steps']}), whose model is in {str(output_dir)!r}: nothing to resume. Pass --overwrite "

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from coreformer_settings.pretraining import METRICS
+
 from ...hub.folders import drop_set_aside, link_into, staged_folder
 from .. import arguments
 from ..arguments import export_run, write_json
@@ -36,7 +38,6 @@ from ..reports import (
 from ..zero_shot import run_zero_shot, zero_shot_line
 from .inputs import input_token_count
 from .run import _Run, _Training
-from .run_folder import METRICS
 
 
 @torch.no_grad()

@@ -1,8 +1,9 @@
 """A pretraining run's folder: what it holds, whether this run may write it, and the checkpoint it resumes from.
 
-    METRICS                                     the name of the run's metrics record in its output folder
-    check_output_dir / resolve_resume           the output folder and the checkpoint to resume from, refused when
-                                                they belong to another run
+    resolve_resume                              the output folder and the checkpoint to resume from, refused when
+                                                they belong to another run (the folder checked by the torch-free
+                                                coreformer_settings.pretraining.check_run_folder, which the command
+                                                line also runs before the heavy imports)
     check_world_size / check_checkpoint_engine  a launch that forms one run; a checkpoint the engine can read
 
 Each raises one PretrainingError naming the problem and the fix; nothing here writes to the output folder.
@@ -15,44 +16,31 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from coreformer_settings.pretraining import RUN_MARKERS, check_run_folder
+
 from .. import arguments
-from ..arguments import RUN_CONFIG, PretrainingError
-from ..checkpoints import CHECKPOINTS_DIR, requested_checkpoint
+from ..arguments import PretrainingError
+from ..checkpoints import requested_checkpoint
 from ..engine import Engine
 from ..families import TRAINING_FACTS
 from .run import PretrainingArguments
-
-METRICS = "metrics.json"
-# What a run leaves in its output directory: a folder holding any of these is a previous run (--overwrite replaces it).
-_RUN_MARKERS = (RUN_CONFIG, CHECKPOINTS_DIR, "config.json", "model.safetensors", "tokenizer.json", METRICS)
-
-
-def check_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """Refuse a folder that holds something, unless it is a previous run and `overwrite` is set."""
-    arguments.check_output_dir(
-        output_dir,
-        overwrite,
-        markers=_RUN_MARKERS,
-        error=PretrainingError,
-        otherwise="--resume-from-checkpoint latest to continue it",
-    )
 
 
 def resolve_resume(args: PretrainingArguments, output_dir: Path) -> Path | None:
     """The checkpoint to resume from, or None to start fresh; refuses a checkpoint of another family, objective or
     model."""
     if args.resume_from_checkpoint is None:
-        check_output_dir(output_dir, args.overwrite)
+        check_run_folder(output_dir, args.overwrite)
         return None
-    holds_run = output_dir.is_dir() and arguments.holds_run(output_dir, _RUN_MARKERS)
+    holds_run = output_dir.is_dir() and arguments.holds_run(output_dir, RUN_MARKERS)
     checkpoint, state = requested_checkpoint(
         args.resume_from_checkpoint, output_dir, holds_run=holds_run, error=PretrainingError
     )
     if checkpoint is None:
-        check_output_dir(output_dir, args.overwrite)
+        check_run_folder(output_dir, args.overwrite)
         return None  # nothing to resume yet: the same command starts the run and restarts it after a crash
     if output_dir.resolve() not in checkpoint.resolve().parents:
-        check_output_dir(output_dir, args.overwrite)  # continuing another run's checkpoint in a new folder
+        check_run_folder(output_dir, args.overwrite)  # continuing another run's checkpoint in a new folder
     if state.get("family") != args.family:
         raise PretrainingError(
             f"Checkpoint {str(checkpoint)!r} belongs to a run of the {state.get('family')} family; this run trains the "
