@@ -1044,3 +1044,35 @@ def test_evaluating_a_run_stopped_before_its_first_checkpoint_says_it_holds_no_m
     (tmp_path / "run" / "run_config.json").write_text("{}")
     with pytest.raises(EvaluationError, match="stopped before its first checkpoint, so it holds no model"):
         load_language_model(tmp_path / "run")
+
+
+def test_a_run_says_its_data_and_when_it_first_saves_before_the_first_step():
+    from coreformer.training.reports import checkpoint_plan_line, data_line
+
+    assert data_line({"train": 1234, "validation": 30}, 5678, 128) == (
+        "data: 1,234 documents for training, 30 held out; 5,678 training examples of up to 128 tokens"
+    )
+    # the encoder's tiny preset: a Ctrl-C before step 800 keeps nothing, and the run says so up front
+    assert checkpoint_plan_line(800, 1600, 0).startswith("checkpoints: every 800 steps, the next at step 800 (a Ctrl-C")
+    assert "the next at step 1200" in checkpoint_plan_line(400, 1600, 800)  # resumed at 800
+    assert checkpoint_plan_line(0, 600, 0) == "checkpoints: none (--save-every 0); only the final model is saved"
+    assert checkpoint_plan_line(800, 600, 0).startswith("checkpoints: none before the final model")
+
+
+def test_the_layer_types_config_of_the_guide_builds_the_model_it_names(tmp_path):
+    # docs/guides/pretraining.md "Choosing layer types": the YAML of its block, resolved as `--config` resolves it
+    page = (REPO / "docs" / "guides" / "pretraining.md").read_text()
+    section = page.split("## Choosing layer types")[1].split("\n## ")[0]
+    config_text = section.split("<<'YAML'\n")[1].split("\nYAML\n")[0]
+    (tmp_path / "sliding-decoder.yaml").write_text(config_text)
+    assert "coreformer pretrain --config sliding-decoder.yaml" in section
+    args = resolve_arguments(config_file=tmp_path / "sliding-decoder.yaml", configs_dir=CONFIGS)
+    tiny = resolve_arguments(family="decoder", preset="tiny", configs_dir=CONFIGS)
+    assert (args.max_steps, args.optimizer) == (tiny.max_steps, tiny.optimizer)  # the preset it extends
+    from coreformer.training.tokenizer_training import train_tokenizer
+
+    tokenizer = train_tokenizer("decoder", ["def sliding(window):\n    return window\n"] * 20, vocab_size=300)
+    config = build_model_config(args, tokenizer)
+    assert config.layer_types == ["sliding", "sliding", "sliding", "full"] and config.sliding_window == 32
+    model = cf.CoreformerDecoderForCausalLM(config)
+    assert [layer.self_attn.layer_type for layer in model.model.decoder.layers] == config.layer_types

@@ -112,6 +112,28 @@ def render_model_card(args: Any, metrics: dict[str, Any], path_hint: str) -> str
     return str(render_card(model_card_info(args, metrics), path_hint))
 
 
+def data_line(documents: dict[str, int], examples: int, block_size: int) -> str:
+    """How the text became training data, said before the first step: the documents of each split (a .txt file gives
+    one per non-blank line; JSON, CSV and Parquet one per row) and the training examples they make."""
+    return (
+        f"data: {documents['train']:,} documents for training, {documents['validation']:,} held out; "
+        f"{examples:,} training examples of up to {block_size} tokens"
+    )
+
+
+def checkpoint_plan_line(save_every: int, max_steps: int, step: int) -> str:
+    """When this run saves, said before the first step: a Ctrl-C before the first checkpoint keeps nothing."""
+    if not save_every:
+        return "checkpoints: none (--save-every 0); only the final model is saved"
+    first = (step // save_every + 1) * save_every
+    if first >= max_steps:
+        return f"checkpoints: none before the final model (--save-every {save_every}, --max-steps {max_steps})"
+    return (
+        f"checkpoints: every {save_every} steps, the next at step {first} (a Ctrl-C before it keeps nothing of this "
+        f"session; --save-every N saves more often)"
+    )
+
+
 def checkpoints_line(args: Any, output_dir: Path) -> str:
     """Where a run's checkpoints are, or why there are none (saving off, or the run ended before the first save)."""
     checkpoints = [path.name for path in list_checkpoints(output_dir)]

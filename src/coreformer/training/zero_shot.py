@@ -129,7 +129,7 @@ def candidate_lines(texts: list[str]) -> list[str]:
 
 
 def _token_count(tokenizer: PreTrainedTokenizerBase, line: str) -> int:
-    return len(tokenizer(line, add_special_tokens=False)["input_ids"])
+    return len(tokenizer(line, add_special_tokens=False, verbose=False)["input_ids"])
 
 
 def _corrupt(line: str, turn: int, rng: random.Random, names: list[str], tokenizer) -> Pair | None:
@@ -153,7 +153,7 @@ def build_pairs(texts: list[str], tokenizer: PreTrainedTokenizerBase, count: int
     pairs: list[Pair] = []
     for start in range(0, len(lines), 256):  # tokenized a chunk at a time: the sample is usually met early
         chunk = lines[start : start + 256]
-        lengths = [len(ids) for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]]
+        lengths = [len(ids) for ids in tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]]
         for line, length in zip(chunk, lengths):
             if len(pairs) == count:
                 return pairs
@@ -196,7 +196,9 @@ def _causal_scores(model, tokenizer, lines: list[str], batch_size: int) -> torch
     scores = []
     for start in range(0, len(lines), batch_size):
         ids = [
-            torch.tensor([tokenizer.eos_token_id] + tokenizer(line, add_special_tokens=False)["input_ids"])
+            torch.tensor(
+                [tokenizer.eos_token_id] + tokenizer(line, add_special_tokens=False, verbose=False)["input_ids"]
+            )
             for line in lines[start : start + batch_size]
         ]
         input_ids = pad_sequences(ids, tokenizer.pad_token_id).to(model.device)  # (B, T)
@@ -214,7 +216,7 @@ def _seq2seq_scores(model, tokenizer, lines: list[str], batch_size: int) -> torc
     source = tokenizer(tokenizer.mask_token, return_tensors="pt")["input_ids"].to(model.device)  # (1, 3)
     scores = []
     for start in range(0, len(lines), batch_size):
-        ids = [torch.tensor(tokenizer(line)["input_ids"]) for line in lines[start : start + batch_size]]
+        ids = [torch.tensor(tokenizer(line, verbose=False)["input_ids"]) for line in lines[start : start + batch_size]]
         labels = pad_sequences(ids, -100).to(model.device)  # (B, T)
         inputs = source.expand(len(ids), -1)
         logits = model(input_ids=inputs, attention_mask=torch.ones_like(inputs), labels=labels).logits  # (B, T, V)
@@ -360,7 +362,7 @@ def unigram_entropy(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> flo
     A loss well below it means the model uses context."""
     counts = collections.Counter()
     for start in range(0, len(texts), 64):
-        for ids in tokenizer(texts[start : start + 64], add_special_tokens=False)["input_ids"]:
+        for ids in tokenizer(texts[start : start + 64], add_special_tokens=False, verbose=False)["input_ids"]:
             counts.update(ids)
     frequencies = torch.tensor(list(counts.values()), dtype=torch.float64)
     probabilities = frequencies / frequencies.sum()
@@ -494,7 +496,7 @@ def evaluate_folder(
         "seed": seed,
     }
     if family == "encoder":  # the originals' pseudo-log-likelihood, per token
-        tokens = sum(len(tokenizer(p.original, add_special_tokens=False)["input_ids"]) for p in chosen)
+        tokens = sum(len(tokenizer(p.original, add_special_tokens=False, verbose=False)["input_ids"]) for p in chosen)
         report["pseudo_perplexity"] = math.exp(min(-float(original.sum()) / tokens, 700.0))
     return report
 
@@ -558,7 +560,8 @@ def zero_shot_line(report: dict[str, Any]) -> str:
     loss, pairs = report["held_out"], report["minimal_pairs"]
     extra = f", pseudo-perplexity {report['pseudo_perplexity']:.2f}" if "pseudo_perplexity" in report else ""
     return (
-        f"zero-shot (coreformer evaluate): held-out {loss['objective']} loss {loss['loss']:.4f} (perplexity "
+        f"zero-shot (coreformer evaluate, fixed settings comparable across runs): held-out {loss['objective']} loss "
+        f"{loss['loss']:.4f} (perplexity "
         f"{loss['perplexity']:.2f}){extra}; minimal-pair accuracy {pairs['accuracy']:.3f} over {pairs['pairs']} pairs "
         f"({pairs['score']}, chance 0.5)"
     )

@@ -56,6 +56,7 @@ from ..checkpoints import find_latest_checkpoint, read_trainer_state, remove_sta
 from ..data import iter_texts
 from ..engine import Engine, requested_engine, resolve_engine
 from ..optimizers import build_optimizer, build_schedule, check_run_optimizer
+from ..reports import checkpoint_plan_line, data_line
 from ..tokenizer_training import tokenizer_name, train_tokenizer
 from .inputs import build_collator, build_model_config, load_dataset_splits, load_tokenizer, shared_tokenizer
 from .loop import finish, train
@@ -144,6 +145,9 @@ def prepare(args: PretrainingArguments) -> _Run:
         f"{accelerator.device}; {tracker_line}"
     )
     accelerator.print(engine.line())
+    documents = {name: len(split) for name, split in splits.items()}
+    accelerator.print(data_line(documents, len(train_examples), args.block_size))
+    accelerator.print(checkpoint_plan_line(args.save_every, args.max_steps, state["step"] if state else 0))
     return _Run(
         args,
         accelerator,

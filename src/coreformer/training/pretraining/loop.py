@@ -303,8 +303,8 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
         speed = f"{metrics['tokens_per_second']:,.0f} tokens/s" if training.session_tokens else "no steps this session"
         extra = held_out_numbers(last, run.objective.metrics_beside_loss)
         accelerator.print(
-            f"done: {training.step} steps ({metrics['epochs']:.3g} epochs), held-out loss {first['loss']:.4f} -> "
-            f"{last['loss']:.4f} ({extra}), {speed}; wrote {output_dir}"
+            f"done: {training.step} steps ({metrics['epochs']:.3g} epochs), held-out loss of the objective as trained "
+            f"{first['loss']:.4f} -> {last['loss']:.4f} ({extra}), {speed}; wrote {output_dir}"
         )
         if metrics["zero_shot"]:
             accelerator.print(zero_shot_line(metrics["zero_shot"]))
