@@ -1,8 +1,10 @@
 """The optimizer and schedule settings (coreformer.training.optimizers): Muon takes exactly the blocks' linear
 weights, every optimizer setting and --max-grad-norm reach what they configure, warmup-stable-decay gives its rates at
-chosen steps, each optimizer and schedule resumes exactly, and Muon on sharded weights or a resume with another
-optimizer is one clear refusal."""
+chosen steps, each optimizer and schedule resumes exactly, Muon steps FSDP2's row shards bit for bit as torch's Muon
+steps whole matrices (each gathered to an owner rank chosen from the shapes alone), and Muon on flattened partitions
+(DeepSpeed ZeRO, FSDP1) or a resume with another optimizer is one clear refusal."""
 
+import os
 import re
 import types
 from pathlib import Path
@@ -14,9 +16,11 @@ from safetensors.torch import load_file
 import coreformer as cf
 from coreformer.training.optimizers import (
     MuonWithAdamW,
+    ShardedMuon,
     build_optimizer,
     build_schedule,
     check_run_optimizer,
+    muon_owners,
     muon_parameters,
     wsd_steps,
 )
@@ -151,12 +155,13 @@ def test_each_optimizer_and_schedule_resumes_exactly(tmp_path, optimizer, schedu
     assert all(torch.equal(final[name], reference[name]) for name in reference)
 
 
-def test_muon_on_sharded_weights_and_a_resume_with_another_optimizer_are_refused():
+def test_muon_on_flattened_partitions_and_a_resume_with_another_optimizer_are_refused():
     muon = PretrainingArguments(family="decoder", optimizer="muon")
-    for sharding in ("FSDP2 full shard", "DeepSpeed ZeRO-3"):
-        with pytest.raises(PretrainingError, match=rf"shards them \({sharding}\); pass --optimizer adamw"):
+    for sharding in ("DeepSpeed ZeRO-3", "DeepSpeed ZeRO-2", "FSDP1 FULL_SHARD"):
+        with pytest.raises(PretrainingError, match=rf"shards them \({sharding}\) into flattened partitions; pass"):
             check_run_optimizer(muon, types.SimpleNamespace(sharding=sharding), None)
-    check_run_optimizer(muon, types.SimpleNamespace(sharding="DDP"), None)
+    for sharding in ("none", "DDP", "FSDP2 full shard", "FSDP2 shard grad-op"):  # whole matrices, or rows gathered
+        check_run_optimizer(muon, types.SimpleNamespace(sharding=sharding), None)
     saved = {"args": {"optimizer": "adamw"}}
     with pytest.raises(PretrainingError, match="trained with --optimizer adamw, this run asks for muon"):
         check_run_optimizer(muon, types.SimpleNamespace(sharding="none"), saved)
@@ -164,22 +169,96 @@ def test_muon_on_sharded_weights_and_a_resume_with_another_optimizer_are_refused
         check_run_optimizer(muon, types.SimpleNamespace(sharding="none"), {"args": {}})
 
 
-def test_muon_refuses_dtensor_shards_built_under_it(tmp_path):
-    # The optimizer itself refuses DTensor parameters (FSDP2's shards), whatever engine built them.
-    import torch.distributed as dist
-    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+def test_muon_owners_spread_the_newton_schulz_work_and_are_the_same_on_every_rank():
+    # the tiny decoder's 2 blocks: q, k, v, o (32 x 32), gate and up (64 x 32), down (32 x 64)
+    shapes = [(32, 32)] * 4 + [(64, 32), (64, 32), (32, 64)]
+    shapes = shapes * 2
+    owners = muon_owners(shapes, 2)
+    assert owners == muon_owners(list(shapes), 2)  # a function of the shapes alone: no message between ranks
+    work = [
+        sum(sorted(s)[0] ** 2 * (2 * sorted(s)[1] + sorted(s)[0]) for s, o in zip(shapes, owners) if o == r)
+        for r in (0, 1)
+    ]
+    assert work[0] == work[1]  # 6 wide and 8 square matrices split evenly
+    assert muon_owners([(5, 3), (8, 4), (1, 6), (6, 16), (16, 6)], 3) == [2, 2, 2, 0, 1]  # the largest first
+    assert muon_owners([(8, 8)], 4) == [0]
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+
+def test_sharded_muon_on_whole_tensors_is_torch_muon():
+    # One process and DDP: the step is torch's own, bit for bit.
+    torch.manual_seed(0)
+    weights = [torch.randn(shape) for shape in ((6, 4), (4, 10))]
+    whole = [torch.nn.Parameter(w.clone()) for w in weights]
+    mine = [torch.nn.Parameter(w.clone()) for w in weights]
+    reference, sharded = torch.optim.Muon(whole, lr=0.02), ShardedMuon(mine, lr=0.02)
+    for _ in range(2):
+        for p, q in zip(whole, mine):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        reference.step()
+        sharded.step()
+    assert all(torch.equal(p, q) for p, q in zip(whole, mine))
+
+
+# Each rank steps FSDP2-like row shards (uneven, one rank holding none of a 1-row matrix) and, beside them, torch's
+# Muon on the whole matrices with the same gradients; rank 0 writes what it finds.
+SHARDED_STEP = """
+import json, sys, torch, torch.distributed as dist
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+from coreformer.training.optimizers import ShardedMuon
+
+rank, world, rendezvous, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+mesh = init_device_mesh("cpu", (world,))
+torch.manual_seed(0)
+shapes = [(5, 3), (8, 4), (1, 6), (6, 16), (16, 6)]
+weights = [torch.randn(shape) for shape in shapes]
+steps = [[torch.randn(shape) for shape in shapes] for _ in range(3)]
+whole = [torch.nn.Parameter(w.clone()) for w in weights]
+sharded = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in weights]
+settings = dict(lr=0.02, weight_decay=0.1, momentum=0.9, adjust_lr_fn="match_rms_adamw")
+reference, mine = torch.optim.Muon(whole, **settings), ShardedMuon(sharded, **settings)
+for grads in steps:
+    for p, q, g in zip(whole, sharded, grads):
+        p.grad, q.grad = g.clone(), distribute_tensor(g.clone(), mesh, [Shard(0)])
+    reference.step()
+    mine.step()
+buffers = [mine.state[q]["momentum_buffer"] for q in sharded]
+found = {
+    "weights": [torch.equal(q.full_tensor(), p.detach()) for p, q in zip(whole, sharded)],
+    "momentum": [torch.equal(b.full_tensor(), reference.state[p]["momentum_buffer"]) for p, b in zip(whole, buffers)],
+    "placements": sorted({str(b.placements) for b in buffers}),
+    "local_rows": [b.to_local().shape[0] for b in buffers],
+}
+dist.destroy_process_group()
+if rank == 0:
+    open(out, "w").write(json.dumps(found))
+"""
+
+
+@pytest.mark.slow  # 3 forked processes: ~9 s
+def test_sharded_muon_on_three_processes_steps_row_shards_bit_for_bit_as_torch_muon(tmp_path):
+    import json
+
+    from ranks import fork_python
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    world, out, log = 3, tmp_path / "found.json", tmp_path / "ranks.log"
+    ranks = [
+        fork_python(
+            ["-c", SHARDED_STEP, str(rank), str(world), str(tmp_path / "rendezvous"), str(out)], env, tmp_path, log
+        )
+        for rank in range(world)
+    ]
     try:
-        model = tiny_model("decoder")
-        mesh = init_device_mesh("cpu", (1,))
-        layer = model.get_submodule("model.decoder.layers.0.self_attn.q_proj")
-        layer.weight = torch.nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Shard(0)]))
-        args = PretrainingArguments(family="decoder", optimizer="muon")
-        with pytest.raises(PretrainingError, match=r"shards them \(FSDP2 DTensors\)"):
-            build_optimizer(model, args, torch.device("cpu"))
+        assert [rank.wait(timeout=120) for rank in ranks] == [0] * world, log.read_text()[-3000:]
     finally:
-        dist.destroy_process_group()
+        for rank in ranks:
+            rank.kill()
+    found = json.loads(out.read_text())
+    assert found["weights"] == found["momentum"] == [True] * 5  # the bits of one process, 3 steps in
+    assert found["placements"] == ["(Shard(dim=0),)"]  # the momentum is sharded as its parameter: DCP reshards it
+    assert found["local_rows"] == [2, 3, 1, 2, 6]  # rank 0's rows: torch.chunk's split of 5, 8, 1, 6 and 16
 
 
 @pytest.mark.parametrize(

@@ -218,10 +218,17 @@ class CpuFsdp2Engine(Engine):
         return model, optimizer, scheduler
 
     @staticmethod
-    def _states(model, optimizer) -> dict[str, Any]:
+    def _optimizers(optimizer) -> tuple:
+        """What DCP reads the state of: the optimizer under Accelerate's wrapper, or the optimizers a combined one
+        steps (optimizers.MuonWithAdamW), each parameter's state then saved under its name whichever holds it."""
+        inner = getattr(optimizer, "optimizer", optimizer)
+        return tuple(getattr(inner, "optimizers", (inner,)))
+
+    @classmethod
+    def _states(cls, model, optimizer) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optimizer_state = get_state_dict(model, getattr(optimizer, "optimizer", optimizer))
+        model_state, optimizer_state = get_state_dict(model, cls._optimizers(optimizer))
         return {"model": model_state, "optimizer": optimizer_state}
 
     def save_state(self, accelerator, model, optimizer, scheduler, folder: Path) -> None:
@@ -244,7 +251,7 @@ class CpuFsdp2Engine(Engine):
         dcp.load(states, checkpoint_id=str(folder / DCP_FOLDER))
         set_state_dict(
             model,
-            getattr(optimizer, "optimizer", optimizer),
+            self._optimizers(optimizer),
             model_state_dict=states["model"],
             optim_state_dict=states["optimizer"],
         )
@@ -303,6 +310,7 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 _SHARDING = {True: "FSDP2 full shard", False: "FSDP2 shard grad-op"}  # by reshard_after_forward
+FSDP2_SHARDINGS = tuple(_SHARDING.values())  # Engine.sharding where every parameter is a DTensor of rows (Shard(0))
 
 
 def _sharding(accelerator) -> str:
