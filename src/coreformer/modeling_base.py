@@ -3,9 +3,9 @@
 `CoreformerStack` is the one encoder/decoder stack. It embeds tokens, has its planner build the masks and the rotary
 (cos, sin) once per forward, runs its blocks and applies the final norm. The families differ only in how they build it:
 
-    encoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=False)
-    decoder model   CoreformerStack(config, config.layer_types, embed_tokens, is_causal=True)
-    seq2seq model   encoder stack as above + CoreformerCrossAttendingStack(config, config.decoder_layer_types, ...)
+    encoder model   CoreformerStack(config, layer_types=config.layer_types, embed_tokens=..., is_causal=False)
+    decoder model   CoreformerStack(config, layer_types=config.layer_types, embed_tokens=..., is_causal=True)
+    seq2seq model   encoder stack as above + CoreformerCrossAttendingStack(config, layer_types=..., embed_tokens=...)
 
 Layers may differ in attention type (`layer_types`, one entry each in `layer_types.py`): per forward the stack's
 `planner` (a `forward_plan.ForwardPlanner` it builds and holds; a plain object, so no checkpoint keys) makes one plan
@@ -54,6 +54,7 @@ from .layers import (
 )
 from .lowrank_attention import SequenceProjection
 from .lsh_attention import HashingProjection
+from .vllm_serving import built_by_vllm, publish, refuse_unserved, restore
 
 
 class CoreformerPreTrainedModel(PreTrainedModel):
@@ -75,6 +76,10 @@ class CoreformerPreTrainedModel(PreTrainedModel):
     # adds each "lsh" layer's query-key projection by its full name.
     _keep_in_fp32_modules = ["k_seq_proj", "v_seq_proj", "lsh_rotations"]
     _keep_in_fp32_modules_strict = ["k_seq_proj", "v_seq_proj", "lsh_rotations"]
+
+    def __init__(self, config: CoreformerConfig, *args, **kwargs):
+        restore(config)  # vLLM builds more than one model from a config it published on (`vllm_serving.py`)
+        super().__init__(config, *args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -139,6 +144,7 @@ class CoreformerPreTrainedModel(PreTrainedModel):
                 "config stores them, in coreformer's names): upgrade transformers, or generate with model.generate()."
             )
         self.base_model.decoder.planner.check_continuous_batching()
+        self.config.serve_continuous_batching()
         return super().init_continuous_batching(*args, **kwargs)
 
     @torch.no_grad()
@@ -191,14 +197,17 @@ class CoreformerStack(CoreformerPreTrainedModel):
     def __init__(
         self,
         config: CoreformerConfig,
+        *,
         layer_types: list[str],
         embed_tokens: nn.Embedding,
-        *,
         is_causal: bool,
         cross_attention: bool = False,
     ):
+        # Keyword-only: vLLM wraps this __init__ (its torch.compile support) and checks positional arguments by type.
         config.require_head_dim()  # before anything sized by it
         super().__init__(config)
+        if built_by_vllm(config):  # vLLM runs no forward before it serves: what it cannot compute is refused here
+            refuse_unserved(config, layer_types, is_causal=is_causal, cross_attention=cross_attention)
         self.is_causal = is_causal
         self.cross_attention = cross_attention
         # Not a module (no weights): held as a plain attribute, it adds nothing to the checkpoint.
@@ -239,6 +248,8 @@ class CoreformerStack(CoreformerPreTrainedModel):
         )
         self.norm = build_norm(config) if config.final_norm else None
         self.post_init()
+        if built_by_vllm(config):
+            publish(config)  # what vLLM reads when it gives each layer its attention, after this build
 
     def init_parallel_plans(self) -> None:
         # The config's base-model plans name this stack's modules from the family base model (`decoder.layers.*`),
@@ -479,5 +490,7 @@ class CoreformerCrossAttendingStack(CoreformerStack):
         "cross_attentions": output_recorder(Attention, index=1, layer_name="cross_attn"),
     }
 
-    def __init__(self, config: CoreformerConfig, layer_types: list[str], embed_tokens: nn.Embedding):
-        super().__init__(config, layer_types, embed_tokens, is_causal=True, cross_attention=True)
+    def __init__(self, config: CoreformerConfig, *, layer_types: list[str], embed_tokens: nn.Embedding):
+        super().__init__(
+            config, layer_types=layer_types, embed_tokens=embed_tokens, is_causal=True, cross_attention=True
+        )

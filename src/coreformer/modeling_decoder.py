@@ -38,7 +38,9 @@ class CoreformerDecoderModel(CoreformerDecoderPreTrainedModel):
         super().__init__(config)
         # No padding_idx: GPT-style vocabularies often pad with eos, whose embedding must keep learning.
         embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.decoder = CoreformerStack(config, config.layer_types, embed_tokens, is_causal=True)
+        self.decoder = CoreformerStack(
+            config, layer_types=config.layer_types, embed_tokens=embed_tokens, is_causal=True
+        )
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -46,7 +46,9 @@ class CoreformerEncoderModel(CoreformerEncoderPreTrainedModel):
     def __init__(self, config: CoreformerEncoderConfig):
         super().__init__(config)
         embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.encoder = CoreformerStack(config, config.layer_types, embed_tokens, is_causal=False)
+        self.encoder = CoreformerStack(
+            config, layer_types=config.layer_types, embed_tokens=embed_tokens, is_causal=False
+        )
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

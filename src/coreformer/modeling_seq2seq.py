@@ -96,8 +96,12 @@ class CoreformerSeq2SeqModel(CoreformerSeq2SeqPreTrainedModel):
         self.shared = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         encoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         decoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.encoder = CoreformerStack(config, config.layer_types, encoder_embed_tokens, is_causal=False)
-        self.decoder = CoreformerCrossAttendingStack(config, config.decoder_layer_types, decoder_embed_tokens)
+        self.encoder = CoreformerStack(
+            config, layer_types=config.layer_types, embed_tokens=encoder_embed_tokens, is_causal=False
+        )
+        self.decoder = CoreformerCrossAttendingStack(
+            config, layer_types=config.decoder_layer_types, embed_tokens=decoder_embed_tokens
+        )
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:

@@ -192,13 +192,13 @@ def test_readme_is_a_short_front_door():
 
 
 def test_readme_test_command_is_what_make_test_runs():
-    """CI runs the README's test command (`make test` in .ci/run, then the compatibility tier, `make test-compat`):
-    the README states what that target runs."""
+    """CI runs the README's test command (`make test` in .ci/run, then the compatibility and serving tiers, `make
+    test-compat` and `make test-serving`): the README states what that target runs."""
     stated = block("Tests", 0).split("#", 1)[1].strip()
     recipe = re.search(r"^test: .*\n\t(?P<command>.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)["command"]
     assert recipe.replace("$(BIN)/python -m pytest", "pytest") == stated
     commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("make ")]
-    assert commands == ["make test", "make test-compat"], commands
+    assert commands == ["make test", "make test-compat", "make test-serving"], commands
 
 
 @pytest.mark.slow

@@ -12,10 +12,15 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 import coreformer as cf
 from coreformer.compat import CONTINUOUS_BATCHING, RELEASE
+from coreformer.layer_types import LAYER_TYPES
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
 NEW_TOKENS = 8
 WINDOW = 3  # shorter than every prompt but one, and than every generated sequence: the window is exercised
+# The types a decoder may hold that no transformers layer type computes exactly (`LayerType.served_as`), and the
+# parameters each needs.
+UNSERVED = [name for name, kind in LAYER_TYPES.items() if kind.served_as is None and kind.not_causal is None]
+LAYER_SETTINGS = dict(stride=2, block_size=4, lsh_bucket_size=4)
 
 # The model's implementation when generate_batch is called: it batches "eager" as "paged|eager" (every release) and
 # "sdpa" as "paged|sdpa" before 5.19, as itself from 5.19 (which still takes "paged|sdpa" set by the user).
@@ -91,22 +96,12 @@ def test_generate_batch_with_learned_positions_and_grouped_heads():
 
 @pytest.mark.compat
 @needs_release
-@pytest.mark.parametrize(
-    "layer_types, settings",
-    [
-        (["full", "strided"], dict(stride=2)),
-        (["block", "full"], dict(block_size=4)),
-        (["linear", "full"], {}),
-        (["full", "lsh"], dict(lsh_bucket_size=4)),
-    ],
-    ids=["strided", "block", "linear", "lsh"],
-)
-def test_generate_batch_refuses_other_layer_types_by_name(layer_types: list[str], settings: dict):
-    model = batching_decoder(layer_types, "rotary", **settings)
-    refused = next(name for name in layer_types if name != "full")
+@pytest.mark.parametrize("refused", UNSERVED)
+def test_generate_batch_refuses_every_other_causal_layer_type_by_name(refused: str):
+    model = batching_decoder(["full", refused], "rotary", **LAYER_SETTINGS)
     with pytest.raises(ValueError, match=r"continuous batching .* runs only 'full' and 'sliding' layers") as error:
         model.generate_batch(PROMPTS, max_new_tokens=2)
-    assert f"'{refused}' (layer {layer_types.index(refused)})" in str(error.value)
+    assert f"'{refused}' (layer 1)" in str(error.value)
     assert "model.generate()" in str(error.value)
     assert not hasattr(model, "_cached_continuous_batching_manager")  # refused before a manager was built
 
@@ -137,41 +132,46 @@ def test_paged_implementation_outside_continuous_batching_is_refused():
 
 @pytest.mark.compat
 @pytest.mark.parametrize("family", ["encoder", "decoder", "seq2seq"])
-def test_text_config_speaks_transformers_conventions_however_asked(family: str):
+def test_text_config_speaks_transformers_conventions_where_an_engine_builds_layers(family: str):
     stacks = {"seq2seq": dict(decoder_layer_types=["sliding", "full"])}
+    base_models = {
+        "encoder": cf.CoreformerEncoderModel,
+        "decoder": cf.CoreformerDecoderModel,
+        "seq2seq": cf.CoreformerSeq2SeqModel,
+    }
     config = tiny_model(
-        {
-            "encoder": cf.CoreformerEncoderModel,
-            "decoder": cf.CoreformerDecoderModel,
-            "seq2seq": cf.CoreformerSeq2SeqModel,
-        }[family],
-        family,
-        layer_types=["full", "sliding"],
-        sliding_window=WINDOW,
-        **stacks.get(family, {}),
+        base_models[family], family, layer_types=["full", "sliding"], sliding_window=WINDOW, **stacks.get(family, {})
     ).config
-    for asked in ({}, {"decoder": True}, {"encoder": True}):
-        text_config = config.get_text_config(**asked)
-        assert text_config.layer_types in (
-            ["full_attention", "sliding_attention"],
-            ["sliding_attention", "full_attention"],
-        ), asked
-        assert text_config.sliding_window == WINDOW + 1  # transformers counts the query in
-    if family == "seq2seq":
-        assert config.get_text_config(decoder=True).layer_types == ["sliding_attention", "full_attention"]
+    # generate()'s caches: the decoder's stack, in transformers' names and window (the query counted in)
+    cached = config.get_text_config(decoder=True)
+    expected = (
+        ["sliding_attention", "full_attention"] if family == "seq2seq" else ["full_attention", "sliding_attention"]
+    )
+    assert cached.layer_types == expected and cached.sliding_window == WINDOW + 1
+    # Asked for no stack: the config itself, as transformers answers for a text model (vLLM tells a text model from a
+    # multimodal one by identity) -- until continuous batching serves it and builds its paged cache from it.
+    assert config.get_text_config() is config
+    config.serve_continuous_batching()
+    served = config.get_text_config()
+    assert served is not config and served.layer_types[1] == "sliding_attention" and served.sliding_window == WINDOW + 1
     # Our names stay ours, and so does what config.json holds.
     assert config.layer_types == ["full", "sliding"] and config.sliding_window == WINDOW
-    assert config.to_dict()["coreformer_layer_types"] == ["full", "sliding"]
+    saved = config.to_dict()
+    assert saved["coreformer_layer_types"] == ["full", "sliding"] and "_continuous_batching" not in saved
 
 
 @pytest.mark.compat
-def test_text_config_writes_through_to_the_config():
-    # transformers resizes the vocabulary by `config.get_text_config().vocab_size = n`.
+def test_a_translated_text_config_writes_through_to_the_config():
+    # torchao unties the embeddings by `setattr(config.get_text_config(decoder=True), "tie_word_embeddings", False)`
     model = batching_decoder(["full", "sliding"], "rotary")
-    model.resize_token_embeddings(128)
-    assert model.config.vocab_size == 128 and model.get_output_embeddings().weight.shape[0] == 128
-    text_config = model.config.get_text_config()
+    text_config = model.config.get_text_config(decoder=True)
+    text_config.tie_word_embeddings = True
     text_config.pad_token_id = 3
     text_config.layer_types = ["full_attention", "full_attention"]  # a translated field stays the copy's
-    assert model.config.pad_token_id == 3 and model.config.layer_types == ["full", "sliding"]
+    assert model.config.tie_word_embeddings and model.config.pad_token_id == 3
+    assert model.config.layer_types == ["full", "sliding"]
     assert "_translated_from" not in text_config.to_dict()
+    # transformers resizes the vocabulary by `config.get_text_config().vocab_size = n`, continuous batching or not
+    model.config.serve_continuous_batching()
+    model.resize_token_embeddings(128)
+    assert model.config.vocab_size == 128 and model.get_output_embeddings().weight.shape[0] == 128

@@ -20,6 +20,7 @@ XPU): that column is skipped with the error torchao gives, found by trying (`int
 """
 
 import functools
+import importlib.util
 import tempfile
 
 import pytest
@@ -30,9 +31,13 @@ from torch import nn
 import coreformer as cf
 from coreformer.attention import Attention
 from coreformer.export import to_native
+from coreformer.layer_types import LAYER_TYPES
 
-pytest.importorskip("bitsandbytes")
-pytest.importorskip("torchao")
+pytestmark = pytest.mark.serving
+if importlib.util.find_spec("bitsandbytes") is None or importlib.util.find_spec("torchao") is None:
+    pytest.skip(
+        "bitsandbytes and torchao are installed by the serving tier (make test-serving)", allow_module_level=True
+    )
 from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_  # noqa: E402
 from transformers import BitsAndBytesConfig, TorchAoConfig  # noqa: E402
 
@@ -56,12 +61,11 @@ FAMILIES = {  # family -> (head, block options of a model with a native export)
     "encoder": (cf.CoreformerEncoderForMaskedLM, {}),  # BERT
     "decoder": (cf.CoreformerDecoderForCausalLM, LLAMA),  # Llama
 }
-LAYER_TYPES = ["full", "sliding", "strided", "block", "lowrank", "linear", "lsh"]
-CELLS = [
+CELLS = [  # every layer type, in each family that may hold it
     (family, layer_type)
     for family in FAMILIES
-    for layer_type in LAYER_TYPES
-    if not (family == "decoder" and layer_type == "lowrank")  # bidirectional only
+    for layer_type, kind in LAYER_TYPES.items()
+    if family == "encoder" or kind.not_causal is None
 ]
 
 QUANTIZERS = {  # name -> (quantization config, bit width)
@@ -164,9 +168,9 @@ def test_quantized_logits_stay_as_close_to_fp32_as_the_native_exports(
     native_top1, native_difference, native_logits = native_bar(family, quantizer)
     print(f"{family} {layer_type} {quantizer}: top-1 {top1:.3f} (native {native_top1:.3f}), max |diff| "
           f"{difference:.3f} (native {native_difference:.3f})")  # fmt: skip
-    if layer_type == "full":  # the native model's weights quantized the same way: its tokens, its logits up to the
-        # rounding of activations (bitsandbytes quantizes them too; torchao's weight-only agrees to 1e-5)
-        assert torch.equal(logits.argmax(-1), native_logits.argmax(-1))
+    if layer_type == "full":  # the native model's weights quantized the same way: its logits within half the
+        # quantization's own error (transformers 5.24 quantizes both alike to 1e-5 under torchao; 5.19 apart by up
+        # to 0.04, and bitsandbytes rounds the activations too, so near ties may go either way)
         assert (logits.float() - native_logits.float()).abs().max().item() <= native_difference / 2
     assert top1 >= native_top1 - TOP1_MARGIN[QUANTIZERS[quantizer][1]]
     factor = LSH_DIFFERENCE_FACTOR if layer_type == "lsh" else DIFFERENCE_FACTOR
