@@ -11,6 +11,7 @@ help text, config files, value coercion and one argparse flag per field.
     coerce(name, value, annotation, ...)   a config-file or CLI value -> the field's type
     add_flags(parser, arguments, fields)   one argparse flag per dataclass field, defaults suppressed
     export_arg(), EXPORT_FOLDER            the `--export native` setting of both runs and where it writes
+    threads_arg()                          the `--threads` setting of both runs
     RUN_CONFIG, CHECKPOINTS_DIR,           the run folder's layout, and the check that a folder may take a new run
       holds_run, check_output_dir
     installed_version()                    the installed coreformer's version, from its metadata (nothing imported)
@@ -227,6 +228,18 @@ def add_flags(
 
 
 EXPORT_FOLDER = "native"  # inside the run folder
+
+
+def threads_arg() -> Any:
+    """The `--threads` setting of both runs (coreformer.training.threads decides the default)."""
+    return arg(
+        None,
+        "torch threads of each process (default: the cores this process may use, less those other processes keep "
+        "busy; OMP_NUM_THREADS sets it too)",
+        show_default=False,
+    )
+
+
 RUN_CONFIG = "run_config.json"  # the run's settings, in the run folder and in each checkpoint
 CHECKPOINTS_DIR = "checkpoints"  # the run folder's checkpoints/step-N
 

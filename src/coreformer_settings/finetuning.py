@@ -25,6 +25,7 @@ from .base import (
     arg,
     check_output_dir,
     export_arg,
+    threads_arg,
 )
 from .components import add_owned_flags, gather_owned
 from .tasks import TASK_REGISTRY, TaskSettings, task_fields
@@ -118,6 +119,7 @@ class FinetuningSettings(RunSettings):
         "loss as padded batches; causal-lm: each document in a block attends only to itself); evaluation is unchanged",
     )
     compile: bool = arg(False, "torch.compile the model (the Trainer's torch_compile; saved weights keep their names)")
+    threads: int | None = threads_arg()
     seed: int = arg(42, "seed of the head's initialisation, the data order and dropout")
     logging_steps: int = arg(10, "log the training loss every N steps")
     eval_steps: int = arg(0, "also evaluate every N steps (0: only at the end)")

@@ -31,6 +31,7 @@ from .base import (
     arg,
     check_output_dir,
     export_arg,
+    threads_arg,
 )
 from .components import add_owned_flags, gather_owned
 from .objectives import OBJECTIVE_REGISTRY, ObjectiveSettings, objective_fields
@@ -148,6 +149,7 @@ class PretrainingSettings(RunSettings):
         "first steps are slower while graphs compile",
     )
     attn_implementation: str | None = arg(None, "attention backend (sdpa, eager, flex_attention, ...); default sdpa")
+    threads: int | None = threads_arg()
     seed: int = arg(0, "seed of the data order, masking, dropout and initialisation")
     # run
     output_dir: str = arg("outputs/pretrain", "run folder: checkpoints, logs, and the final model")

@@ -562,3 +562,26 @@ def test_default_presets_benchmark_tiny_times_the_installed_command_and_scores_e
     text = (tmp_path / "default_presets_tiny.md").read_text()
     assert text.startswith("# The default presets, as a user runs them") and "(under load)" in text
     assert "- command: `python benchmarks/default_presets.py --tiny" in text and "| decoder | 3 |" in text
+
+
+def test_threads_benchmark_alternates_the_settings_beside_a_busy_process_and_writes_the_ratio(tmp_path, monkeypatch):
+    # the harness's bookkeeping, each run stood in for (a real run is a pretraining process: the results file's)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import threads as benchmark
+
+    calls = []
+
+    def fake_run(threads, steps, folder):
+        calls.append(threads)
+        speed = 1000.0 if threads is not None else 3000.0
+        line = f"engine: NO (none), mixed precision no, {threads or 1} thread(s) (why, with a comma)"
+        return {"tokens_per_second": speed, "engine": line, "losses": [5.0, 4.0]}
+
+    monkeypatch.setattr(benchmark, "run", fake_run)
+    benchmark.main(["--steps", "2", "--pairs", "2", "--output-dir", str(tmp_path)])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert calls == [cores, None, None, cores]  # A B B A: a machine slowing down slows both
+    report = json.loads((tmp_path / "threads.json").read_text())
+    assert report["ratio"] == 3.0 and report["largest_loss_difference"] == 0.0
+    table = (tmp_path / "threads.md").read_text()
+    assert "**3.00x**" in table and "| chosen | 1 thread(s) (why, with a comma) | 3,000 |" in table

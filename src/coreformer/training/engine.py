@@ -134,13 +134,16 @@ class Engine:
             "checkpoint_format": self.checkpoint_format,
         }
 
-    def line(self) -> str:
-        """The start line; a second line when the launcher's mixed precision is not the run's (the flag decides)."""
+    def line(self, threads: str | None = None) -> str:
+        """The start line, with each process's torch `threads` in words (`threads.ThreadChoice.apply`); a second
+        line when the launcher's mixed precision is not the run's (the flag decides)."""
         by = "coreformer's fully_shard inside Accelerate" if self.set_up_by == "coreformer" else "Accelerate"
         line = (
             f"engine: {self.distributed_type} ({self.sharding}, set up by {by}), {self.world_size} process(es) on "
             f"{self.num_nodes} node(s), backend {self.backend or 'none'}, mixed precision {self.mixed_precision}"
         )
+        if threads is not None:
+            line += f", {threads}"
         launcher = self.requested.mixed_precision
         if launcher not in (None, self.mixed_precision):
             line += (

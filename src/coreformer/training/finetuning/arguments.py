@@ -34,7 +34,7 @@ class FinetuningArguments(FinetuningSettings):
         positive = ("max_length", "max_target_length", "num_beams", "batch_size")
         self.check_at_least(1, positive + ("eval_batch_size", "grad_accum", "logging_steps", "lora_r", "lora_alpha"))
         self.check_at_least(1, ("save_total_limit",))
-        optional = ("max_steps", "max_train_examples", "max_eval_examples", "generation_max_length")
+        optional = ("max_steps", "max_train_examples", "max_eval_examples", "generation_max_length", "threads")
         self.check_at_least(1, optional, unset_ok=True, note=" (or unset)")
         self.check_at_least(0, ("warmup_steps", "eval_steps", "save_every"))
         if self.max_steps is None and self.num_train_epochs <= 0:

@@ -29,6 +29,7 @@ from ..checkpoints import CHECKPOINTS_DIR, check_unchanged
 from ..engine import CpuFsdp2Engine, Engine, requested_engine, resolve_engine
 from ..families import longest_input
 from ..tasks import Evaluation, Task
+from ..threads import choose_threads
 from .arguments import FinetuningArguments
 from .checkpoints import CHECKPOINTING_TRAINERS, CheckpointingTrainer
 
@@ -332,6 +333,7 @@ def run_engine(trainer, args: FinetuningArguments, resume_record: dict | None) -
                 "data parallelism, or drop --peft."
             )
         trainer.shard_with(engine)
+    threads = choose_threads(args.threads).apply()
     if trainer.is_world_process_zero():
-        print(engine.line())
+        print(engine.line(threads))
     return engine

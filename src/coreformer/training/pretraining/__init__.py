@@ -57,6 +57,7 @@ from ..data import iter_texts
 from ..engine import Engine, requested_engine, resolve_engine
 from ..optimizers import build_optimizer, build_schedule, check_run_optimizer
 from ..reports import checkpoint_plan_line, data_line
+from ..threads import choose_threads
 from ..tokenizer_training import tokenizer_name, train_tokenizer
 from .inputs import build_collator, build_model_config, load_dataset_splits, load_tokenizer, shared_tokenizer
 from .loop import finish, train
@@ -144,7 +145,7 @@ def prepare(args: PretrainingArguments) -> _Run:
         f"{args.family} {args.objective} pretraining on {accelerator.num_processes} process(es), "
         f"{accelerator.device}; {tracker_line}"
     )
-    accelerator.print(engine.line())
+    accelerator.print(engine.line(choose_threads(args.threads).apply()))
     documents = {name: len(split) for name, split in splits.items()}
     accelerator.print(data_line(documents, len(train_examples), args.block_size))
     accelerator.print(checkpoint_plan_line(args.save_every, args.max_steps, state["step"] if state else 0))

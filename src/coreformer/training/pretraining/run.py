@@ -54,6 +54,7 @@ class PretrainingArguments(PretrainingSettings):
         self.check_at_least(
             0, ("save_every", "eval_every", "warmup_steps", "num_workers", "zero_shot_pairs"), note=" (0 turns it off)"
         )
+        self.check_at_least(1, ("threads",), unset_ok=True, note=" (or unset: chosen from the machine)")
         if self.max_documents is not None and self.max_documents < 2:
             raise PretrainingError(f"`max_documents` must be >= 2 (train + held out), got {self.max_documents}.")
         if self.lr <= 0:
