@@ -67,6 +67,7 @@ def pretrain_and_evaluate(family: str, args: argparse.Namespace, work: Path) -> 
         "family": family,
         "command": shlex.join(["coreformer", *command[3:]]).replace(str(folder), "DIR"),
         "steps": metrics["steps"],
+        "threads": metrics["threads"],
         "wall_time_s": wall,
         "train_time_s": metrics["train_time_s"],
         "held_out_objective": held_out["objective"],
@@ -87,18 +88,25 @@ def markdown(report: dict) -> str:
         f"- date: {report['date']}",
         f"- command: `{report['command']}`",
         "",
-        "| family | steps | wall time (s) | training time (s) | held-out loss | unigram entropy | below it | "
+        "| family | steps | threads | wall time (s) | training time (s) | held-out loss | unigram entropy | below it | "
         "minimal-pair accuracy |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["results"]:
         lines.append(
-            f"| {row['family']} | {row['steps']} | {row['wall_time_s']:.1f} | {row['train_time_s']:.1f} | "
+            f"| {row['family']} | {row['steps']} | {row['threads']} | {row['wall_time_s']:.1f} | "
+            f"{row['train_time_s']:.1f} | "
             f"{row['held_out_loss']:.4f} ({row['held_out_objective']}) | {row['unigram_entropy']:.4f} | "
             f"{row['unigram_entropy'] - row['held_out_loss']:.3f} | {row['minimal_pair_accuracy']:.3f} "
             f"({row['minimal_pairs']}) |"
         )
-    lines += ["", "Each row's command: " + "; ".join(f"`{row['command']}`" for row in report["results"]) + ".", ""]
+    lines += [
+        "",
+        "Each row's command: " + "; ".join(f"`{row['command']}`" for row in report["results"]) + ". A run gives a "
+        "row's numbers to the last digit on the row's threads (`--threads N`); on another count its float sums run in "
+        "another order, which moves them in the later digits (the runs choose their threads from the machine).",
+        "",
+    ]
     return "\n".join(lines)
 
 

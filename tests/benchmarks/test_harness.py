@@ -561,7 +561,8 @@ def test_default_presets_benchmark_tiny_times_the_installed_command_and_scores_e
     assert row["unigram_entropy"] > 0 and row["held_out_loss"] > 0 and 0 <= row["minimal_pair_accuracy"] <= 1
     text = (tmp_path / "default_presets_tiny.md").read_text()
     assert text.startswith("# The default presets, as a user runs them") and "(under load)" in text
-    assert "- command: `python benchmarks/default_presets.py --tiny" in text and "| decoder | 3 |" in text
+    assert "- command: `python benchmarks/default_presets.py --tiny" in text
+    assert f"| decoder | 3 | {row['threads']} |" in text and row["threads"] >= 1  # the run's own, from metrics.json
 
 
 def test_threads_benchmark_alternates_the_settings_beside_a_busy_process_and_writes_the_ratio(tmp_path, monkeypatch):

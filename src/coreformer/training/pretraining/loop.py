@@ -253,6 +253,9 @@ def _metrics(run: _Run, training: _Training) -> dict[str, Any]:
         # Passes over the training split (rows read / its rows), as Trainer's "epoch": past 1, text is read again.
         "epochs": training.consumed * args.batch_size / len(run.train_examples),
         "tokens_per_second": tokens_per_second,
+        # torch's threads in each process (training/threads.py): float sums run in another order on another count,
+        # so a run reproduces another to the last digit only on the same count
+        "threads": torch.get_num_threads(),
         "train_time_s": training.train_time,
         "wall_time_s": None,
         "initial_eval_loss": history["eval"][0]["loss"],
