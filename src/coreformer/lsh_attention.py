@@ -45,10 +45,11 @@ sorted and chunked exactly as alone; a chunk's reach into its neighbour meets ot
 Time O(n·L·log L) (the sort) plus O(n·L·c·D); memory O(n·L·c).
 
 A bucket is an argmax, so a small change to a hashed vector moves its token to another bucket and changes which keys
-it sees, not only by how much. What feeds the hash is therefore kept in full precision by the model's declarations
-(`CoreformerPreTrainedModel`): the rotations (fp32 under any load dtype) and the query-key projection (fp32 and never
-quantized: under torchao int8, a tiny "lsh" decoder with an int8 `q_proj` kept 77% of its fp32 top-1 tokens where the
-same model with full layers kept 95%; with its `q_proj` in fp32, 95%).
+it sees, not only by how much. What feeds the hash is therefore kept from coarse rounding by the model's declarations
+(`CoreformerPreTrainedModel`): the rotations stay fp32 under any load dtype, and the query-key projection is never
+quantized (under torchao int8, a tiny "lsh" decoder with an int8 `q_proj` kept 77% of its fp32 top-1 tokens where the
+same model with full layers kept 95%; with its `q_proj` unquantized, 95%) and stays fp32 under fp16 loads (under bf16
+it computes in the model's dtype, as every other layer does).
 """
 
 from functools import partial
@@ -378,12 +379,12 @@ def _masked_softmax(query: torch.Tensor, key: torch.Tensor, visible: torch.Tenso
 
 
 class HashingProjection(nn.Linear):
-    """The query-key projection of an "lsh" layer (its `q_proj`, same checkpoint keys): its output is hashed, so its
-    weights stay fp32 whatever the model's dtype and are never quantized (both by name, from `post_init`). Computes
-    in its own precision and returns the activations' dtype, so the rest of the layer is unchanged."""
+    """The query-key projection of an "lsh" layer (its `q_proj`, same checkpoint keys): its output is hashed, so it
+    is never quantized, and kept fp32 under fp16 loads (by name, from `post_init`). Computes in its own precision
+    and returns the activations' dtype, so the rest of the layer is unchanged."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
-        super().__init__(in_features, out_features, bias=bias, dtype=torch.float32)
+        super().__init__(in_features, out_features, bias=bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return super().forward(hidden_states.to(self.weight.dtype)).to(hidden_states.dtype)

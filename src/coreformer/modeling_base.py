@@ -18,6 +18,7 @@ The head pieces the families share live in `modeling_heads.py`.
 """
 
 import re
+from itertools import chain
 
 import torch
 from safetensors import SafetensorError
@@ -70,12 +71,12 @@ class CoreformerPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
-    # Read as matrices or fed to a hash, so kept out of quantization (transformers hands `_keep_in_fp32_modules` to
-    # every quantizer as modules not to convert) and fp32 under fp16 and bf16 loads (`_strict`): Linformer's E and F
-    # (`lowrank_attention.py`) and the rotations of "lsh" layers. Patterns searched in parameter names; `post_init`
-    # adds each "lsh" layer's query-key projection by its full name.
-    _keep_in_fp32_modules = ["k_seq_proj", "v_seq_proj", "lsh_rotations"]
-    _keep_in_fp32_modules_strict = ["k_seq_proj", "v_seq_proj", "lsh_rotations"]
+    # What is read as a matrix or fed to a hash, declared as transformers reads it (`post_init` names what the model
+    # holds: transformers requires each name to match a module of the model, and in one of the two lists only).
+    # Linformer's E and F and the rotations of "lsh" layers stay fp32 under fp16 and bf16 loads (`_strict`); being no
+    # linear layers, quantizers leave them. An "lsh" layer's query-key projection, whose output is hashed, is never
+    # quantized (quantizers skip `_keep_in_fp32_modules`, which also keeps it fp32 under fp16 loads).
+    KEPT_FP32 = ("k_seq_proj", "v_seq_proj", "lsh_rotations")
 
     def __init__(self, config: CoreformerConfig, *args, **kwargs):
         restore(config)  # vLLM builds more than one model from a config it published on (`vllm_serving.py`)
@@ -92,14 +93,18 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             ) from error
 
     def post_init(self) -> None:
-        super().post_init()
-        # An "lsh" layer's q_proj (`lsh_attention.HashingProjection`) computes what is hashed (see that file). Named
-        # here, from the built model, since "q_proj" alone names every layer's: anchored full names, which match only
-        # in the model they were taken from (a stack's own names do not match its family model's keys).
-        modules = self.named_modules()
-        hashing = {f"^{re.escape(name)}" for name, module in modules if isinstance(module, HashingProjection)}
-        self._keep_in_fp32_modules |= hashing
-        self._keep_in_fp32_modules_strict |= hashing
+        super().post_init()  # the lists become sets, holding the submodels' names too
+        held = [name for name, _ in chain(self.named_parameters(), self.named_buffers())]
+        self._keep_in_fp32_modules_strict |= {
+            kept for kept in self.KEPT_FP32 if any(re.search(rf"(?:^|\.){kept}(?:\.|$)", name) for name in held)
+        }
+        # "q_proj" alone names every layer's: each hashing one by its place in its stack (the same pattern in a stack
+        # and in the family model holding it; a regex matched from the start, as quantizers match names).
+        self._keep_in_fp32_modules |= {
+            ".*" + re.escape(re.search(r"layers\.\d+\..*", name)[0])
+            for name, module in self.named_modules()
+            if isinstance(module, HashingProjection)
+        }
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

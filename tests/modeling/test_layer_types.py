@@ -563,3 +563,35 @@ def test_the_config_reaches_the_table_without_torch_or_kernels():
                 outside |= {alias.name.split(".")[0] for alias in node.names}
     assert "layer_types" in seen and not seen & {"sparse_attention", "linear_attention", "lowrank_attention"}
     assert "torch" not in outside, sorted(seen)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize(
+    ("model_class", "family", "layer_types"),
+    [
+        (cf.CoreformerEncoderForMaskedLM, "encoder", ["lowrank", "lsh"]),
+        (cf.CoreformerDecoderForCausalLM, "decoder", ["full", "lsh"]),
+        (cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq", ["lowrank", "full"]),
+    ],
+)
+def test_what_low_precision_must_not_round_is_declared_as_transformers_contract_reads_it(
+    tmp_path, model_class, family, layer_types
+):
+    # transformers' test_keep_in_fp32_modules_exist / test_keep_in_fp32_modules, on the layer types that declare
+    # something (its common tests build full layers only): every name matches a module of the model, none is in both
+    # lists, fp16 loads keep both lists fp32, bf16 loads the strict one only.
+    import re
+
+    model = tiny_model(model_class, family, layer_types=layer_types, lowrank_k=8, lsh_bucket_size=4)
+    names = {name for name in model.state_dict()}
+    both = model._keep_in_fp32_modules | model._keep_in_fp32_modules_strict
+    assert model._keep_in_fp32_modules_strict and not model._keep_in_fp32_modules & model._keep_in_fp32_modules_strict
+    for kept in both:
+        assert any(re.search(rf"(?:^|\.){kept}(?:\.|$)", name) for name in names), kept
+    model.save_pretrained(tmp_path)
+    for dtype, fp32 in ((torch.float16, both), (torch.bfloat16, model._keep_in_fp32_modules_strict)):
+        loaded = model_class.from_pretrained(tmp_path, dtype=dtype)
+        for name, tensor in loaded.state_dict().items():
+            if tensor.is_floating_point():
+                kept = any(re.search(rf"(?:^|\.){pattern}(?:\.|$)", name) for pattern in fp32)
+                assert tensor.dtype == (torch.float32 if kept else dtype), (dtype, name)
