@@ -5,6 +5,7 @@
     coreformer convert SRC DST [--check] [--overwrite] [--skip-tokenizer]
     coreformer export FOLDER OUT [--to native|onnx|gguf] [--check] [--overwrite] [--gguf-dtype f32|f16|bf16|q8_0]
     coreformer attention-map FOLDER "text" [--layer L] [--head H] [--stack S] [--target T] -o map.png
+    coreformer tokenize SOURCE OUT --tokenizer T [--shard-tokens N] [--num-proc P] [--validation-fraction F]
 
     Command(name, help, add_arguments, handler, ...)   one subcommand: its parser, its torch-free checks (`prepare`),
                                                        and the handler in coreformer.commands that does the work
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreformer_settings import evaluation, finetuning, pretraining
+from coreformer_settings import evaluation, finetuning, pretraining, tokenizing
 from coreformer_settings.base import INTERRUPTED, FinetuningError, PretrainingError, load_config_file
 from coreformer_settings.base import installed_version as version  # noqa: F401  (public: coreformer_cli.version())
 from coreformer_settings.command_line import (
@@ -304,6 +305,12 @@ def _attention_map_handler() -> Handler:
     return attention_map
 
 
+def _tokenize_handler() -> Handler:
+    from coreformer.commands.tokenize import tokenize
+
+    return tokenize
+
+
 COMMANDS: dict[str, Command] = {
     command.name: command
     for command in (
@@ -371,6 +378,16 @@ COMMANDS: dict[str, Command] = {
             add_attention_map_arguments,
             _attention_map_handler,
             prepare=_check(model_locations=("folder",)),
+        ),
+        Command(
+            "tokenize",
+            "tokenize text once into shards of token ids for pretraining (in parallel, resumable)",
+            tokenizing.add_arguments,
+            _tokenize_handler,
+            description=tokenizing.DESCRIPTION,
+            prepare=tokenizing.prepare,
+            interrupted="stopped by Ctrl-C; the shards written so far are kept (manifest.json lists them): run the "
+            "same command again to go on from the last one",
         ),
     )
 }

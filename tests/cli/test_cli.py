@@ -56,6 +56,7 @@ HEAVY_IMPORTS_AFTER = """
         ["finetune", "--help"],
         ["publish", "--version"],
         ["evaluate", "--help"],
+        ["tokenize", "--help"],
     ],
     ids=[
         "help",
@@ -67,6 +68,7 @@ HEAVY_IMPORTS_AFTER = """
         "finetune",
         "publish",
         "evaluate",
+        "tokenize",
     ],
 )
 def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_path, argv):
@@ -88,6 +90,9 @@ def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_pa
             ["pretrain", "--family", "decoder", "--output-dir", "notes"],
             "'notes' is not empty and holds no previous run",
         ),
+        (["tokenize", "missing.txt", "out", "--tokenizer", "notes"], "Local data file 'missing.txt' does not exist"),
+        (["tokenize", "notes/todo.txt", "notes", "--tokenizer", "notes"], "notes is not empty and holds no manifest"),
+        (["tokenize", "notes/todo.txt", "notes/todo.txt", "--tokenizer", "notes"], "notes/todo.txt is a file"),
     ],
     ids=[
         "evaluate-folder",
@@ -97,6 +102,9 @@ def test_help_version_and_a_missing_folder_answer_without_importing_torch(tmp_pa
         "pretrain-run",
         "finetune-run",
         "other",
+        "tokenize-source",
+        "tokenize-not-shards",
+        "tokenize-file",
     ],
 )
 def test_simple_input_errors_answer_in_one_line_without_importing_torch(tmp_path, argv, message):
@@ -374,6 +382,49 @@ def test_ctrl_c_in_a_command_is_one_line_exit_130_and_leaves_no_half_written_out
     assert err.splitlines()[-1].startswith("coreformer convert: stopped by Ctrl-C before it finished;"), err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert not (tmp_path / "converted").exists()  # before: a KeyboardInterrupt traceback
+
+
+def test_tokenize_writes_shards_resumes_and_refuses_another_source_or_tokenizer_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    from coreformer.training import shards
+    from coreformer.training.tokenizer_training import train_tokenizer
+
+    texts = [f"line {i} of the tiny corpus, {'word ' * (i % 9)}" for i in range(60)]
+    (tmp_path / "a.txt").write_text("\n".join(texts) + "\n")
+    (tmp_path / "b.txt").write_text("another corpus\n")
+    train_tokenizer("decoder", texts, 300).save_pretrained(tmp_path / "tok")
+    train_tokenizer("decoder", [text.upper() for text in texts], 300).save_pretrained(tmp_path / "other")
+    out = tmp_path / "out"
+
+    def tokenize(source: str = "a.txt", tokenizer: str = "tok") -> int:
+        argv = ["tokenize", str(tmp_path / source), str(out), "--tokenizer", str(tmp_path / tokenizer)]
+        return coreformer_cli.main([*argv, "--shard-tokens", "100", "--num-proc", "2"])
+
+    monkeypatch.setattr(shards, "CHUNK_DOCUMENTS", 8)
+    append = shards._append  # Ctrl-C half-way through the text, then the same command again
+    monkeypatch.setattr(
+        shards, "_append", lambda chunk, *args: _interrupt() if chunk.positions[0] > 30 else append(chunk, *args)
+    )
+    assert tokenize() == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "coreformer tokenize: stopped by Ctrl-C; the shards written so far are kept (manifest.json lists them): run "
+        "the same command again to go on from the last one"
+    )
+    monkeypatch.setattr(shards, "_append", append)
+    assert tokenize() == 0
+    assert capsys.readouterr().out.endswith(" shards\n")
+    assert shards.ShardedTokens(out).num_tokens + shards.ShardedTokens(out, "validation").num_tokens == sum(
+        len(ids) for ids in transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")(texts)["input_ids"]
+    )
+    for source, tokenizer, refusal in (
+        ("b.txt", "tok", f"{out} holds shards of {str(tmp_path / 'a.txt')!r}, not of {str(tmp_path / 'b.txt')!r}"),
+        ("a.txt", "other", f"made by tokenizer {str(tmp_path / 'tok')!r} (sha256:"),
+    ):
+        assert tokenize(source, tokenizer) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("coreformer tokenize: error: ") and refusal in err and err.count("\n") == 1, err
+    assert f"not by {str(tmp_path / 'other')!r}" in err
 
 
 def test_ctrl_c_while_publishing_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
