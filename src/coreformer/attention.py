@@ -15,9 +15,20 @@ at fixed points: extra weights at construction, keys/values projected before the
 instead of the backend, its own probabilities. Whether a kernel runs is decided once per forward by the stack's plan
 (`forward_plan.LayerPlan.kernel`): sparse kernels that compute what their mask computes run under sdpa without a
 cache, the others on every call.
+
+Three options of every layer sit around the score computation (config fields, all off by default):
+
+    qk_norm          RMSNorm over each query and key head before the rotary angles   Qwen3, Qwen3-Next
+    attention_gate   output * sigmoid(gate) before o_proj, gate projected by q_proj  Qiu et al. 2025, Qwen3-Next
+    attention_sinks  a learned logit per head joins the softmax, with no value      GPT-OSS
+
+QK-norm and the gate are outside the attention call, so every backend (and vLLM's replacement for it) computes them.
+A sink joins the softmax itself: `eager_attention_forward` adds its column to the scores, as GPT-OSS's eager does;
+sdpa and flex_attention, which have no sink, attend to one more key instead (`sink_column`).
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,7 +70,8 @@ def eager_attention_forward(
     Returns:
         output (B, T, H, D) and probabilities (B, H, T, S).
     """
-    probs = softmax_probabilities(query, repeat_kv(key, module.num_key_value_groups), attention_mask, scaling)
+    key = repeat_kv(key, module.num_key_value_groups)
+    probs = softmax_probabilities(query, key, attention_mask, scaling, getattr(module, "sinks", None))
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     value = repeat_kv(value, module.num_key_value_groups)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, H, D)
@@ -67,10 +79,15 @@ def eager_attention_forward(
 
 
 def softmax_probabilities(
-    query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(Q Kᵀ · scaling + mask): (B, H, T, D) queries, (B, H, S, D) keys -> (B, H, T, S) in the query's dtype.
-    The mask is additive (float) or boolean (True = attend), broadcastable to (B, H, T, S)."""
+    The mask is additive (float) or boolean (True = attend), broadcastable to (B, H, T, S). `sinks`: (H,) logits
+    joining each row's softmax with no value (GPT-OSS's eager: their column is dropped, so a row sums to <= 1)."""
     # Scores and softmax in fp32 whatever the compute dtype: a bf16 score near 1e3 is only known to ±4, enough to
     # reorder a peaked softmax, and bf16 exponentials lose the small probabilities.
     scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling  # (B, H, T, S)
@@ -79,7 +96,103 @@ def softmax_probabilities(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
+    if sinks is not None:
+        sink_logits = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, T, 1)
+        probs = nn.functional.softmax(torch.cat([scores, sink_logits], dim=-1), dim=-1)
+        return probs[..., :-1].to(query.dtype)  # the sink's column dropped: (B, H, T, S)
     return nn.functional.softmax(scores, dim=-1).to(query.dtype)
+
+
+def sink_column(
+    module: "Attention",
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: Any,
+    kwargs: dict,
+) -> tuple[torch.Tensor, torch.Tensor, Any, dict]:
+    """GPT-OSS's attention sinks for a backend that has none: one more key, zero, with a zero value, whose score is
+    the head's sink logit. The softmax over the S + 1 scores is GPT-OSS's softmax(cat([scores, sinks])), and the zero
+    value drops the sink's share from the output, as GPT-OSS drops its column:
+
+        keys    k_0  ...  k_{S-1}  | 0
+        values  v_0  ...  v_{S-1}  | 0
+        score   q·k_j · scaling + mask_j  | sink_h    sdpa: the sink is the extra column of the additive mask;
+                                                      flex: a score bias there (score_mod cannot add a column)
+
+    (B, H, T, D) queries, (B, H_kv, S, D) keys/values, the backend's mask and the attention kwargs -> those with the
+    sink's column. Eager reads `module.sinks` itself; any other backend is refused by name (flash attention's
+    `s_aux` sinks need kernels this core does not dispatch to).
+
+    Why a column rather than eager for sink layers: the backend still runs fused, and the one tensor added is sdpa's
+    per-head mask, (B, H, T, S + 1), the size of eager's scores alone (eager also holds the probabilities).
+    transformers' own flex path renormalises by the log-sum-exp instead (`s_aux`), which it refuses on CPU.
+    """
+    implementation = module.config._attn_implementation
+    if implementation == "eager":
+        return key, value, mask, kwargs
+    if implementation not in ("sdpa", "flex_attention"):
+        raise ValueError(
+            f"this model has attention_sinks=True, a logit joining each softmax, which the {implementation!r} "
+            f"attention function does not add: use attn_implementation='sdpa', 'flex_attention' or 'eager'."
+        )
+    keys = key.shape[2]
+    key = torch.cat([key, key.new_zeros(*key.shape[:2], 1, key.shape[3])], dim=2)  # (B, H_kv, S + 1, D)
+    value = torch.cat([value, value.new_zeros(*value.shape[:2], 1, value.shape[3])], dim=2)
+    if implementation == "flex_attention" and mask is not None and not isinstance(mask, torch.Tensor):
+        # A BlockMask: the same visible keys and the sink's column, scored by transformers' `position_bias` hook.
+        batch, heads, length = query.shape[:3]
+        sink_bias = torch.cat([module.sinks.new_zeros(1, heads, 1, keys), module.sinks.view(1, heads, 1, 1)], -1)
+        kwargs = {**kwargs, "position_bias": sink_bias.to(query.dtype).expand(batch, heads, length, keys + 1)}
+        return key, value, sink_block_mask(mask, query, keys), kwargs
+    mask = additive_sink_mask(mask, module.sinks, query, keys, causal=module.is_causal and implementation == "sdpa")
+    if implementation == "flex_attention":  # a dense mask reaches flex's scores per head only as a score bias
+        return key, value, None, {**kwargs, "position_bias": mask}
+    return key, value, mask, kwargs
+
+
+def additive_sink_mask(
+    mask: torch.Tensor | None, sinks: torch.Tensor, query: torch.Tensor, keys: int, *, causal: bool
+) -> torch.Tensor:
+    """The backend's mask over S keys (None, boolean with True = attend, or additive; broadcastable to (B, H, T, S))
+    -> the additive (B, H, T, S + 1) mask whose last column is each head's sink logit, in the query's dtype. `causal`:
+    what a None mask stands for under sdpa (transformers' `is_causal` path: causal from the first key when T > 1)."""
+    batch, heads, length = query.shape[:3]
+    dtype = query.dtype
+    if mask is None:
+        mask = torch.ones(length, keys, dtype=torch.bool, device=query.device)
+        if causal and length > 1:  # sdpa's is_causal aligns the diagonal at the first key (a static cache's prefill)
+            mask = mask.tril()
+        mask = mask[None, None]  # (1, 1, T, S)
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    mask = mask.to(dtype).expand(max(batch, mask.shape[0]), heads, length, keys)
+    sink = sinks.to(dtype).view(1, heads, 1, 1).expand(mask.shape[0], heads, length, 1)
+    return torch.cat([mask, sink], dim=-1)  # (B, H, T, S + 1)
+
+
+def sink_block_mask(block_mask: Any, query: torch.Tensor, keys: int) -> Any:
+    """flex_attention's BlockMask over S keys -> the same over S + 1 keys, the last (the sink's) visible to every
+    query. Built again from its mask function, once per layer call."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    visible = block_mask.mask_mod
+
+    def with_sink(batch_idx, head_idx, q_idx, kv_idx):
+        # The mask function may index per-key tensors (padding): ask it about a real key only.
+        return (kv_idx == keys) | visible(batch_idx, head_idx, q_idx, kv_idx.clamp(max=keys - 1))
+
+    batch, heads = block_mask.shape[:2]
+    return create_block_mask(
+        with_sink, batch, heads, query.shape[2], keys + 1, device=query.device, BLOCK_SIZE=block_mask.BLOCK_SIZE
+    )
+
+
+def heads_first(states: torch.Tensor, unpadding: Unpadding | None = None) -> torch.Tensor:
+    """(B, T, H, D) -> (B, H, T, D); unpadded (N, H, D) states are padded first."""
+    if unpadding is not None:
+        states = unpadding.pad(states)  # (N, H, D) -> (B, L, H, D)
+    return states.transpose(1, 2)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -130,10 +243,21 @@ class Attention(nn.Module):
         self.attention_dropout = config.attention_dropout
 
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        # Gated attention (Qiu et al. 2025): q_proj also projects each head's gate, laid out as Qwen3-Next's, per head
+        # its head_dim query rows then its gate rows (head_dim "elementwise", 1 "headwise").
+        self.gate_width = {None: 0, "elementwise": self.head_dim, "headwise": 1}[config.attention_gate]
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * (self.head_dim + self.gate_width), bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        # QK-norm (Qwen3's q_norm / k_norm): RMSNorm over each head's channels, before the rotary angles.
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=config.layer_norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=config.layer_norm_eps) if config.qk_norm else None
+        # GPT-OSS's attention sinks: a learned logit per query head in each softmax (`sink_column`). An attribute only
+        # when on: transformers' attention functions (paged eager) add `module.sinks` wherever the attribute exists.
+        self.has_sinks = config.attention_sinks
+        if self.has_sinks:
+            self.sinks = nn.Parameter(torch.empty(self.num_heads))
 
         self.layer_type = layer_type
         kind = LAYER_TYPES[layer_type]
@@ -155,9 +279,28 @@ class Attention(nn.Module):
         # Heads from the projected width, not from the module: under tensor parallelism a colwise-sharded projection
         # keeps its full `out_features` but returns this rank's heads only. Explicit so that empty batches reshape too.
         heads = projected.shape[-1] // self.head_dim
-        if unpadding is not None:
-            projected = unpadding.pad(projected)  # (N, heads * head_dim) -> (B, L, heads * head_dim)
-        return projected.view(*projected.shape[:-1], heads, self.head_dim).transpose(1, 2)
+        return heads_first(projected.view(*projected.shape[:-1], heads, self.head_dim), unpadding)
+
+    def _queries(
+        self, hidden_states: torch.Tensor, unpadding: Unpadding | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, T, hidden) (or unpadded (N, hidden)) -> queries (B, H, T, D) and, with `attention_gate`, the gate
+        logits in the layout of the input's tokens, (B, T, H, G) (or (N, H, G)), for `_gated`; else None."""
+        if not self.gate_width:
+            return self._split_heads(hidden_states, self.q_proj, unpadding), None
+        projected = self.q_proj(hidden_states)
+        heads = projected.shape[-1] // (self.head_dim + self.gate_width)  # this rank's heads, as in `_split_heads`
+        # Qwen3-Next: torch.chunk(q_proj(x).view(..., H, 2 * D), 2, dim=-1); headwise: a width of D + 1.
+        per_head = projected.view(*projected.shape[:-1], heads, self.head_dim + self.gate_width)  # (..., H, D + G)
+        query, gate = per_head.split((self.head_dim, self.gate_width), dim=-1)  # (..., H, D), (..., H, G)
+        return heads_first(query, unpadding), gate
+
+    def _gated(self, output: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """Gated attention (Qiu et al. 2025, Qwen3-Next): (..., H*D) heads' outputs * sigmoid(gate) (..., H, G)."""
+        if gate is None:
+            return output
+        heads = output.unflatten(-1, (-1, self.head_dim))  # (..., H*D) -> (..., H, D)
+        return (heads * torch.sigmoid(gate)).flatten(-2)  # G = D: per channel, G = 1: per head
 
     def _keys_values(
         self, source: torch.Tensor | None, past_key_values: Cache | None, unpadding: Unpadding | None = None
@@ -185,6 +328,8 @@ class Attention(nn.Module):
             raise ValueError("cross-attention needs `key_value_states` (the encoder output) on its first call")
         # No key projection (a kernel's `build` removed it, "lsh"): queries and keys are shared, set by `forward`.
         key = self._split_heads(source, self.k_proj, unpadding) if self.k_proj is not None else None
+        if self.k_norm is not None and key is not None:  # before the cache, which keeps cross-attention's keys
+            key = self.k_norm(key)
         return key, self._split_heads(source, self.v_proj, unpadding), cache
 
     def forward(
@@ -213,7 +358,9 @@ class Attention(nn.Module):
             it from the same queries and keys, before attention dropout.
         """
         plan = LayerPlan() if plan is None else plan
-        query = self._split_heads(hidden_states, self.q_proj, plan.unpadding)  # (B, H, T, D)
+        query, gate = self._queries(hidden_states, plan.unpadding)  # (B, H, T, D), gate logits or None
+        if self.q_norm is not None:
+            query = self.q_norm(query)
         source = key_value_states if self.is_cross_attention else hidden_states
         # Cross-attention keys come from the (padded) encoder output, whatever the queries' layout.
         key, value, cache = self._keys_values(
@@ -233,11 +380,14 @@ class Attention(nn.Module):
             )
             if plan.attention_kwargs:  # position ids and varlen arguments, as Llama passes them (cross: varlen only)
                 kwargs = {**plan.attention_kwargs, **kwargs}
+            attended_key, attended_value = key, value
+            if self.has_sinks:  # not cached: the backend attends to one more key (eager: none)
+                attended_key, attended_value, mask, kwargs = sink_column(self, query, key, value, mask, kwargs)
             output, weights = attention_interface(
                 self,
                 query,
-                key,
-                value,
+                attended_key,
+                attended_value,
                 mask,
                 dropout=self.attention_dropout if self.training else 0.0,
                 scaling=self.scaling,
@@ -252,7 +402,7 @@ class Attention(nn.Module):
             output = output.flatten(-2)  # (..., H, D) -> (..., H*D)
         else:  # vLLM's attention function returns its flattened row's heads joined: (T, H*D) -> (1, T, H*D)
             output = output.view(*hidden_states.shape[:-1], -1)
-        return self.o_proj(output), weights
+        return self.o_proj(self._gated(output, gate)), weights
 
     def _cached_or_computed(
         self,
@@ -305,4 +455,5 @@ class Attention(nn.Module):
             probabilities = self.kernel.probabilities(self, query, key, plan)
             if probabilities is not None:
                 return probabilities
-        return softmax_probabilities(query, key, plan.probability_mask, self.scaling)
+        sinks = self.sinks if self.has_sinks else None
+        return softmax_probabilities(query, key, plan.probability_mask, self.scaling, sinks)

@@ -45,6 +45,7 @@ CONTINUOUS_BATCHING = "_continuous_batching"
 ENGINE_ORIGINALS = "_coreformer_originals"
 GENERIC_LAYER_TYPES = {name: layer_type.saved_name for name, layer_type in LAYER_TYPES.items()}
 NORM_TYPES = ("layernorm", "rmsnorm")
+ATTENTION_GATES = (None, "elementwise", "headwise")
 NORM_POSITIONS = ("pre", "post")
 # How sequence classifiers (and multiple choice) summarise a sequence: modeling_heads.POOLINGS holds the functions.
 CLASSIFIER_POOLINGS = ("cls", "last", "mean")
@@ -73,6 +74,16 @@ class CoreformerConfig(PreTrainedConfig):
         head_dim: Width of one head; `None` means `hidden_size // num_attention_heads`.
         attention_bias: Biases on the q/k/v/o projections.
         attention_dropout: Dropout on attention probabilities.
+        qk_norm: Normalise each query and key head (RMSNorm over head_dim, `layer_norm_eps`, a weight per layer:
+            `q_norm`, `k_norm`) before the rotary angles, as Qwen3 and Qwen3-Next do.
+        attention_gate: Gated attention (Qiu et al. 2025): each head's output is multiplied by sigmoid(gate) before
+            `o_proj`, the gate projected from the layer input by `q_proj` beside the query. "elementwise" (a gate per
+            channel, as Qwen3-Next) or "headwise" (one per head); `None`: no gate. Per head, `q_proj`'s output rows are
+            the head's head_dim query rows, then its gate rows (head_dim, or 1).
+        attention_sinks: A learned logit per head (`sinks`) joins every softmax's denominator with no value, as
+            GPT-OSS's attention sinks: a head can give its weight to nothing. Softmax layers ("full", "sliding",
+            "strided", "block") only, under eager, sdpa or flex_attention: not under flash attention, continuous
+            batching or vLLM, whose attention has no sink.
 
     Args: Positions
         max_position_embeddings: Longest sequence; enforced for learned and sinusoidal positions.
@@ -172,6 +183,9 @@ class CoreformerConfig(PreTrainedConfig):
     head_dim: int | None = None
     attention_bias: bool = True
     attention_dropout: float = 0.0
+    qk_norm: bool = False
+    attention_gate: str | None = None
+    attention_sinks: bool = False
     # positions
     max_position_embeddings: int = 512
     position_embedding_type: str = "learned"
@@ -353,6 +367,7 @@ class CoreformerConfig(PreTrainedConfig):
         check_choices(self)
         check_ranges(self)
         self.validate_layer_types()
+        check_attention_options(self)
         check_token_ids(self)
 
     def rope_theta_of(self, layer_type: str) -> float:
@@ -545,6 +560,8 @@ def tensor_parallel_plan(config: CoreformerConfig) -> dict[str, str] | None:
         attentions = ("self_attn", "cross_attn") if stack == family.cross_attention_stack else ("self_attn",)
         for attention in attentions:
             plan |= {f"{stack}.layers.*.{attention}.{name}": style for name, style in block.items()}
+            if config.attention_sinks:  # one per query head, split with them (as transformers' GraniteSwa plans it)
+                plan[f"{stack}.layers.*.{attention}.sinks"] = "colwise"
         plan |= {f"{stack}.layers.*.mlp.{name}": style for name, style in mlp.items()}
     return plan
 
@@ -641,6 +658,27 @@ def check_ranges(config: CoreformerConfig) -> None:
     for name, value in dropouts.items():
         if value is not None and not 0.0 <= value < 1.0:
             raise ValueError(f"`{name}` is a probability in [0, 1), got {value}.")
+
+
+def check_attention_options(config: CoreformerConfig) -> None:
+    """The options of every attention layer (QK-norm, gate, sinks) and the layer types they need."""
+    if config.attention_gate not in ATTENTION_GATES:
+        raise ValueError(
+            f"`attention_gate` must be one of {ATTENTION_GATES} (None: no gate; 'elementwise': one gate per channel, "
+            f"as Qwen3-Next; 'headwise': one per head), got {config.attention_gate!r}."
+        )
+    if not config.attention_sinks:
+        return
+    # A sink joins the softmax the backend computes over the keys; a type whose kernel computes its own scores on
+    # every call (`LayerType.dense_fallback` unset) has no such softmax to join.
+    used = {name for field in config.stack_layer_types() for name in getattr(config, field)}
+    own_scores = sorted(name for name in used if LAYER_TYPES[name].kernel and not LAYER_TYPES[name].dense_fallback)
+    if own_scores:
+        softmax_types = [name for name, entry in LAYER_TYPES.items() if not entry.kernel or entry.dense_fallback]
+        raise ValueError(
+            f"`attention_sinks` adds a learned logit to the softmax over the keys, but {own_scores} layers compute "
+            f"their own scores in a kernel: use {softmax_types} layers, or set attention_sinks=False."
+        )
 
 
 def check_token_ids(config: CoreformerConfig) -> None:

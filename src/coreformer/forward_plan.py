@@ -440,6 +440,12 @@ class ForwardPlanner:
             "continuous batching (generate_batch, transformers serve --continuous-batching)",
             "generate with model.generate(), which batches padded prompts and runs every layer type.",
         )
+        if self.config.attention_sinks:  # its paged attention functions take no sink logit
+            raise ValueError(
+                "continuous batching (generate_batch, transformers serve --continuous-batching) runs every layer with "
+                "transformers' paged attention, which has no attention sinks, but this model has "
+                "attention_sinks=True: generate with model.generate(), which batches padded prompts."
+            )
 
     def attention_kwargs(
         self, position_ids: torch.Tensor, documents: torch.Tensor | None, packing: dict[str, Any]
@@ -524,7 +530,8 @@ class ForwardPlanner:
         torch.compile cannot branch on.)
         """
         with_kernel = {name for name in self.layer_types if LAYER_TYPES[name].dense_fallback}
-        if not with_kernel or self.config._attn_implementation != "sdpa":
+        # The sparse kernels have no sink logit (`attention_sinks`): the masked backend computes those layers.
+        if not with_kernel or self.config._attn_implementation != "sdpa" or self.config.attention_sinks:
             return frozenset()
         if cache is not None:
             layers = [index for index, name in enumerate(self.layer_types) if name in with_kernel]

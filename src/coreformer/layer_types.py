@@ -121,6 +121,13 @@ def check_lsh(config: Any) -> None:
         )
     if not isinstance(config.lsh_hash_seed, int) or config.lsh_hash_seed < 0:
         raise ValueError(f"`lsh_hash_seed` must be a non-negative integer, got {config.lsh_hash_seed!r}.")
+    # The shared projection's output is what is hashed: a gate in its rows or a norm after it would change that.
+    for option, value, off in (("attention_gate", config.attention_gate, None), ("qk_norm", config.qk_norm, False)):
+        if value:
+            raise ValueError(
+                f"'lsh' layers hash what their shared query-key projection computes, which `{option}` would change: "
+                f"set {option}={off}, or use another layer type."
+            )
     if config.num_key_value_heads != config.num_attention_heads:
         raise ValueError(
             f"'lsh' layers share one projection for queries and keys, so each query head is its own key head: set "

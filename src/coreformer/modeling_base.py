@@ -162,6 +162,8 @@ class CoreformerPreTrainedModel(PreTrainedModel):
             projection = module.o_proj if isinstance(module, Attention) else module.down_proj
             num_layers = sum(self.config.layer_counts().values())
             init.normal_(projection.weight, mean=0.0, std=std / (2 * num_layers) ** 0.5)
+        if isinstance(module, Attention) and module.has_sinks:  # drawn as GPT-OSS draws its sinks
+            init.normal_(module.sinks, mean=0.0, std=std)
         if isinstance(module, Attention) and module.kernel is not None:
             module.kernel.init_weights(module)
         elif isinstance(module, SequenceProjection):  # Linformer's E/F, drawn as the linear layers they once were

@@ -8,8 +8,10 @@ what each layer attends to from the config, after building the model: layer i sl
 transformers counts it). So, when vLLM builds a coreformer model:
 
     refuse_unserved(config, ...)    at the start of each stack: raise, naming them, for the layer types vLLM's attention
-                                    does not compute (`layer_types.check_served`), a decoder's LM head transform
-                                    (vLLM brings its own plain LM head) and cross-attention (no encoder-decoder)
+                                    does not compute (`layer_types.check_served`), attention sinks (its attention has
+                                    none), a decoder's LM head transform (vLLM brings its own plain LM head) and
+                                    cross-attention (no encoder-decoder). Gate and QK-norm sit outside the attention
+                                    call vLLM replaces, so they serve.
     publish(config)                 at the end: transformers' names (`LayerType.served_as`) and window written onto
                                     the config itself (vLLM tells a text model from a multimodal one by
                                     `get_text_config() is config`, so no copy will do), ours kept beside them
@@ -51,6 +53,11 @@ def refuse_unserved(config: Any, layer_types: list[str], *, is_causal: bool, cro
         f"{WITH_TRANSFORMERS}, or train a model of 'full' and 'sliding' layers (which also exports to a native "
         f"architecture vLLM serves: coreformer export).",
     )
+    if config.attention_sinks:  # the one attention call it replaces is where the sinks join the softmax
+        raise ValueError(
+            "This model has attention_sinks=True, but vLLM's Transformers backend replaces each layer's attention "
+            f"call with its own paged attention, which has no sinks: {WITH_TRANSFORMERS}."
+        )
 
 
 def publish(config: Any) -> None:

@@ -134,6 +134,16 @@ def test_other_heads_export_and_match_pytorch(tmp_path, model_class, family, opt
     assert report["max_abs_diff"] <= CHECK_TOLERANCE
 
 
+@pytest.mark.slow
+def test_gated_attention_qk_norm_and_sinks_export_with_their_cache_graphs(tmp_path):
+    # Qwen3-Next's and GPT-OSS's attention options, on sliding and full layers: computed in the eager form the graphs
+    # hold (the sink as one more score column), greedy decoding through the cache graphs
+    options = dict(attention_gate="elementwise", qk_norm=True, attention_sinks=True, sliding_window=3)
+    model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=["sliding", "full"], **options)
+    report = export_onnx(save(tmp_path, model), tmp_path / "onnx", check=True)
+    assert report["check"]["tokens_equal"] is True and report["max_abs_diff"] <= report["tolerance"]
+
+
 def test_linear_attention_causal_lm_is_refused_naming_the_layer_type(tmp_path):
     model = tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", layer_types=["linear", "full"])
     with pytest.raises(ValueError, match=r"\['linear'\] attention layers, whose cache is not keys and values"):

@@ -309,6 +309,21 @@ REFUSALS = {
         "BertForTokenClassification",
         ["classifier_transform=True"],
     ),
+    # The attention options of the core no registered architecture has (Qwen3-Next's gate and QK-norm, GPT-OSS's sinks)
+    "a Llama-shaped decoder with attention sinks": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(LLAMA, attention_sinks=True),
+        "LlamaForCausalLM",
+        ["attention_sinks=True (llama has no attention sinks)"],
+    ),
+    "a Llama-shaped decoder with gated attention and QK-norm": (
+        cf.CoreformerDecoderForCausalLM,
+        "decoder",
+        dict(LLAMA, attention_gate="elementwise", qk_norm=True),
+        "LlamaForCausalLM",
+        ["attention_gate='elementwise' (llama gates no attention output)", "qk_norm=True (llama normalises no"],
+    ),
     "BART with another norm epsilon": (
         cf.CoreformerSeq2SeqForConditionalGeneration,
         "seq2seq",

@@ -38,7 +38,7 @@ from ..modeling_decoder import (
     CoreformerDecoderModel,
 )
 from ..modeling_encoder import CoreformerEncoderForMaskedLM, CoreformerEncoderForQuestionAnswering
-from .requirements import Requirement
+from .requirements import Requirement, plain_attention
 
 # A rule renames the source weights whose name matches `pattern` (re.fullmatch) to `match.expand(target)`, optionally
 # reshaping the tensor; target None drops the weight on purpose.
@@ -97,7 +97,8 @@ class NativeArchitecture:
 
     def differences(self, config: CoreformerConfig, class_name: str) -> list[str]:
         """Every requirement `config` breaks for `class_name`, in words ("field=value (what the native has)")."""
-        found = [requirement.difference(config, class_name) for requirement in self.requirements]
+        requirements = (*self.requirements, *plain_attention(self.name))
+        found = [requirement.difference(config, class_name) for requirement in requirements]
         return list(filter(None, found))
 
     def rename_rules(self, model: PreTrainedModel, converted: CoreformerPreTrainedModel) -> list[Rule]:

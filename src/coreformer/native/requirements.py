@@ -75,6 +75,16 @@ def pooling(pooled: str, native: str, heads: tuple[str, ...]) -> Requirement:
     )
 
 
+def plain_attention(native: str) -> list[Requirement]:
+    """The attention options no registered architecture has (Qwen3-Next's gate and QK-norm, GPT-OSS's sinks have no
+    native twin here): every architecture requires them off (`NativeArchitecture.differences`)."""
+    return [
+        equals("qk_norm", False, f"{native} normalises no query or key head"),
+        equals("attention_gate", None, f"{native} gates no attention output"),
+        equals("attention_sinks", False, f"{native} has no attention sinks"),
+    ]
+
+
 def every_block_normed(native: str) -> list[Requirement]:
     """The coreformer options no architecture but ModernBERT has: every block's attention norm, plain classifiers."""
     return [
