@@ -5,11 +5,12 @@
                        before they chose)
     chosen             no flag and no OMP_NUM_THREADS: the cores left by the busy process
 
-One busy process (a Python loop) runs beside every run, as a laptop's other job does; the two settings alternate
-(A B B A ...) so that a machine that slows down slows both, and each run's training tokens per second come from its
-metrics.json (steps only: data, tokenizer and saving are not timed). The ratio of the medians is the row's result;
-each run's losses are checked equal (threads change the speed, never what is computed... up to float reduction order,
-so the largest loss difference is reported).
+One busy process runs beside every run, as a laptop's other job does: a Python loop (one core), or a torch job
+(matrix products on torch's default threads, as another training run). The two settings alternate (A B B A ...) so
+that a machine that slows down slows both, and each run's training tokens per second come from its metrics.json
+(steps only: data, tokenizer and saving are not timed). The ratio of the medians is each row's result; the largest
+difference between the runs' training losses is reported beside it (threads change the speed, and what is computed
+only by the order of float sums).
 
 Writes results/threads.json and threads.md (machine, date and command at the top).
 
@@ -30,12 +31,18 @@ from pathlib import Path
 from results_files import report_head, results_header, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
+# what runs beside each pretraining run -> its program
+BUSY = {
+    "a Python loop": "while True: pass",
+    "a torch job": "import torch\nx = torch.randn(512, 512)\nwhile True: x = torch.tanh(x @ x)",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="training steps of each run")
     parser.add_argument("--pairs", type=int, default=2, help="runs of each setting (alternating A B B A ...)")
+    parser.add_argument("--busy", nargs="+", default=list(BUSY), choices=list(BUSY), help="what runs beside")
     parser.add_argument("--note", default="", help="how the machine was (e.g. 'nothing else running')")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
@@ -62,13 +69,11 @@ def train_losses(metrics: dict) -> list[float]:
     return [record["loss"] for record in metrics["history"]["train"]]
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    settings = {"torch's default": cores, "chosen": None}
+def beside(program: str, settings: dict[str, int | None], args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Each setting's runs, alternating, beside one process running `program`."""
     order = [name for pair in range(args.pairs) for name in (list(settings)[:: 1 if pair % 2 == 0 else -1])]
     runs: dict[str, list[dict]] = {name: [] for name in settings}
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = subprocess.Popen([sys.executable, "-c", program])
     try:
         with tempfile.TemporaryDirectory(prefix="coreformer-threads-") as scratch:
             for index, name in enumerate(order):
@@ -76,31 +81,42 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         busy.kill()
         busy.wait()
-    report = report_head(args) | {"cores": cores, "runs": runs}
-    speed = {name: statistics.median(r["tokens_per_second"] for r in runs[name]) for name in settings}
-    report["ratio"] = speed["chosen"] / speed["torch's default"]
-    losses = [r["losses"] for name in settings for r in runs[name]]
-    report["largest_loss_difference"] = max(abs(a - b) for other in losses for a, b in zip(losses[0], other))
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    settings = {"torch's default": cores, "chosen": None}
+    report = report_head(args) | {"cores": cores, "beside": {}}
+    for kind in args.busy:
+        runs = beside(BUSY[kind], settings, args)
+        speed = {name: statistics.median(r["tokens_per_second"] for r in runs[name]) for name in settings}
+        losses = [r["losses"] for name in settings for r in runs[name]]
+        report["beside"][kind] = {
+            "runs": runs,
+            "ratio": speed["chosen"] / speed["torch's default"],
+            "largest_loss_difference": max(abs(a - b) for other in losses for a, b in zip(losses[0], other)),
+        }
     lines = results_header("Pretraining beside one busy process: torch's default threads against the chosen", report)
     lines += [
         "",
         f"The default decoder (`--preset tiny`), {args.steps} steps per run, {args.pairs} runs of each setting "
-        f"alternating, beside one busy Python process on {cores} cores; training tokens per second from each run's "
-        "metrics.json (medians).",
+        f"alternating, beside one busy process on {cores} cores; training tokens per second from each run's "
+        "metrics.json (medians; each run's in the last column).",
         "",
-        "| threads | engine line | tokens/s (median) | runs |",
-        "|---|---|---|---|",
+        "| beside | threads | engine line | tokens/s | runs | chosen against torch's default |",
+        "|---|---|---|---|---|---|",
     ]
-    for name in settings:
-        engine = runs[name][0]["engine"].split("mixed precision ", 1)[1].split(", ", 1)[1]  # the threads' words
-        each = ", ".join(f"{r['tokens_per_second']:,.0f}" for r in runs[name])
-        lines.append(f"| {name} | {engine} | {speed[name]:,.0f} | {each} |")
-    lines += [
-        "",
-        f"Chosen against torch's default: **{report['ratio']:.2f}x** the tokens per second; the largest difference "
-        f"between the runs' training losses is {report['largest_loss_difference']:.2g}.",
-        "",
-    ]
+    for kind, result in report["beside"].items():
+        for name, runs in result["runs"].items():
+            engine = runs[0]["engine"].split("mixed precision ", 1)[1].split(", ", 1)[1]  # the threads' words
+            speed = statistics.median(r["tokens_per_second"] for r in runs)
+            each = ", ".join(f"{r['tokens_per_second']:,.0f}" for r in runs)
+            ratio = f"**{result['ratio']:.2f}x**" if name == "chosen" else ""
+            lines.append(f"| {kind} | {name} | {engine} | {speed:,.0f} | {each} | {ratio} |")
+    differences = max(result["largest_loss_difference"] for result in report["beside"].values())
+    lines += ["", f"The largest difference between two runs' training losses: {differences:.2g}.", ""]
     args.output_dir.mkdir(parents=True, exist_ok=True)
     write_results(args.output_dir, "threads", report, "\n".join(lines))
     print("\n".join(lines))

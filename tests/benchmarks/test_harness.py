@@ -579,10 +579,11 @@ def test_threads_benchmark_alternates_the_settings_beside_a_busy_process_and_wri
         return {"tokens_per_second": speed, "engine": line, "losses": [5.0, 4.0]}
 
     monkeypatch.setattr(benchmark, "run", fake_run)
-    benchmark.main(["--steps", "2", "--pairs", "2", "--output-dir", str(tmp_path)])
+    monkeypatch.setattr(benchmark, "BUSY", {"a sleeper": "import time; time.sleep(60)"})  # nothing to spin here
+    benchmark.main(["--steps", "2", "--pairs", "2", "--busy", "a sleeper", "--output-dir", str(tmp_path)])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert calls == [cores, None, None, cores]  # A B B A: a machine slowing down slows both
-    report = json.loads((tmp_path / "threads.json").read_text())
-    assert report["ratio"] == 3.0 and report["largest_loss_difference"] == 0.0
+    result = json.loads((tmp_path / "threads.json").read_text())["beside"]["a sleeper"]
+    assert result["ratio"] == 3.0 and result["largest_loss_difference"] == 0.0
     table = (tmp_path / "threads.md").read_text()
-    assert "**3.00x**" in table and "| chosen | 1 thread(s) (why, with a comma) | 3,000 |" in table
+    assert "| a sleeper | chosen | 1 thread(s) (why, with a comma) | 3,000 | 3,000, 3,000 | **3.00x** |" in table
