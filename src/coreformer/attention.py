@@ -35,7 +35,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .compat import is_paged_cache, paged_keys_values
+from .compat import paged_keys_values
 from .configuration_coreformer import CoreformerConfig
 from .forward_plan import LayerPlan, Unpadding
 from .layer_types import LAYER_TYPES
@@ -425,7 +425,7 @@ class Attention(nn.Module):
         kernel = self.kernel if plan.kernel else None
         if plan.kernel and kernel is None:
             raise ValueError(f"'{self.layer_type}' layers have no kernel; the plan must not ask for one.")
-        if is_paged_cache(cache):  # continuous batching (the plan ran no kernel)
+        if plan.paged:  # continuous batching's cache (the plan runs no kernel)
             key, value = paged_keys_values(cache, key, value, self.layer_idx, kwargs)
         elif cache is not None and not (kernel is not None and kernel.keeps_cache):
             cached_key, cached_value = cache.update(key, value, self.layer_idx)

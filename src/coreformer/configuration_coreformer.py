@@ -39,7 +39,7 @@ TRANSLATED_FIELDS = frozenset({"layer_types", "sliding_window"})
 TRANSLATED_FROM = "_translated_from"
 # Set (in the instance's __dict__, never saved) on the config of a model continuous batching serves: from then on
 # `get_text_config()` answers in transformers' names, which its paged cache builds its layers from.
-CONTINUOUS_BATCHING = "_continuous_batching"
+SERVED_BY_CONTINUOUS_BATCHING = "_continuous_batching"
 # Our `layer_types` and `sliding_window`, kept in the instance's __dict__ while vLLM's names are written over them
 # (`vllm_serving.publish`).
 ENGINE_ORIGINALS = "_coreformer_originals"
@@ -258,7 +258,7 @@ class CoreformerConfig(PreTrainedConfig):
     def to_dict(self) -> dict:
         output = super().to_dict()
         output.pop(TRANSLATED_FROM, None)
-        output.pop(CONTINUOUS_BATCHING, None)
+        output.pop(SERVED_BY_CONTINUOUS_BATCHING, None)
         output.update(output.pop(ENGINE_ORIGINALS, None) or {})  # ours, where vLLM's names were written over them
         # transformers' generic config (AutoTokenizer on a machine without coreformer) validates `layer_types`
         # against its own names. An all-"full" list is the default and is rebuilt on load, so it is left out; any
@@ -336,7 +336,7 @@ class CoreformerConfig(PreTrainedConfig):
         a text model from a multimodal one by `get_text_config() is config`; it reads the names `vllm_serving` writes
         onto the config instead)."""
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
-        if not decoder and not (encoder is None and self.__dict__.get(CONTINUOUS_BATCHING)):
+        if not decoder and not (encoder is None and self.__dict__.get(SERVED_BY_CONTINUOUS_BATCHING)):
             return text_config
         layer_types = self.cached_layer_types if decoder else self.layer_types
         if not layer_types or layer_types[0] not in LAYER_TYPES:  # already translated
@@ -345,7 +345,7 @@ class CoreformerConfig(PreTrainedConfig):
         translated.layer_types = [LAYER_TYPES[layer_type].cache_layer for layer_type in layer_types]
         if text_config.sliding_window is not None:
             # transformers' window counts the query itself and keeps `sliding_window - 1` past tokens in the cache.
-            translated.sliding_window = text_config.sliding_window + 1
+            translated.sliding_window = LAYER_TYPES["sliding"].transformers_window(text_config.sliding_window)
         if text_config is self:  # not a copy transformers made for one stack of a seq2seq config
             translated.__dict__[TRANSLATED_FROM] = self
         return translated
@@ -353,7 +353,7 @@ class CoreformerConfig(PreTrainedConfig):
     def serve_continuous_batching(self) -> None:
         """Answer `get_text_config()` in transformers' names from now on: continuous batching builds its paged cache
         from it, and its manager may outlive the call that started it."""
-        self.__dict__[CONTINUOUS_BATCHING] = True
+        self.__dict__[SERVED_BY_CONTINUOUS_BATCHING] = True
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)

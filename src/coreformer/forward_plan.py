@@ -105,6 +105,7 @@ class LayerPlan(NamedTuple):
     attention_kwargs: passed to the attention function, as transformers' models pass them: `position_ids`, and for
         packed rows under flash attention the varlen arguments (`cu_seq_lens_q/k`, `max_length_q/k`). Cross-attention
         gets only the varlen arguments (its keys are not the queries' tokens), pairing the two sides' documents.
+    paged: the cache is continuous batching's paged one (`ForwardPlanner.continuous_batching_plan`).
     """
 
     mask: torch.Tensor | None = None
@@ -115,6 +116,7 @@ class LayerPlan(NamedTuple):
     unpadding: Unpadding | None = None
     documents: torch.Tensor | None = None
     attention_kwargs: dict[str, Any] | None = None
+    paged: bool = False
 
 
 class ForwardPlan(NamedTuple):
@@ -416,15 +418,18 @@ class ForwardPlanner:
         end to end in one (1, N) row with its own `position_ids`, under the masks continuous batching built for it
         by transformers' layer type (a dict, or one tensor where the model has one type; None under flash attention,
         which reads the varlen arguments arriving with the call's kwargs). Only the types transformers computes
-        exactly run (`LayerType.served_as`); no kernel runs, the cache does not hold their state."""
-        self.check_continuous_batching()
+        exactly run (`LayerType.served_as`, checked once as batching starts: `check_continuous_batching`); no kernel
+        runs."""
         rotary = self.rotary_position_embeddings(hidden_states, position_ids, rotary_tables)
         layers = {}
         for name in dict.fromkeys(self.layer_types):
             served_as = LAYER_TYPES[name].served_as
             mask = attention_mask.get(served_as) if isinstance(attention_mask, dict) else attention_mask
             layers[name] = LayerPlan(
-                mask=mask, position_embeddings=rotary.get(name), attention_kwargs={"position_ids": position_ids}
+                mask=mask,
+                position_embeddings=rotary.get(name),
+                attention_kwargs={"position_ids": position_ids},
+                paged=True,
             )
         return ForwardPlan(layers, None, None, False)
 
