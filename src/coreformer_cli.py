@@ -152,8 +152,11 @@ def _prepare_pretrain(args: argparse.Namespace, parser: argparse.ArgumentParser)
     given = vars(args)
     preset, config, family = given.pop("preset", None), given.pop("config", None), given.pop("family", None)
     values, source = gather_settings(family=family, preset=preset, config_file=config, overrides=given)
+    pretraining.check_data_source(values)
     if values.get("dataset") is not None:  # a missing or empty local file, before `datasets` is imported
         local_data(values["dataset"], error=PretrainingError)
+    if values.get("data_dir") is not None:  # not a shard folder, or one `coreformer tokenize` has not finished
+        tokenizing.check_shard_folder(values["data_dir"])
     if values.get("tokenizer") is not None:
         check_model_location(values["tokenizer"])
     if values.get("resume_from_checkpoint") not in (None, "latest"):

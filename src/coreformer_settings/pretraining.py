@@ -87,6 +87,11 @@ class PretrainingSettings(RunSettings):
         "training text: omitted = the embedded corpus (the Python standard library's source, no download); a local "
         "file or glob (.txt/.json/.jsonl/.csv/.parquet); or a datasets Hub name (downloaded only then)",
     )
+    data_dir: str | None = arg(
+        None,
+        "a `coreformer tokenize` folder: train on its shards, read by memory map, instead of --dataset (its held-out "
+        "split is the held-out text; the tokenizer is the one it was made with unless --tokenizer names the same)",
+    )
     dataset_config: str | None = arg(None, "configuration of a Hub dataset (e.g. wikitext-2-raw-v1)")
     text_column: str = arg("text", "column holding the text")
     max_documents: int | None = arg(None, "use at most this many training documents (quick runs)")
@@ -209,6 +214,19 @@ def default_configs_dir() -> Path:
 METRICS = "metrics.json"  # the run's numbers, in its folder
 # What a pretraining run writes into its folder: any of them there means the folder holds a run.
 RUN_MARKERS = (RUN_CONFIG, CHECKPOINTS_DIR, "config.json", "model.safetensors", "tokenizer.json", METRICS)
+
+
+TEXT_SETTINGS = ("dataset", "dataset_config", "max_documents")  # what --data-dir's shards have decided already
+
+
+def check_data_source(values: typing.Mapping[str, Any]) -> None:
+    """--data-dir trains on shards already tokenized: the settings that choose text to tokenize cannot apply."""
+    given = [f"--{name.replace('_', '-')}" for name in TEXT_SETTINGS if values.get(name) is not None]
+    if values.get("data_dir") is not None and given:
+        raise PretrainingError(
+            f"--data-dir trains on shards `coreformer tokenize` made, and {', '.join(given)} choose(s) text to "
+            f"tokenize: drop {' and '.join(given)}, or drop --data-dir to read the text."
+        )
 
 
 def check_run_folder(output_dir: Path, overwrite: bool) -> None:

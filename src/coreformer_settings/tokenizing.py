@@ -11,6 +11,9 @@ and the half of a shard folder's rules that needs no tokenizer.
                                               with their sizes (so a file changed since is noticed)
     check_output_folder(out)                  OUT may be written: absent, empty, or a shard folder
     check_same_recipe(manifest, settings)     a rerun into OUT continues the same source and settings, or is refused
+    check_shard_folder(folder) -> manifest    a folder pretraining may read (--data-dir): complete shards of our
+                                              format
+    shard_tokenizer(folder, manifest)         the tokenizer the shards were made with: the copy saved beside them
 
 The command line (coreformer_cli) runs `prepare` before anything heavy is imported; the writer
 (coreformer.training.shards.write_shards) runs the same checks again, since it can be called without the command line,
@@ -30,6 +33,7 @@ from .command_line import check_model_location
 from .data_sources import local_builder
 
 MANIFEST = "manifest.json"
+TOKENIZER_DIR = "tokenizer"  # the tokenizer's files, saved beside the shards once they are complete
 FORMAT_VERSION = 1  # raised whenever a reader of the old layout would misread the new one
 DEFAULT_SHARD_TOKENS = 100_000_000  # nanoGPT's FineWeb shards: 200 MB of uint16 per file, few files per corpus
 DEFAULT_VALIDATION_FRACTION = 0.05  # pretraining's --validation-fraction default
@@ -189,6 +193,34 @@ def check_output_folder(out: Path) -> dict[str, Any] | None:
             f"{FORMAT_VERSION}: tokenize into another folder."
         )
     return manifest
+
+
+def check_shard_folder(folder: str | Path) -> dict[str, Any]:
+    """The manifest of the shard folder pretraining reads (--data-dir); ShardsError when it is not one or is not
+    complete, each naming the fix."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ShardsError(f"--data-dir {folder}: no such folder; pass a folder `coreformer tokenize` wrote.")
+    if not (path / MANIFEST).is_file():
+        raise ShardsError(
+            f"--data-dir {folder} holds no {MANIFEST}: not a shard folder; write one with `coreformer tokenize "
+            f"SOURCE {folder} --tokenizer T`, or pass text files with --dataset."
+        )
+    manifest = check_output_folder(path)
+    assert manifest is not None  # it holds a manifest
+    if not manifest["complete"]:
+        raise ShardsError(
+            f"--data-dir {folder} is not complete: `coreformer tokenize` stopped before its last shard; run the same "
+            f"command again to finish it."
+        )
+    return manifest
+
+
+def shard_tokenizer(folder: str | Path, manifest: dict[str, Any]) -> str:
+    """Where to load the shards' tokenizer from: the copy `coreformer tokenize` saved beside them, else (a folder
+    written before it saved one) the name it was given."""
+    saved = Path(folder).expanduser() / TOKENIZER_DIR
+    return str(saved) if saved.is_dir() else manifest["tokenizer"]["name"]
 
 
 def check_same_recipe(manifest: dict[str, Any], settings: TokenizeSettings) -> None:

@@ -71,7 +71,8 @@ def _ids(tokenizer, text: str) -> list[int]:
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+    """Every file under `folder` (the tokenizer's copy included) by its relative path."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
 def test_shards_hold_each_documents_ids_between_exact_boundaries(corpus, tokenizer, tmp_path):
@@ -167,9 +168,9 @@ def reference(corpus, tokenizer, tmp_path_factory) -> Path:
 
 def _count_tokenized(monkeypatch) -> list[int]:
     counted = []
-    encode = shards._Encoder.__call__
+    encode = shards.Encoder.__call__
     monkeypatch.setattr(
-        shards._Encoder, "__call__", lambda self, texts: counted.append(len(texts)) or encode(self, texts)
+        shards.Encoder, "__call__", lambda self, texts: counted.append(len(texts)) or encode(self, texts)
     )
     return counted
 

@@ -19,6 +19,8 @@ The folder (FORMAT_VERSION 1):
       train-00000.idx       little-endian uint64: where each document of the .bin ends, counted in tokens
       train-00001.bin/.idx  ...
       validation-00000.bin/.idx
+      tokenizer/            the tokenizer the ids come from (saved once the shards are complete): pretraining on the
+                            folder (--data-dir) loads it from here
 
     train-00000.bin   [ a a a a | b b | c c c c c | d ... ]      a document's ids: bin[idx[i-1] : idx[i]]
     train-00000.idx   [ 4, 6, 11, ... ]                          (idx[-1] taken as 0)
@@ -49,6 +51,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 from bisect import bisect_right
 from collections import deque
@@ -58,7 +61,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
@@ -66,6 +69,7 @@ from transformers import PreTrainedTokenizerBase
 from coreformer_settings.tokenizing import (
     FORMAT_VERSION,
     MANIFEST,
+    TOKENIZER_DIR,
     ShardsError,
     TokenizeSettings,
     check_output_folder,
@@ -73,6 +77,7 @@ from coreformer_settings.tokenizing import (
 )
 
 SPLITS = ("train", "validation")
+ChunkT = TypeVar("ChunkT")
 CHUNK_DOCUMENTS = 512  # documents per task handed to a worker: large enough to amortise the pickling
 IN_FLIGHT_PER_WORKER = 2  # chunks queued per worker: keeps them busy while the source's text stays out of memory
 OFFSET_DTYPE = np.dtype("<u8")
@@ -212,17 +217,28 @@ def write_shards(
     writers = {split: _SplitWriter(out, split, manifest, settings.shard_tokens) for split in SPLITS}
     resume = {split: writer.resume_position for split, writer in writers.items()}
     start = min(resume.values())  # the earliest document a split still needs
-    encoder = _Encoder(tokenizer, file_dtype(manifest))
+    encoder = Encoder(tokenizer, file_dtype(manifest))
     with _progress_bar(source.count, start, out, progress) as bar:
         chunks = source.chunks(start, resume, settings)
-        for chunk, (ids, lengths) in _encoded(encoder, chunks, settings.num_proc):
+        for chunk, (ids, lengths) in encoded_chunks(encoder, chunks, settings.num_proc):
             _append(chunk, ids, lengths, writers)
             bar.update(chunk.read)
     for writer in writers.values():
         writer.finish_shard()
+    _save_tokenizer(tokenizer, out)
     manifest["complete"] = True
     _write_manifest(out, manifest)
     return manifest
+
+
+def _save_tokenizer(tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
+    """A copy of the tokenizer beside the shards (OUT/tokenizer): pretraining on them loads it from there, wherever
+    the folder it came from has gone. Written under a temporary name and renamed, as the shards are."""
+    temporary, final = out / f".{TOKENIZER_DIR}.tmp", out / TOKENIZER_DIR
+    shutil.rmtree(temporary, ignore_errors=True)
+    tokenizer.save_pretrained(temporary)
+    shutil.rmtree(final, ignore_errors=True)
+    temporary.rename(final)
 
 
 def _continued_manifest(
@@ -376,7 +392,7 @@ class _Source:
 
 
 @dataclass(frozen=True)
-class _Encoder:
+class Encoder:
     """Texts -> (their ids one after another, each text's count of ids): the plain ids, as tokenize_dataset makes
     them before packing (no special tokens; literal special-token text split like any other)."""
 
@@ -401,10 +417,10 @@ class _Encoder:
         return ids.astype(self.dtype), lengths
 
 
-_WORKER_ENCODER: _Encoder | None = None  # each pool worker's, set once by _start_worker
+_WORKER_ENCODER: Encoder | None = None  # each pool worker's, set once by _start_worker
 
 
-def _start_worker(encoder: _Encoder) -> None:
+def _start_worker(encoder: Encoder) -> None:
     global _WORKER_ENCODER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle: one line, not P tracebacks
     _WORKER_ENCODER = encoder
@@ -414,12 +430,13 @@ def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return _WORKER_ENCODER(texts)
 
 
-def _encoded(
-    encoder: _Encoder, chunks: Iterator[_Chunk], num_proc: int
-) -> Iterator[tuple[_Chunk, tuple[np.ndarray, np.ndarray]]]:
-    """Each chunk with its ids, in the chunks' order: tokenized here for one process, by a pool otherwise, with at
-    most IN_FLIGHT_PER_WORKER chunks per worker waiting (the text is read as fast as it is tokenized, no faster)."""
-    if num_proc == 1:
+def encoded_chunks(
+    encoder: Encoder, chunks: Iterator[ChunkT], num_proc: int
+) -> Iterator[tuple[ChunkT, tuple[np.ndarray, np.ndarray]]]:
+    """Each chunk (anything with a `texts` list) with its ids, in the chunks' order: tokenized here for one process,
+    by a pool otherwise, with at most IN_FLIGHT_PER_WORKER chunks per worker waiting (the text is read as fast as it is
+    tokenized, no faster). Also how a streamed run tokenizes (streaming.py)."""
+    if num_proc <= 1:
         for chunk in chunks:
             yield chunk, encoder(chunk.texts)
         return
@@ -576,6 +593,11 @@ class ShardedTokens:
         ends = self._offsets[shard]
         start = int(ends[local - 1]) if local else 0
         return self._ids[shard][start : int(ends[local])]
+
+    def lengths(self) -> np.ndarray:
+        """Every document's length in ids, (documents,) int64: read from the .idx files alone (8 bytes a document)."""
+        lengths = [np.diff(np.asarray(ends, dtype=np.int64), prepend=0) for ends in self._offsets]
+        return np.concatenate(lengths) if lengths else np.empty(0, np.int64)
 
     def num_windows(self, length: int) -> int:
         return self.num_tokens // length

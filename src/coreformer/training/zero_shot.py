@@ -52,12 +52,14 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from coreformer_settings.data_sources import local_builder
 from coreformer_settings.evaluation import DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, DEFAULT_PAIRS
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
+from coreformer_settings.tokenizing import ShardsError
 
 from .arguments import RUN_CONFIG
 from .checkpoints import CHECKPOINTS_DIR, find_latest_checkpoint, read_trainer_state
 from .data import load_embedded_corpus, load_text_dataset, pad_sequences
 from .families import TRAINING_FACTS as FAMILY_FACTS
 from .families import family_of, head_class, longest_input
+from .shards import ShardedTokens
 
 EVAL_MLM_PROBABILITY = 0.15  # BERT's rate, whatever the run trained with
 EVAL_MASK_RATIO, EVAL_POISSON_LAMBDA = 0.3, 3.0  # BART's text infilling
@@ -440,6 +442,8 @@ def held_out_texts(folder: str | Path, data: tuple[str, ...] = ()) -> tuple[list
     if settings is None:
         texts = load_embedded_corpus()["validation"]["text"]
         return texts[:MAX_DOCUMENTS], "the embedded corpus' held-out split (the folder records no training text)"
+    if settings.get("data_dir"):
+        return _held_out_shards(folder, settings["data_dir"])
     try:
         split = load_text_dataset(
             settings.get("dataset"),
@@ -456,6 +460,17 @@ def held_out_texts(folder: str | Path, data: tuple[str, ...] = ()) -> tuple[list
         ) from None
     name = settings.get("dataset") or "the embedded corpus"
     return split["text"][:MAX_DOCUMENTS], f"the held-out split of the run's training text ({name})"
+
+
+def _held_out_shards(folder: str | Path, data_dir: str) -> tuple[list[str], str]:
+    """The held-out documents of the shards a run trained on (--data-dir), decoded by the folder's tokenizer."""
+    try:
+        validation = ShardedTokens(data_dir, "validation")
+    except ShardsError as error:  # moved, deleted or rewritten since the run
+        raise EvaluationError(f"Cannot read the run's shards {data_dir!r} ({error}); pass --data FILES.") from None
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = [tokenizer.decode(validation[index]) for index in range(min(MAX_DOCUMENTS, len(validation)))]
+    return texts, f"the held-out split of the run's shards ({data_dir}), decoded"
 
 
 def evaluate_folder(
@@ -535,7 +550,7 @@ def run_zero_shot(
     the folder has no language model to score (ELECTRA keeps the discriminator's encoder)."""
     if not args.zero_shot_pairs:
         return None
-    name = args.dataset or "the embedded corpus"
+    name = f"the shards in {args.data_dir}" if args.data_dir else args.dataset or "the embedded corpus"
     try:
         report = evaluate_folder(
             folder,

@@ -1,6 +1,7 @@
 """The protocol every pretraining objective follows: what the run asks of it, with the defaults most share.
 
     Objective.examples(split, tokenizer, args)     text -> the examples its collator takes
+    Objective.sharded_examples(tokens, tokenizer, args)   the same examples from token shards (--data-dir)
     Objective.packing(args) / packs_documents(args)   the run's --packing, checked against the objective's `packings`
     Objective.collator(tokenizer, args)            a seeded collator: examples -> a batch of tensors
     Objective.required_tokens                      special tokens the tokenizer must have
@@ -28,9 +29,11 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..arguments import PretrainingError
-from ..data import pack_windows, tokenize_dataset
+from ..data import pack_windows, special_tokens_around, tokenize_dataset
 from ..families import head_class
 from ..flops import flops_per_token, head_parameters, matmul_parameters
+from ..shard_examples import PackedRows, ShardWindows
+from ..shards import ShardedTokens
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,13 @@ class Objective(ABC):
         packed into rows of at most `block_size` (`pack_windows`)."""
         windows = tokenize_dataset(split, tokenizer, max_length=args.block_size)
         return pack_windows(windows, args.block_size) if self.packs_documents(args) else windows
+
+    def sharded_examples(self, tokens: ShardedTokens, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:
+        """`examples` read from a shard split by index (shard_examples.py): the same windows and packed rows."""
+        prefix, suffix = special_tokens_around(tokenizer)
+        width = args.block_size - len(prefix) - len(suffix)
+        windows = ShardWindows(tokens, width, prefix=prefix, suffix=suffix)
+        return PackedRows(windows, args.block_size) if self.packs_documents(args) else windows
 
     @abstractmethod
     def collator(self, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:

@@ -53,13 +53,12 @@ from ...hub.folders import drop_set_aside, restore_set_aside, set_aside, set_asi
 from ..arguments import RUN_CONFIG, PretrainingError, RunStoppedError, write_json
 from ..batches import GlobalBatches, strided_loader
 from ..checkpoints import find_latest_checkpoint, read_trainer_state, remove_stale_temporaries, stopped_message
-from ..data import iter_texts
 from ..engine import Engine, requested_engine, resolve_engine
 from ..optimizers import build_optimizer, build_schedule, check_run_optimizer
 from ..reports import checkpoint_plan_line, data_line
 from ..threads import choose_threads
 from ..tokenizer_training import tokenizer_name, train_tokenizer
-from .inputs import build_collator, build_model_config, load_dataset_splits, load_tokenizer, shared_tokenizer
+from .inputs import Corpus, build_collator, build_model_config, load_tokenizer, open_corpus, shared_tokenizer
 from .loop import finish, train
 from .run import PretrainingArguments, _Run, _Training, resolve_arguments
 from .run_folder import check_checkpoint_engine, check_world_size, resolve_resume
@@ -105,16 +104,22 @@ def _accelerator(args: PretrainingArguments) -> tuple[Any, Engine, str | None, s
     return accelerator, engine, log_with, tracker_line
 
 
-def _run_tokenizer(args: PretrainingArguments, accelerator, resume: Path | None, state, splits):
-    """(tokenizer, how the card names it): the checkpoint's, --tokenizer, or one trained on the training split."""
+def _run_tokenizer(args: PretrainingArguments, accelerator, resume: Path | None, state, corpus: Corpus):
+    """(tokenizer, how the card names it): the checkpoint's, --tokenizer, the one saved with the shards, or one
+    trained on the training split; checked to be one that reads the corpus."""
     if resume is not None:
-        return load_tokenizer(str(resume / "tokenizer"), args.spec), state["tokenizer"]
-    if args.tokenizer is not None:
-        return load_tokenizer(args.tokenizer, args.spec), args.tokenizer
-    tokenizer = shared_tokenizer(
-        accelerator, lambda: train_tokenizer(args.family, iter_texts(splits["train"]), args.vocab_size)
-    )
-    return tokenizer, f"{tokenizer_name(args.family)} trained on the training split"
+        tokenizer, name = load_tokenizer(str(resume / "tokenizer"), args.spec), state["tokenizer"]
+    elif args.tokenizer is not None:
+        tokenizer, name = load_tokenizer(args.tokenizer, args.spec), args.tokenizer
+    elif corpus.saved_tokenizer is not None:
+        tokenizer, name = load_tokenizer(corpus.saved_tokenizer, args.spec), corpus.saved_tokenizer
+    else:
+        tokenizer = shared_tokenizer(
+            accelerator, lambda: train_tokenizer(args.family, corpus.tokenizer_texts(), args.vocab_size)
+        )
+        name = f"{tokenizer_name(args.family)} trained on the training split"
+    corpus.check_tokenizer(tokenizer)
+    return tokenizer, name
 
 
 def prepare(args: PretrainingArguments) -> _Run:
@@ -126,12 +131,12 @@ def prepare(args: PretrainingArguments) -> _Run:
     if resume is not None:
         check_checkpoint_engine(resume, state, engine)
     check_run_optimizer(args, engine, state)
-    splits = load_dataset_splits(args)
-    tokenizer, tokenizer_name = _run_tokenizer(args, accelerator, resume, state, splits)
+    corpus = open_corpus(args)
+    tokenizer, tokenizer_name = _run_tokenizer(args, accelerator, resume, state, corpus)
     config = build_model_config(args, tokenizer)
     with accelerator.main_process_first():  # a dataset on disk: the main process writes the map caches, others read
-        train_examples = args.spec.examples(splits["train"], tokenizer, args)
-        eval_examples = args.spec.examples(splits["validation"], tokenizer, args)
+        train_examples = corpus.examples("train", tokenizer, args)
+        eval_examples = corpus.examples("validation", tokenizer, args)
     for name, examples in (("training", train_examples), ("held-out", eval_examples)):
         if len(examples) == 0:
             raise PretrainingError(
@@ -146,8 +151,7 @@ def prepare(args: PretrainingArguments) -> _Run:
         f"{accelerator.device}; {tracker_line}"
     )
     accelerator.print(engine.line(choose_threads(args.threads).apply()))
-    documents = {name: len(split) for name, split in splits.items()}
-    accelerator.print(data_line(documents, len(train_examples), args.block_size))
+    accelerator.print(data_line(corpus.documents(), len(train_examples), args.block_size))
     accelerator.print(checkpoint_plan_line(args.save_every, args.max_steps, state["step"] if state else 0))
     return _Run(
         args,
@@ -161,7 +165,7 @@ def prepare(args: PretrainingArguments) -> _Run:
         train_examples,
         eval_examples,
         engine,
-        splits["validation"],
+        corpus.held_out_texts(tokenizer),
     )
 
 
@@ -210,7 +214,7 @@ def _restore(run: _Run, training: _Training) -> None:
     )
     micro_batches_per_step = state["world_size"] * state["args"]["grad_accum"]
     if (
-        state["args"]["dataset"] != args.dataset
+        (state["args"]["dataset"], state["args"].get("data_dir")) != (args.dataset, args.data_dir)
         or state["args"].get("packing", args.packing) != args.packing  # recorded since --packing exists
         or micro_batches_per_step != accelerator.num_processes * args.grad_accum
     ):

@@ -1,6 +1,9 @@
 """A pretraining run's inputs, checked before its first write (the driver's `prepare` and `build` call these).
 
     load_tokenizer / load_dataset_splits     a tokenizer or the text splits, their errors as one PretrainingError
+    open_corpus(args) -> TextCorpus | ShardCorpus   where the run's documents come from (--dataset or --data-dir),
+                                             each giving the objective's examples of a split, the held-out text and
+                                             the tokenizer the documents need
     shared_tokenizer                         a tokenizer trained once on the main process and handed to the others
     build_collator / build_model_config      the objective's collator; the family config, checked against
                                              --block-size and --packing (check_packing)
@@ -21,13 +24,17 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from coreformer_settings.tokenizing import check_shard_folder, shard_tokenizer
+
 from ...hub.folders import MissingTokenizerError, folder_tokenizer
 from ...layer_types import LAYER_TYPES
 from ..arguments import PretrainingError
-from ..data import load_text_dataset
+from ..data import iter_texts, load_text_dataset
 from ..families import TRAINING_FACTS, longest_input
 from ..objectives import Objective
+from ..shards import ShardedTokens, check_tokenizer
 from ..tokenizer_training import token_config_kwargs
+from ..zero_shot import MAX_DOCUMENTS
 from .run import PretrainingArguments
 
 
@@ -66,6 +73,63 @@ def load_dataset_splits(args: PretrainingArguments) -> datasets.DatasetDict:
             f"Cannot load dataset {args.dataset!r}: {type(error).__name__}: {error}. Pass a local file "
             f"(.txt/.json/.jsonl/.csv/.parquet), a datasets Hub name, or omit --dataset for the embedded corpus."
         ) from error
+
+
+class TextCorpus:
+    """Documents as text (--dataset, or the embedded corpus), loaded whole; the objective tokenizes each split."""
+
+    def __init__(self, args: PretrainingArguments):
+        self.splits = load_dataset_splits(args)
+        self.saved_tokenizer: str | None = None  # text has none: one is trained on the training split
+
+    def tokenizer_texts(self) -> typing.Iterable[str]:
+        return iter_texts(self.splits["train"])
+
+    def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Any tokenizer reads text."""
+
+    def documents(self) -> dict[str, int]:
+        return {name: len(split) for name, split in self.splits.items()}
+
+    def examples(self, split: str, tokenizer: PreTrainedTokenizerBase, args: PretrainingArguments) -> Any:
+        return args.spec.examples(self.splits[split], tokenizer, args)
+
+    def held_out_texts(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+        return self.splits["validation"][:MAX_DOCUMENTS]["text"]
+
+
+class ShardCorpus:
+    """Documents as token ids (--data-dir, `coreformer tokenize`'s folder), read by memory map: the objective's
+    examples are tables over them (shard_examples.py), and only the tokenizer they were made with may read them."""
+
+    def __init__(self, args: PretrainingArguments):
+        self.manifest = check_shard_folder(args.data_dir)
+        self.tokens = {split: ShardedTokens(args.data_dir, split) for split in ("train", "validation")}
+        self.saved_tokenizer = shard_tokenizer(args.data_dir, self.manifest)
+
+    def tokenizer_texts(self) -> typing.Iterable[str]:
+        raise AssertionError("shards are read with the tokenizer they were made with; none is trained")
+
+    def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        check_tokenizer(self.manifest, tokenizer)  # ShardsError (a PretrainingError) naming both
+
+    def documents(self) -> dict[str, int]:
+        return {name: len(tokens) for name, tokens in self.tokens.items()}
+
+    def examples(self, split: str, tokenizer: PreTrainedTokenizerBase, args: PretrainingArguments) -> Any:
+        return args.spec.sharded_examples(self.tokens[split], tokenizer, args)
+
+    def held_out_texts(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+        """The held-out documents decoded (the zero-shot report reads text: minimal pairs are made of lines)."""
+        validation = self.tokens["validation"]
+        return [tokenizer.decode(validation[index]) for index in range(min(MAX_DOCUMENTS, len(validation)))]
+
+
+Corpus = TextCorpus | ShardCorpus
+
+
+def open_corpus(args: PretrainingArguments) -> Corpus:
+    return ShardCorpus(args) if args.data_dir is not None else TextCorpus(args)
 
 
 def build_collator(tokenizer: PreTrainedTokenizerBase, args: PretrainingArguments) -> Any:

@@ -289,9 +289,7 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
         )
         with staged_folder(output_dir) as staging:
             run.objective.save(model, state_dict, run.tokenizer, staging)
-            metrics["zero_shot"] = run_zero_shot(
-                staging, args, run.held_out["text"], accelerator.device
-            )  # zero_shot.py
+            metrics["zero_shot"] = run_zero_shot(staging, args, run.held_out, accelerator.device)  # zero_shot.py
             metrics["wall_time_s"] = time.perf_counter() - session_start
             plot_losses(training.history, staging / "loss.png", f"coreformer {args.family} ({args.preset})")
             (staging / "README.md").write_text(render_model_card(args, metrics, str(output_dir)))

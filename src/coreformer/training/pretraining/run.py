@@ -18,7 +18,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
-from coreformer_settings.pretraining import MIXED_PRECISION, REPORT_TO, PretrainingSettings, gather_settings
+from coreformer_settings.pretraining import (
+    MIXED_PRECISION,
+    REPORT_TO,
+    PretrainingSettings,
+    check_data_source,
+    gather_settings,
+)
 from coreformer_settings.registries import FAMILY_NAMES
 
 from ..arguments import PretrainingError
@@ -26,6 +32,7 @@ from ..engine import Engine
 from ..families import TRAINING_FACTS
 from ..objectives import OBJECTIVES, Objective
 from ..optimizers import check_optimization_settings
+from ..shard_examples import ShardTable
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Arguments
@@ -61,6 +68,7 @@ class PretrainingArguments(PretrainingSettings):
             raise PretrainingError(f"`lr` must be > 0, got {self.lr}.")
         self.check_between("validation_fraction", 0.0, 1.0, low_open=False, high_open=True)
         check_optimization_settings(self)
+        check_data_source(vars(self))
         self.objective_settings = objective_settings(self.objective, self.objective_settings)  # checked there
         if not isinstance(self.model, dict):
             raise PretrainingError(f"`model` must be a mapping of config fields, got {type(self.model).__name__}.")
@@ -120,10 +128,10 @@ class _Run:
     tokenizer: PreTrainedTokenizerBase
     tokenizer_name: str
     config: Any
-    train_examples: datasets.Dataset
-    eval_examples: datasets.Dataset
+    train_examples: datasets.Dataset | ShardTable  # rows by index (GlobalBatches): text examples or shard tables
+    eval_examples: datasets.Dataset | ShardTable
     engine: Engine  # what runs (engine.py): recorded in metrics.json and every checkpoint
-    held_out: datasets.Dataset  # the held-out split's text, which the final zero-shot report scores again
+    held_out: list[str]  # the held-out split's first documents as text, which the final zero-shot report scores
 
     @property
     def output_dir(self) -> Path:
