@@ -1,6 +1,6 @@
 """Time and memory to the first training step against corpus size: pretraining on text (`--dataset`, tokenized by
-the run) against pretraining on token shards (`coreformer tokenize` once, then `--data-dir`), and how fast the shard
-loader hands out batches against what the default model trains on.
+the run) against pretraining on token shards (`coreformer tokenize` once, then `--data-dir`) and on the text streamed
+(`--streaming`), and how fast the shard loader hands out batches against what the default model trains on.
 
 The corpora are the installed packages' Python source (site-packages), one JSON Lines row per file, repeated until
 each size is reached; the tokenizer is the default decoder's (byte-level BPE, --vocab-size 8192) trained once on the
@@ -10,12 +10,14 @@ first megabytes. For each size:
               datasets cache (what a first run pays; a rerun finds its map caches)
     tokenize  `coreformer tokenize corpus.jsonl shards --tokenizer T --num-proc N` (paid once per corpus)
     shards    `coreformer pretrain --family decoder --preset tiny --data-dir shards`
+    stream    `coreformer pretrain --family decoder --preset tiny --dataset corpus.jsonl --streaming --tokenizer T`
 
 Each pretraining run is its own process; a hook in it records the seconds since the process started and the peak
 resident memory (ru_maxrss) when the first training step begins: loading, tokenizing, the held-out evaluation
 before step one (1 batch), model building. `tokenize` is timed whole, its memory the peak of its largest process.
-The loader row: the default decoder's batches (the preset's block and batch sizes) built from the largest corpus'
-shards in this process, against the training tokens per second of a 20-step shard run of the same preset.
+The loader rows: the default decoder's batches (the preset's block and batch sizes, LOADER_TOKENS of them) built in
+this process from the largest corpus' shards, and from the same corpus streamed (tokenized as it is read, in this
+process: --num-workers 0), against the training tokens per second of a 20-step shard run of the same preset.
 
 Writes results/data_scale.json and data_scale.md (machine, date, command at the top).
 
@@ -38,7 +40,7 @@ from results_files import report_head, results_header, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_SAMPLE_BYTES = 4_000_000  # the tokenizer's training text: the corpus' first files
-LOADER_BATCHES = 200
+LOADER_TOKENS = 5_000_000  # what each loader hands out while timed: a streamed one tokenizes several chunks of it
 # Run in each pretraining process: when the first training step begins, write the seconds since `start` (taken by
 # the parent just before it started the process) and the peak resident memory so far; then run the command line.
 FIRST_STEP_HOOK = """
@@ -131,27 +133,43 @@ def pretrain(source_flags: list[str], folder: Path, environment: dict[str, str],
     return first | {"metrics": json.loads((folder / "metrics.json").read_text())}
 
 
-def loader_tokens_per_second(shards: Path, run_config: dict) -> float:
-    """Batches of the run's objective, block and batch sizes from `shards`, built in this process as the run's
-    loader builds them (num_workers 0): input tokens per second."""
+def loader_tokens_per_second(shards: Path, corpus: Path, run_config: dict) -> dict[str, float]:
+    """Batches of the run's objective, block and batch sizes, built in this process as the run's loader builds them
+    (num_workers 0), from `shards` and from `corpus` streamed: input tokens per second of each."""
     from transformers import AutoTokenizer
 
     from coreformer.training.batches import GlobalBatches, strided_loader
     from coreformer.training.objectives import OBJECTIVES
     from coreformer.training.shards import ShardedTokens
+    from coreformer.training.streaming import StreamedBatches, StreamedText, StreamPosition
 
     tokenizer = AutoTokenizer.from_pretrained(shards / "tokenizer")
     objective = OBJECTIVES[run_config["objective"]]
-    args = SimpleNamespace(**run_config)
+    args = SimpleNamespace(**{**run_config, "dataset": str(corpus), "streaming": True})
+    collator = objective.collator(tokenizer, args)
     table = objective.sharded_examples(ShardedTokens(shards), tokenizer, args)
-    batches = GlobalBatches(table, objective.collator(tokenizer, args), args.batch_size, seed=0, stream="train",
-                            shuffle=True)  # fmt: skip
-    loader = iter(strided_loader(batches, 0, 1, num_workers=0, pin_memory=False))
-    next(loader)
-    start, tokens = time.perf_counter(), 0
-    for _ in range(LOADER_BATCHES):
-        tokens += next(loader)[1]["input_ids"].numel()
-    return tokens / (time.perf_counter() - start)
+    batches = GlobalBatches(table, collator, args.batch_size, seed=0, stream="train", shuffle=True)
+    loaders = {
+        "shards": iter(strided_loader(batches, 0, 1, num_workers=0, pin_memory=False)),
+        "stream": StreamedBatches(
+            StreamedText(args, 0, 1),
+            objective,
+            tokenizer,
+            collator,
+            args,
+            start=0,
+            step=1,
+            position=StreamPosition(),
+            num_workers=0,
+        ),  # fmt: skip
+    }
+    speeds = {}
+    for name, loader in loaders.items():
+        start, tokens = time.perf_counter(), 0
+        while tokens < LOADER_TOKENS:
+            tokens += next(loader)[1]["input_ids"].numel()
+        speeds[name] = tokens / (time.perf_counter() - start)
+    return speeds
 
 
 def measure(args: argparse.Namespace, scratch: Path) -> dict:
@@ -169,21 +187,26 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
         command = [sys.executable, "-m", "coreformer_cli", "tokenize", str(corpus), str(shards)]
         tokenize = timed(command + ["--tokenizer", str(tokenizer), "--num-proc", str(args.num_proc)], environment)
         sharded = pretrain(["--data-dir", str(shards)], scratch / f"shards-{size}", environment)
+        streamed = pretrain(
+            ["--dataset", str(corpus), "--streaming", "--tokenizer", str(tokenizer)], scratch / f"stream-{size}", cold
+        )
         manifest = json.loads((shards / "manifest.json").read_text())
         rows.append({
             "megabytes": size, "documents": documents, "tokens": manifest["tokens"],
             "text": {key: text[key] for key in ("seconds", "peak_rss_mib")},
             "tokenize": tokenize,
             "shards": {key: sharded[key] for key in ("seconds", "peak_rss_mib")},
+            "stream": {key: streamed[key] for key in ("seconds", "peak_rss_mib")},
         })  # fmt: skip
-        corpus.unlink()
+        if size != args.sizes_mb[-1]:
+            corpus.unlink()
     largest = scratch / f"shards-{args.sizes_mb[-1]}mb"
     trained = pretrain(["--data-dir", str(largest)], scratch / "throughput", environment, steps=20)
     run_config = json.loads((scratch / "throughput" / "run_config.json").read_text())
-    loader = loader_tokens_per_second(largest, run_config)
+    loaders = loader_tokens_per_second(largest, corpus, run_config)
     return {
         "sizes": rows,
-        "loader_tokens_per_second": loader,
+        "loader_tokens_per_second": loaders,
         "model_tokens_per_second": trained["metrics"]["tokens_per_second"],
         "block_size": run_config["block_size"],
         "batch_size": run_config["batch_size"],
@@ -199,25 +222,29 @@ def table(report: dict) -> list[str]:
         "JSON Lines, one file a document.",
         "",
         "| text | documents | tokens | text path: s | text path: MiB | tokenize: s | tokenize: MiB | shards: s | "
-        "shards: MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "shards: MiB | streamed: s | streamed: MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["sizes"]:
         lines.append(
             f"| {row['megabytes']:,} MB | {row['documents']:,} | {row['tokens']:,} | {row['text']['seconds']:.1f} | "
             f"{row['text']['peak_rss_mib']:,.0f} | {row['tokenize']['seconds']:.1f} | "
             f"{row['tokenize']['peak_rss_mib']:,.0f} | {row['shards']['seconds']:.1f} | "
-            f"{row['shards']['peak_rss_mib']:,.0f} |"
+            f"{row['shards']['peak_rss_mib']:,.0f} | {row['stream']['seconds']:.1f} | "
+            f"{row['stream']['peak_rss_mib']:,.0f} |"
         )
-    ratio = report["loader_tokens_per_second"] / report["model_tokens_per_second"]
+    model = report["model_tokens_per_second"]
     lines += [
         "",
-        f"The shard loader (blocks of {report['block_size']}, batches of {report['batch_size']}, the largest corpus, "
-        f"one process, no workers): {report['loader_tokens_per_second']:,.0f} tokens/s, against "
-        f"{report['model_tokens_per_second']:,.0f} tokens/s trained by the same preset (20 steps): **{ratio:.0f}x**.",
+        f"The loaders (blocks of {report['block_size']}, batches of {report['batch_size']}, the largest corpus, one "
+        f"process, no workers) against the {model:,.0f} tokens/s the same preset trains at (20 steps):",
         "",
+        "| loader | tokens/s | against training |",
+        "|---|---|---|",
     ]
-    return lines
+    for name, speed in report["loader_tokens_per_second"].items():
+        lines.append(f"| {name} | {speed:,.0f} | **{speed / model:.0f}x** |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         with tempfile.TemporaryDirectory(prefix="coreformer-data-scale-") as scratch:
             report |= measure(args, Path(scratch))
-    lines = results_header("Time and memory to the first step against corpus size: text against shards", report)
+    lines = results_header("Time and memory to the first step against corpus size: text, shards, streamed", report)
     lines += table(report)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     write_results(args.output_dir, "data_scale", report, "\n".join(lines))

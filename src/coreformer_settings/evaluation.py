@@ -12,6 +12,7 @@ import argparse
 from dataclasses import dataclass
 
 DEFAULT_PAIRS = 200
+HELD_OUT_DOCUMENTS = 400  # held-out documents read (a run's text, --data): enough lines and batches for the defaults
 DEFAULT_BATCHES = 20
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_SEED = 0

@@ -92,6 +92,11 @@ class PretrainingSettings(RunSettings):
         "a `coreformer tokenize` folder: train on its shards, read by memory map, instead of --dataset (its held-out "
         "split is the held-out text; the tokenizer is the one it was made with unless --tokenizer names the same)",
     )
+    streaming: bool = arg(
+        False,
+        "read --dataset as a stream (datasets' streaming=True): documents tokenized as training reads them, each "
+        "process its share, nothing stored; needs --tokenizer",
+    )
     dataset_config: str | None = arg(None, "configuration of a Hub dataset (e.g. wikitext-2-raw-v1)")
     text_column: str = arg("text", "column holding the text")
     max_documents: int | None = arg(None, "use at most this many training documents (quick runs)")
@@ -173,7 +178,11 @@ class PretrainingSettings(RunSettings):
         "'latest' (newest checkpoint in --output-dir; starts fresh when the folder is empty) or a checkpoint folder",
     )
     report_to: str = arg("auto", "tracker: tensorboard, none, or auto (tensorboard when installed)", choices=REPORT_TO)
-    num_workers: int = arg(0, "DataLoader worker processes building the batches ahead (the same batches as with 0)")
+    num_workers: int = arg(
+        0,
+        "DataLoader worker processes building the batches ahead, or with --streaming the processes tokenizing the "
+        "stream (the same batches as with 0)",
+    )
     sample_prompt: str | None = arg(
         None,
         "at the end, reload the final folder with its Auto class and print a sample for this prompt (generated text; "
@@ -220,12 +229,30 @@ TEXT_SETTINGS = ("dataset", "dataset_config", "max_documents")  # what --data-di
 
 
 def check_data_source(values: typing.Mapping[str, Any]) -> None:
-    """--data-dir trains on shards already tokenized: the settings that choose text to tokenize cannot apply."""
+    """--data-dir trains on shards already tokenized: the settings that choose text to tokenize cannot apply.
+    --streaming reads --dataset as it trains: it needs one, and a tokenizer made before (training one would read the
+    whole stream first)."""
     given = [f"--{name.replace('_', '-')}" for name in TEXT_SETTINGS if values.get(name) is not None]
-    if values.get("data_dir") is not None and given:
+    if values.get("data_dir") is not None and (given or values.get("streaming")):
+        given += ["--streaming"] if values.get("streaming") else []
         raise PretrainingError(
             f"--data-dir trains on shards `coreformer tokenize` made, and {', '.join(given)} choose(s) text to "
             f"tokenize: drop {' and '.join(given)}, or drop --data-dir to read the text."
+        )
+    if not values.get("streaming"):
+        return
+    if values.get("dataset") is None:
+        raise PretrainingError(
+            "--streaming reads --dataset as a stream, and none is given: pass --dataset FILES or a Hub name (the "
+            "embedded corpus is read whole)."
+        )
+    if values.get("max_documents") is not None:
+        raise PretrainingError("--max-documents cuts a dataset read whole; drop it, or drop --streaming.")
+    if values.get("tokenizer") is None:
+        raise PretrainingError(
+            "--streaming needs --tokenizer (a tokenizer folder or Hub name): training one would read the whole stream "
+            "before the first step. Train one with a short run on a sample (its --output-dir holds it), or pass a "
+            "previous run's folder."
         )
 
 

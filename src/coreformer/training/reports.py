@@ -56,16 +56,19 @@ def model_card_info(args: Any, metrics: dict[str, Any]) -> ModelCardInfo:
     which also go into the card's model-index (the objective's `card_metrics` on the held-out split)."""
     family, objective = TRAINING_FACTS[args.family], OBJECTIVES[args.objective]
     hub_dataset = args.dataset if args.dataset and is_hub_id(args.dataset) else None
-    if args.dataset is None:
+    if args.data_dir is not None:
+        dataset_description = f"the token shards in `{args.data_dir}` (`coreformer tokenize`)"
+    elif args.dataset is None:
         dataset_description = "the Python standard library's own source files (coreformer's embedded corpus)"
     else:
         dataset_description = f"`{args.dataset}`" + (f" ({args.dataset_config})" if args.dataset_config else "")
     tokens_per_second = f"{metrics['tokens_per_second']:,.0f}" if metrics["tokens_per_second"] else "n/a"
+    epochs = f"{metrics['epochs']:.3g} epochs" if metrics["epochs"] is not None else "streamed"
     numbers = held_out_numbers(metrics["history"]["eval"][-1], objective.card_metrics)
     summary = (
         f"A {family.description} with {metrics['num_parameters']:,} parameters, pretrained from scratch with "
         f"`coreformer pretrain` on {dataset_description} ({objective.name} objective). After "
-        f"{metrics['steps']} steps ({metrics['tokens_seen']:,} training tokens, {metrics['epochs']:.3g} epochs, "
+        f"{metrics['steps']} steps ({metrics['tokens_seen']:,} training tokens, {epochs}, "
         f"{tokens_per_second} tokens/s on {metrics['device']}) the held-out numbers are: {numbers} (losses in nats "
         f"per token, over {metrics['final_eval_tokens']:,} held-out label tokens). The architecture is coreformer's "
         f"({family.config_class.__name__})."

@@ -51,6 +51,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from coreformer_settings.data_sources import local_builder
 from coreformer_settings.evaluation import DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, DEFAULT_PAIRS
+from coreformer_settings.evaluation import HELD_OUT_DOCUMENTS as MAX_DOCUMENTS
 from coreformer_settings.objectives import OBJECTIVE_REGISTRY, objective_settings
 from coreformer_settings.tokenizing import ShardsError
 
@@ -60,10 +61,10 @@ from .data import load_embedded_corpus, load_text_dataset, pad_sequences
 from .families import TRAINING_FACTS as FAMILY_FACTS
 from .families import family_of, head_class, longest_input
 from .shards import ShardedTokens
+from .streaming import StreamedText
 
 EVAL_MLM_PROBABILITY = 0.15  # BERT's rate, whatever the run trained with
 EVAL_MASK_RATIO, EVAL_POISSON_LAMBDA = 0.3, 3.0  # BART's text infilling
-MAX_DOCUMENTS = 400  # held-out documents read: enough lines and batches for the defaults
 LINE_TOKENS = (4, 40)  # lines of this many tokens (without special tokens) make pairs
 REPLACEMENTS_TRIED = 24  # replacement words tried per line for one with the original's token count
 ENCODER_ROWS = 128  # masked copies per forward of the pseudo-log-likelihood
@@ -444,6 +445,9 @@ def held_out_texts(folder: str | Path, data: tuple[str, ...] = ()) -> tuple[list
         return texts[:MAX_DOCUMENTS], "the embedded corpus' held-out split (the folder records no training text)"
     if settings.get("data_dir"):
         return _held_out_shards(folder, settings["data_dir"])
+    if settings.get("streaming"):  # read as the run read it: streamed, up to the documents it held out
+        texts = StreamedText(SimpleNamespace(**settings), rank=0, world=1).held_out()
+        return texts[:MAX_DOCUMENTS], f"the held-out split of the run's training text ({settings['dataset']}, streamed)"
     try:
         split = load_text_dataset(
             settings.get("dataset"),

@@ -1,7 +1,7 @@
 """The protocol every pretraining objective follows: what the run asks of it, with the defaults most share.
 
     Objective.examples(split, tokenizer, args)     text -> the examples its collator takes
-    Objective.sharded_examples(tokens, tokenizer, args)   the same examples from token shards (--data-dir)
+    Objective.sharded_examples(tokens, tokenizer, args)   the same examples from token ids (shards, a streamed chunk)
     Objective.packing(args) / packs_documents(args)   the run's --packing, checked against the objective's `packings`
     Objective.collator(tokenizer, args)            a seeded collator: examples -> a batch of tensors
     Objective.required_tokens                      special tokens the tokenizer must have
@@ -32,8 +32,7 @@ from ..arguments import PretrainingError
 from ..data import pack_windows, special_tokens_around, tokenize_dataset
 from ..families import head_class
 from ..flops import flops_per_token, head_parameters, matmul_parameters
-from ..shard_examples import PackedRows, ShardWindows
-from ..shards import ShardedTokens
+from ..shard_examples import Documents, PackedRows, ShardWindows
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class Objective(ABC):
         windows = tokenize_dataset(split, tokenizer, max_length=args.block_size)
         return pack_windows(windows, args.block_size) if self.packs_documents(args) else windows
 
-    def sharded_examples(self, tokens: ShardedTokens, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:
+    def sharded_examples(self, tokens: Documents, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:
         """`examples` read from a shard split by index (shard_examples.py): the same windows and packed rows."""
         prefix, suffix = special_tokens_around(tokenizer)
         width = args.block_size - len(prefix) - len(suffix)

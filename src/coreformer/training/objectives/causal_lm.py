@@ -25,8 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..data import as_ids, pack_windows, packed_rows, pad_sequences, row_documents, tokenize_dataset
 from ..families import families_with_language_model
-from ..shard_examples import PackedRows, ShardBlocks, ShardWindows
-from ..shards import ShardedTokens
+from ..shard_examples import Documents, PackedRows, ShardBlocks, ShardWindows
 from .base import Objective, load_for_sample, sampled_text
 
 
@@ -175,7 +174,7 @@ class CausalLM(Objective):
         windows = document_windows(tokenized, args.block_size, eos_token_id=tokenizer.eos_token_id)
         return pack_windows(windows, args.block_size) if self.packs_documents(args) else windows
 
-    def sharded_examples(self, tokens: ShardedTokens, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:
+    def sharded_examples(self, tokens: Documents, tokenizer: PreTrainedTokenizerBase, args: Any) -> Any:
         eos = tokenizer.eos_token_id
         if self.packing(args) == "concatenated":
             return ShardBlocks(tokens, args.block_size, separator=eos)

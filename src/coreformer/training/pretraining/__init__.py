@@ -51,14 +51,22 @@ from typing import Any
 from ...compat import enable_activation_checkpointing
 from ...hub.folders import drop_set_aside, restore_set_aside, set_aside, set_aside_path
 from ..arguments import RUN_CONFIG, PretrainingError, RunStoppedError, write_json
-from ..batches import GlobalBatches, strided_loader
+from ..batches import GlobalBatches
 from ..checkpoints import find_latest_checkpoint, read_trainer_state, remove_stale_temporaries, stopped_message
 from ..engine import Engine, requested_engine, resolve_engine
 from ..optimizers import build_optimizer, build_schedule, check_run_optimizer
-from ..reports import checkpoint_plan_line, data_line
+from ..reports import checkpoint_plan_line
 from ..threads import choose_threads
 from ..tokenizer_training import tokenizer_name, train_tokenizer
-from .inputs import Corpus, build_collator, build_model_config, load_tokenizer, open_corpus, shared_tokenizer
+from .inputs import (
+    BatchShare,
+    Corpus,
+    build_collator,
+    build_model_config,
+    load_tokenizer,
+    open_corpus,
+    shared_tokenizer,
+)
 from .loop import finish, train
 from .run import PretrainingArguments, _Run, _Training, resolve_arguments
 from .run_folder import check_checkpoint_engine, check_world_size, resolve_resume
@@ -131,14 +139,14 @@ def prepare(args: PretrainingArguments) -> _Run:
     if resume is not None:
         check_checkpoint_engine(resume, state, engine)
     check_run_optimizer(args, engine, state)
-    corpus = open_corpus(args)
+    corpus = open_corpus(args, accelerator)
     tokenizer, tokenizer_name = _run_tokenizer(args, accelerator, resume, state, corpus)
     config = build_model_config(args, tokenizer)
     with accelerator.main_process_first():  # a dataset on disk: the main process writes the map caches, others read
         train_examples = corpus.examples("train", tokenizer, args)
         eval_examples = corpus.examples("validation", tokenizer, args)
     for name, examples in (("training", train_examples), ("held-out", eval_examples)):
-        if len(examples) == 0:
+        if examples is not None and len(examples) == 0:  # (a stream's training rows are made as it is read)
             raise PretrainingError(
                 f"The {name} split gives no example of --block-size {args.block_size} tokens; use more text or a "
                 f"smaller --block-size."
@@ -151,7 +159,7 @@ def prepare(args: PretrainingArguments) -> _Run:
         f"{accelerator.device}; {tracker_line}"
     )
     accelerator.print(engine.line(choose_threads(args.threads).apply()))
-    accelerator.print(data_line(corpus.documents(), len(train_examples), args.block_size))
+    accelerator.print(corpus.data_line(train_examples, args.block_size))
     accelerator.print(checkpoint_plan_line(args.save_every, args.max_steps, state["step"] if state else 0))
     return _Run(
         args,
@@ -166,6 +174,7 @@ def prepare(args: PretrainingArguments) -> _Run:
         eval_examples,
         engine,
         corpus.held_out_texts(tokenizer),
+        corpus,
     )
 
 
@@ -267,19 +276,12 @@ def build(run: _Run) -> _Training:
     accelerator.init_trackers("pretrain", config=tracker_hparams(args))
 
     collator = build_collator(run.tokenizer, args)
-    train_batches = GlobalBatches(
-        run.train_examples, collator, args.batch_size, seed=args.seed, stream="train", shuffle=True
-    )
     world, rank = accelerator.num_processes, accelerator.process_index
-    training.data = iter(
-        strided_loader(  # global batch g = consumed + j * world + rank
-            train_batches,
-            training.consumed + rank,
-            world,
-            num_workers=args.num_workers,
-            pin_memory=accelerator.device.type == "cuda",
-        )
-    )
+    share = BatchShare(  # global batch g = consumed + j * world + rank
+        args, run.tokenizer, collator, training.consumed + rank, world, rank, run.state,
+        pin_memory=accelerator.device.type == "cuda",
+    )  # fmt: skip
+    training.data = run.corpus.training_batches(run.train_examples, share)
     eval_pool = run.eval_examples.shuffle(seed=args.seed) if len(run.eval_examples) > 1 else run.eval_examples
     eval_source = GlobalBatches(eval_pool, collator, args.batch_size, seed=args.seed, stream="eval", shuffle=False)
     eval_count = max(1, min(args.eval_batches, len(eval_pool) // args.batch_size))

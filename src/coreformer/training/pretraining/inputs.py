@@ -1,9 +1,10 @@
 """A pretraining run's inputs, checked before its first write (the driver's `prepare` and `build` call these).
 
     load_tokenizer / load_dataset_splits     a tokenizer or the text splits, their errors as one PretrainingError
-    open_corpus(args) -> TextCorpus | ShardCorpus   where the run's documents come from (--dataset or --data-dir),
-                                             each giving the objective's examples of a split, the held-out text and
-                                             the tokenizer the documents need
+    open_corpus(args, accelerator) -> Corpus    where the run's documents come from: TextCorpus (--dataset, or the
+                                             embedded corpus), ShardCorpus (--data-dir) or StreamCorpus (--streaming);
+                                             each gives the objective's examples, this process's training batches,
+                                             the held-out text and the tokenizer the documents need
     shared_tokenizer                         a tokenizer trained once on the main process and handed to the others
     build_collator / build_model_config      the objective's collator; the family config, checked against
                                              --block-size and --packing (check_packing)
@@ -14,9 +15,11 @@ Each raises one PretrainingError naming the problem and the fix; nothing here wr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +27,20 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from coreformer_settings.evaluation import HELD_OUT_DOCUMENTS
 from coreformer_settings.tokenizing import check_shard_folder, shard_tokenizer
 
 from ...hub.folders import MissingTokenizerError, folder_tokenizer
 from ...layer_types import LAYER_TYPES
 from ..arguments import PretrainingError
+from ..batches import GlobalBatches, strided_loader
 from ..data import iter_texts, load_text_dataset
 from ..families import TRAINING_FACTS, longest_input
 from ..objectives import Objective
+from ..reports import data_line
 from ..shards import ShardedTokens, check_tokenizer
+from ..streaming import CHUNK_DOCUMENTS, StreamedBatches, StreamedText, StreamPosition
 from ..tokenizer_training import token_config_kwargs
-from ..zero_shot import MAX_DOCUMENTS
 from .run import PretrainingArguments
 
 
@@ -75,7 +81,46 @@ def load_dataset_splits(args: PretrainingArguments) -> datasets.DatasetDict:
         ) from error
 
 
-class TextCorpus:
+@dataclass(frozen=True)
+class BatchShare:
+    """What a process's training batches are made with: global batches start, start + step, ... (start = the
+    batches consumed + this process's rank, step = the number of processes), and the resumed checkpoint's state."""
+
+    args: PretrainingArguments
+    tokenizer: PreTrainedTokenizerBase
+    collator: Any
+    start: int
+    step: int
+    rank: int
+    state: dict[str, Any] | None
+    pin_memory: bool
+
+
+class _IndexedCorpus:
+    """A corpus whose training examples are rows by index: batch g is rows [g * B, (g + 1) * B) of the run's
+    shuffled order (batches.py), whichever process builds it."""
+
+    def documents(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def data_line(self, train_examples: Any, block_size: int) -> str:
+        return data_line(self.documents(), len(train_examples), block_size)
+
+    def training_batches(self, train_examples: Any, share: BatchShare) -> typing.Iterator[tuple[int, dict]]:
+        """Global batches start, start + step, ... (this process's share when step is the world size)."""
+        args = share.args
+        batches = GlobalBatches(
+            train_examples, share.collator, args.batch_size, seed=args.seed, stream="train", shuffle=True
+        )
+        return iter(
+            strided_loader(batches, share.start, share.step, num_workers=args.num_workers, pin_memory=share.pin_memory)
+        )
+
+    def position(self, data: Any) -> None:
+        """Nothing to record: the global batch number is the position."""
+
+
+class TextCorpus(_IndexedCorpus):
     """Documents as text (--dataset, or the embedded corpus), loaded whole; the objective tokenizes each split."""
 
     def __init__(self, args: PretrainingArguments):
@@ -95,10 +140,10 @@ class TextCorpus:
         return args.spec.examples(self.splits[split], tokenizer, args)
 
     def held_out_texts(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
-        return self.splits["validation"][:MAX_DOCUMENTS]["text"]
+        return self.splits["validation"][:HELD_OUT_DOCUMENTS]["text"]
 
 
-class ShardCorpus:
+class ShardCorpus(_IndexedCorpus):
     """Documents as token ids (--data-dir, `coreformer tokenize`'s folder), read by memory map: the objective's
     examples are tables over them (shard_examples.py), and only the tokenizer they were made with may read them."""
 
@@ -122,14 +167,71 @@ class ShardCorpus:
     def held_out_texts(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
         """The held-out documents decoded (the zero-shot report reads text: minimal pairs are made of lines)."""
         validation = self.tokens["validation"]
-        return [tokenizer.decode(validation[index]) for index in range(min(MAX_DOCUMENTS, len(validation)))]
+        return [tokenizer.decode(validation[index]) for index in range(min(HELD_OUT_DOCUMENTS, len(validation)))]
 
 
-Corpus = TextCorpus | ShardCorpus
+class StreamCorpus:
+    """Documents streamed from --dataset (--streaming, streaming.py): each process reads its share and tokenizes it as
+    training goes; the held-out documents are read once and laid out as text's are."""
+
+    saved_tokenizer = None  # --streaming needs --tokenizer (checked with the settings)
+
+    def __init__(self, args: PretrainingArguments, accelerator: Any):
+        self.text = StreamedText(args, accelerator.process_index, accelerator.num_processes)
+        self.held_out = self.text.held_out()
+        self.source = args.dataset
+
+    def tokenizer_texts(self) -> typing.Iterable[str]:
+        raise AssertionError("--streaming needs --tokenizer; none is trained")
+
+    def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Any tokenizer reads text."""
+
+    def examples(self, split: str, tokenizer: PreTrainedTokenizerBase, args: PretrainingArguments) -> Any:
+        """The held-out examples, from the held-out text as a text run makes them; None for training (its rows are
+        made as the stream is read)."""
+        if split == "train":
+            return None
+        return args.spec.examples(datasets.Dataset.from_dict({"text": self.held_out}), tokenizer, args)
+
+    def data_line(self, train_examples: Any, block_size: int) -> str:
+        return (
+            f"data: streaming {self.source}: each process tokenizes its share of the training documents as it trains, "
+            f"{CHUNK_DOCUMENTS:,} at a time, into examples of up to {block_size} tokens; {len(self.held_out):,} "
+            f"documents held out"
+        )
+
+    def training_batches(self, train_examples: Any, share: BatchShare) -> StreamedBatches:
+        """This process's micro-batches from the stream, from where the resumed checkpoint says it stopped."""
+        position, state = StreamPosition(), share.state
+        if state is not None:
+            if state["world_size"] != share.step:
+                raise PretrainingError(
+                    f"A streamed run resumes on the number of processes it ran on ({state['world_size']}; this run has "
+                    f"{share.step}): each process reads its own share of the stream. Launch {state['world_size']} "
+                    f"processes."
+                )
+            position = StreamPosition(**state["stream_positions"][share.rank])
+        return StreamedBatches(
+            self.text, share.args.spec, share.tokenizer, share.collator, share.args, start=share.start,
+            step=share.step, position=position, num_workers=share.args.num_workers,
+        )  # fmt: skip
+
+    def position(self, data: StreamedBatches) -> dict[str, int]:
+        """Where this process's next micro-batch starts (a checkpoint records every process's)."""
+        return dataclasses.asdict(data.next_position)
+
+    def held_out_texts(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+        return self.held_out
 
 
-def open_corpus(args: PretrainingArguments) -> Corpus:
-    return ShardCorpus(args) if args.data_dir is not None else TextCorpus(args)
+Corpus = TextCorpus | ShardCorpus | StreamCorpus
+
+
+def open_corpus(args: PretrainingArguments, accelerator: Any) -> Corpus:
+    if args.data_dir is not None:
+        return ShardCorpus(args)
+    return StreamCorpus(args, accelerator) if args.streaming else TextCorpus(args)
 
 
 def build_collator(tokenizer: PreTrainedTokenizerBase, args: PretrainingArguments) -> Any:

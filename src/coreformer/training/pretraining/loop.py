@@ -148,6 +148,11 @@ def _save_checkpoint(run: _Run, training: _Training) -> None:
         "history": training.history,
         "args": dataclasses.asdict(run.args),
     }
+    position = run.corpus.position(training.data)
+    if position is not None:  # a streamed run: where each process's next micro-batch starts
+        from accelerate.utils import gather_object
+
+        trainer_state["stream_positions"] = gather_object([position])  # in rank order; [position] on one process
     save_checkpoint(
         run.accelerator,
         training.model,
@@ -232,6 +237,7 @@ def _metrics(run: _Run, training: _Training) -> dict[str, Any]:
     device_name = torch.cuda.get_device_name(accelerator.device) if accelerator.device.type == "cuda" else "CPU"
     tokens_per_second = training.session_tokens / training.train_time if training.train_time else None
     last_eval, world = history["eval"][-1], accelerator.num_processes
+    rows = len(run.train_examples) if run.train_examples is not None else None
     metrics: dict[str, Any] = {
         "family": args.family,
         "preset": args.preset,
@@ -249,9 +255,10 @@ def _metrics(run: _Run, training: _Training) -> dict[str, Any]:
         "examples_per_step": args.batch_size * args.grad_accum * world,
         "block_size": args.block_size,
         "tokens_seen": training.tokens_seen,
-        "training_rows": len(run.train_examples),  # the training split's examples of --block-size tokens at most
+        # the training split's examples of --block-size tokens at most (None streamed: made as the stream is read)
+        "training_rows": rows,
         # Passes over the training split (rows read / its rows), as Trainer's "epoch": past 1, text is read again.
-        "epochs": training.consumed * args.batch_size / len(run.train_examples),
+        "epochs": training.consumed * args.batch_size / rows if rows else None,
         "tokens_per_second": tokens_per_second,
         # torch's threads in each process (training/threads.py): float sums run in another order on another count,
         # so a run reproduces another to the last digit only on the same count
@@ -303,8 +310,9 @@ def finish(run: _Run, training: _Training, session_start: float) -> dict[str, An
         first, last = training.history["eval"][0], training.history["eval"][-1]
         speed = f"{metrics['tokens_per_second']:,.0f} tokens/s" if training.session_tokens else "no steps this session"
         extra = held_out_numbers(last, run.objective.metrics_beside_loss)
+        epochs = f"{metrics['epochs']:.3g} epochs" if metrics["epochs"] is not None else "streamed"
         accelerator.print(
-            f"done: {training.step} steps ({metrics['epochs']:.3g} epochs), held-out loss of the objective as trained "
+            f"done: {training.step} steps ({epochs}), held-out loss of the objective as trained "
             f"{first['loss']:.4f} -> {last['loss']:.4f} ({extra}), {speed}; wrote {output_dir}"
         )
         if metrics["zero_shot"]:

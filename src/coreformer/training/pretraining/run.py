@@ -128,10 +128,12 @@ class _Run:
     tokenizer: PreTrainedTokenizerBase
     tokenizer_name: str
     config: Any
-    train_examples: datasets.Dataset | ShardTable  # rows by index (GlobalBatches): text examples or shard tables
+    # rows by index (GlobalBatches): text examples or shard tables; None when streamed (rows made as it is read)
+    train_examples: datasets.Dataset | ShardTable | None
     eval_examples: datasets.Dataset | ShardTable
     engine: Engine  # what runs (engine.py): recorded in metrics.json and every checkpoint
     held_out: list[str]  # the held-out split's first documents as text, which the final zero-shot report scores
+    corpus: Any  # inputs.Corpus: where the documents come from, which makes this process's training batches
 
     @property
     def output_dir(self) -> Path:
