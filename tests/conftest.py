@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.version import Version
@@ -133,6 +134,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for a whole test file (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): runs
+    compared bit for bit with child processes (OMP_NUM_THREADS=1) need the same thread count, and one thread is also
+    the fastest for tiny shapes on a busy 2-core machine."""
+    import torch  # here, not above: the controller starts the workers before any test imports torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(params=FAMILIES)

@@ -22,6 +22,8 @@ from trl import SFTConfig, SFTTrainer
 import coreformer as cf
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
+
 ATOL = 1e-5
 LENGTHS = (6, 11, 4, 8)
 FLATTENING = {
@@ -31,14 +33,6 @@ FLATTENING = {
     "seq-idx": {"return_seq_idx": True},
 }
 HEADS = {"decoder": cf.CoreformerDecoderForCausalLM, "encoder": cf.CoreformerEncoderForMaskedLM}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _examples(family: str) -> list[dict[str, list[int]]]:

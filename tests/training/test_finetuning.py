@@ -75,14 +75,6 @@ TINY_RUN.update(max_length=64, max_target_length=16, logging_steps=2, seed=0)
 TIMING_KEYS = ("_runtime", "_per_second", "_time")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _texts() -> list[str]:
     """Every string of the embedded datasets: the tokenizers below know the words the tasks use."""
     texts = []
@@ -669,6 +661,8 @@ def test_sigkill_while_saving_a_rerun_leaves_the_previous_run(bases, tmp_path):
 INTERRUPTED_FINETUNE = """
 import pathlib, runpy, sys, time
 import transformers
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
 
 marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
 original = transformers.Trainer.training_step

@@ -23,6 +23,8 @@ from coreformer.training.tasks.causal_lm import SeparateDocumentsCollator
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 from coreformer_settings.base import FinetuningError
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
+
 ATOL = 1e-5
 LENGTHS = (5, 9, 3)
 TOKEN_CLASSIFIERS = {
@@ -35,14 +37,6 @@ BASES = {
 }
 TINY_RUN = dict(max_steps=4, batch_size=8, eval_batch_size=8, max_train_examples=32, max_eval_examples=12, lr=3e-3)
 TINY_RUN.update(max_length=64, logging_steps=1, seed=0, save_every=0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _examples(seed: int = 0) -> list[dict[str, list[int]]]:

@@ -51,15 +51,11 @@ RUN.update(max_eval_examples=8, max_length=48, lr=3e-3, logging_steps=1, seed=0,
 NOT_COMPARED = ("_runtime", "_per_second", "_time")  # wall-clock numbers
 # One worker runs the whole file: its module fixtures (the uninterrupted and the killed run) are built once, not once
 # per xdist worker.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("finetuning_resume")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.xdist_group("finetuning_resume"),
+]
 
 
 @pytest.fixture(scope="module")

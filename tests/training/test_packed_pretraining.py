@@ -19,18 +19,12 @@ from coreformer.training.pretraining.inputs import build_model_config, input_tok
 from coreformer.training.tokenizer_training import train_tokenizer
 from coreformer_settings.base import PretrainingError
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
+
 datasets.disable_progress_bars()
 
 FAMILY_OF = {"masked-lm": "encoder", "electra": "encoder", "causal-lm": "decoder", "denoising": "seq2seq"}
 AUTO_CLASS = {"encoder": "AutoModelForMaskedLM", "decoder": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,8 @@ from coreformer_settings.base import PretrainingError
 from coreformer_settings.pretraining import PRESETS
 from coreformer_settings.registries import FAMILY_NAMES
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
+
 datasets.disable_progress_bars()
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,16 +111,6 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def train_losses(metrics: dict) -> list[float]:
     return [record["loss"] for record in metrics["history"]["train"]]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Bit-identical comparisons between this process and children need one thread count (children get
-    OMP_NUM_THREADS=1); one thread is also the fastest for these tiny shapes on a busy 2-core machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

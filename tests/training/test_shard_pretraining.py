@@ -29,20 +29,14 @@ from coreformer.training.zero_shot import held_out_texts
 from coreformer_settings.base import PretrainingError
 from coreformer_settings.tokenizing import MANIFEST, TOKENIZER_DIR, TokenizeSettings
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
+
 datasets.disable_progress_bars()
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
 FRACTION, SEED = 0.2, 0
 FAMILY_OF = {"masked-lm": "encoder", "electra": "encoder", "causal-lm": "decoder", "denoising": "seq2seq"}
 OBJECTIVE_PACKINGS = [(name, packing) for name in FAMILY_OF for packing in OBJECTIVES[name].packings]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

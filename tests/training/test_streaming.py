@@ -32,6 +32,8 @@ from coreformer.training.tokenizer_training import train_tokenizer
 from coreformer_settings.base import PretrainingError
 from coreformer_settings.objectives import objective_settings
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
+
 datasets.disable_progress_bars()
 
 PRETRAIN = Path(__file__).resolve().parents[2] / "training" / "pretrain.py"
@@ -40,14 +42,6 @@ WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu x
 FAMILY_OF = {"masked-lm": "encoder", "causal-lm": "decoder", "denoising": "seq2seq"}
 OBJECTIVE_PACKINGS = [(name, packing) for name in FAMILY_OF for packing in OBJECTIVES[name].packings]
 SETTINGS = dict(text_column="text", validation_fraction=0.2, seed=0, dataset_config=None)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

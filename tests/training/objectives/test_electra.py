@@ -49,13 +49,7 @@ from coreformer.training.pretraining.run import PretrainingArguments
 from coreformer.training.reports import held_out_numbers
 from coreformer_settings.objectives import objective_settings
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
 
 
 def electra_settings(**overrides) -> dict:
