@@ -1,6 +1,7 @@
 """The data order of a pretraining run: global batch numbers, and the loader that hands each process its share.
 
     derive_seed(seed, stream, index)     a seed for item `index` of a named stream, the same on every machine
+    reseeded(collator, seed)             a seeded collator drawing from `seed` alone (batch g's masks and dropout)
     GlobalBatches                        global batch number g -> (g, collated batch)
     strided_loader(batches, start, step, ...)    a DataLoader over g = start, start + step, ... without end
 
@@ -28,7 +29,7 @@ def derive_seed(seed: int, stream: str, index: int) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-def _reseeded(collator: Any, seed: int) -> Any:
+def reseeded(collator: Any, seed: int) -> Any:
     """A copy of a seeded collator (MLM, denoising) drawing from `seed` alone, in the loop's process or a loader
     worker alike; others as they are."""
     return collator.pinned(seed) if isinstance(collator, SeededCollator) else collator
@@ -63,7 +64,7 @@ class GlobalBatches(torch.utils.data.Dataset):
         start = g * self.batch_size
         rows = self.dataset[[self._index(position) for position in range(start, start + self.batch_size)]]
         examples = [dict(zip(rows, values)) for values in zip(*rows.values())]
-        return g, _reseeded(self.collator, derive_seed(self.seed, self.stream, g))(examples)
+        return g, reseeded(self.collator, derive_seed(self.seed, self.stream, g))(examples)
 
 
 class _Strided(torch.utils.data.Sampler):

@@ -44,7 +44,7 @@ from coreformer_settings.data_sources import local_builder
 from coreformer_settings.evaluation import HELD_OUT_DOCUMENTS
 
 from .arguments import PretrainingError
-from .batches import _reseeded, derive_seed
+from .batches import derive_seed, reseeded
 from .shard_examples import DocumentIds
 from .shards import Encoder, encoded_chunks, is_held_out, token_dtype, vocabulary_size
 
@@ -148,7 +148,7 @@ class StreamedBatches:
     def __next__(self) -> tuple[int, dict[str, Any]]:
         rows = [next(self._rows) for _ in range(self.args.batch_size)]
         g, self.g = self.g, self.g + self.step
-        return g, _reseeded(self.collator, derive_seed(self.args.seed, "train", g))(rows)
+        return g, reseeded(self.collator, derive_seed(self.args.seed, "train", g))(rows)
 
     def _chunks(self, first: int) -> Iterator[_Chunk]:
         """The share's documents in chunks, from chunk `first` on (the ones before are read and dropped)."""
