@@ -12,9 +12,9 @@ is dispatched through transformers' `ALL_ATTENTION_FUNCTIONS` (sdpa, flex_attent
 Each layer also has a type (`config.layer_types`, the table in `layer_types.py`). Some types differ only in the mask
 the stack builds for them; a type that computes more has a kernel (`layer_kernel.LayerKernel`) that this core calls
 at fixed points: extra weights at construction, keys/values projected before the scores, the scores themselves
-instead of the backend, its own probabilities. Whether a kernel runs is decided once per forward by the stack's plan
-(`forward_plan.LayerPlan.kernel`): sparse kernels that compute what their mask computes run under sdpa without a
-cache, the others on every call.
+instead of the backend, its own probabilities, the heads combined after the scores (differential attention).
+Whether a kernel runs is decided once per forward by the stack's plan (`forward_plan.LayerPlan.kernel`): sparse
+kernels that compute what their mask computes run under sdpa without a cache, the others on every call.
 
 Three options of every layer sit around the score computation (config fields, all off by default):
 
@@ -394,6 +394,8 @@ class Attention(nn.Module):
                 sliding_window=self.sliding_window,
                 **kwargs,
             )
+        if plan.kernel and self.kernel is not None:  # differential attention: the two maps' outputs subtracted
+            output = self.kernel.combine(self, output)
         if plan.output_attentions and weights is None:
             weights = self._probabilities(query, key, plan)
         if plan.unpadding is not None:
@@ -431,9 +433,10 @@ class Attention(nn.Module):
             cached_key, cached_value = cache.update(key, value, self.layer_idx)
             if self.is_cross_attention:
                 past_key_values.is_updated[self.layer_idx] = True
-            # A prefill into an empty cache gets back the same keys, copied head-major; the kernels read the
-            # token-major projections as views, so they keep those (a copy of each at 16k tokens otherwise).
-            if kernel is None:
+            # A prefill into an empty cache gets back the same keys, copied head-major; the kernels that run on
+            # prefills only read the token-major projections as views, so they keep those (a copy of each at 16k
+            # tokens otherwise). Kernels that run while decoding (`cached_keys`) read every cached key.
+            if kernel is None or kernel.cached_keys:
                 key, value = cached_key, cached_value
         if kernel is not None:
             key, value, mask = kernel.project(self, key, value, mask)

@@ -125,7 +125,13 @@ class CoreformerConfig(PreTrainedConfig):
                        hashed into buckets and each query sees the `lsh_bucket_size` nearest tokens of its bucket
                        (earlier ones in a decoder), over `lsh_num_hashes` rounds; O(L log L);
             "block"    block-diagonal local attention: each query sees the keys of its own block of `block_size`
-                       positions (counted from the start of the row; earlier ones in a decoder).
+                       positions (counted from the start of the row; earlier ones in a decoder);
+            "differential"  differential attention (Ye et al. 2024), as transformers' DiffLlama: two softmax maps
+                       subtracted with a learned λ, each pair of query heads one head of twice the value width,
+                       RMS-normalised; `num_key_value_heads` even;
+            "sigmoid"  sigmoid attention (Ramapuram et al. 2024): each visible key weighted by
+                       sigmoid(q·k / sqrt(d) - log `sigmoid_length`), no normalisation over keys; a dense kernel
+                       under every backend.
 
     Args: Efficient kernels (the parameters of the layer types above)
         sliding_window: Tokens a "sliding" layer sees on each side of the query (the query itself comes on top).
@@ -141,6 +147,10 @@ class CoreformerConfig(PreTrainedConfig):
         lsh_num_buckets: Buckets per hash round of "lsh" layers, even (Reformer's `num_buckets`).
         lsh_hash_seed: Seed of the random rotations of "lsh" layers, drawn at initialisation (layer i: seed + i) and
             saved with the weights.
+        lambda_std_dev: Standard deviation of the initial λ vectors of "differential" layers (`lambda_q1`,
+            `lambda_k1`, `lambda_q2`, `lambda_k2`), DiffLlama's field.
+        sigmoid_length: n of the bias -log n of "sigmoid" layers: the sequence length the model trains on (the
+            paper sets the bias from it, a constant); `None` means `max_position_embeddings`.
 
     Args: Heads and tasks
         tie_word_embeddings: The LM head shares its weight with the input embedding.
@@ -216,6 +226,8 @@ class CoreformerConfig(PreTrainedConfig):
     lsh_num_hashes: int = 1
     lsh_num_buckets: int = 32
     lsh_hash_seed: int = 0
+    lambda_std_dev: float = 0.1
+    sigmoid_length: int | None = None
     # heads and tasks
     tie_word_embeddings: bool = True
     lm_head_transform: bool = False
@@ -548,7 +560,8 @@ def tensor_parallel_plan(config: CoreformerConfig) -> dict[str, str] | None:
     segment, not by token, and stay whole on every rank, as does the MLM transform. Layer types need nothing
     more: each head attends on its own in every type, and the sequence-side pieces (Linformer's E/F,
     Performer's features) are shared by all heads, so they stay whole on every rank. As for Llama, the number of
-    ranks must divide `num_key_value_heads`."""
+    ranks must divide `num_key_value_heads`. "differential" layers refuse it when they run: they pair head i with
+    head i + H/2, which a split by columns puts on different ranks."""
     family = MODEL_TYPES.get(config.model_type)
     if family is None:
         return None
@@ -677,7 +690,8 @@ def check_attention_options(config: CoreformerConfig) -> None:
         softmax_types = [name for name, entry in LAYER_TYPES.items() if not entry.kernel or entry.dense_fallback]
         raise ValueError(
             f"`attention_sinks` adds a learned logit to the softmax over the keys, but {own_scores} layers compute "
-            f"their own scores in a kernel: use {softmax_types} layers, or set attention_sinks=False."
+            f"their own scores in a kernel or combine several maps: use {softmax_types} layers, or set "
+            f"attention_sinks=False."
         )
 
 

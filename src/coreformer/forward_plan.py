@@ -218,6 +218,11 @@ def eager_view(config: CoreformerConfig) -> CoreformerConfig:
     return eager_config
 
 
+def is_eager(config: CoreformerConfig) -> bool:
+    """Whether transformers' mask builders produce eager's dense masks for `config`."""
+    return config._attn_implementation == "eager"
+
+
 def packed_documents(
     inputs: torch.Tensor,
     attention_mask: torch.Tensor | Masks | None,
@@ -561,7 +566,8 @@ class ForwardPlanner:
         Types with a mask overlay ("full", "sliding", "strided") go through transformers' mask machinery (eager,
         sdpa and flex all work; flex turns the pattern into a sparse BlockMask); types that take the padding mask
         itself (`LayerType.padding_mask_only`), and the `sparse_types` that run their kernel, get the (B, S) boolean
-        padding mask. `config`: build for another backend than the model's (`eager_view`, for recomputed
+        padding mask; types whose kernel reads eager's dense mask (`LayerType.eager_mask`) get that form under every
+        backend. `config`: build for another backend than the model's (`eager_view`, for recomputed
         probabilities). `documents`: (B, T) document ids of a packed batch, ANDed into every built mask (the stack
         decides them, so transformers is not left to find them again from the position ids).
         """
@@ -576,6 +582,7 @@ class ForwardPlanner:
                 masks[name] = attention_mask.bool() if attention_mask is not None else None
                 continue
             parameter = getattr(self.config, layer_type.parameter) if layer_type.parameter else None
+            mask_config = eager_view(config) if layer_type.eager_mask and not is_eager(config) else config
             if documents is not None and layer_type.document_overlay is not None:
                 overlay = layer_type.document_overlay(parameter, documents)  # laid out per document
             else:
@@ -584,7 +591,7 @@ class ForwardPlanner:
                 # Positional: the fourth parameter is the cache, named `past_key_values` before transformers 5.24
                 # and `cache` since (compat.CACHE_KEYWORD).
                 masks[name] = create_causal_mask(
-                    config,
+                    mask_config,
                     hidden_states,
                     attention_mask,
                     cache,
@@ -595,7 +602,10 @@ class ForwardPlanner:
                 )
             else:
                 masks[name] = create_bidirectional_mask(
-                    config=config, inputs_embeds=hidden_states, attention_mask=attention_mask, and_mask_function=overlay
+                    config=mask_config,
+                    inputs_embeds=hidden_states,
+                    attention_mask=attention_mask,
+                    and_mask_function=overlay,
                 )
         return masks
 

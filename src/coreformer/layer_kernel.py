@@ -9,9 +9,11 @@ and caches; a kernel receives them at three points of `Attention.forward`:
     project(...)               keys/values before the scores (Linformer's projections along the sequence)
     attend(...)                the scores and weighted values instead of the configured backend, (B, T, H, D)
     probabilities(...)         the (B, H, T, S) probabilities of a kernel whose form is not a softmax over keys
+    combine(...)               the heads o_proj reads, from what the backend (or `attend`) returned (differential)
 
-`keeps_cache`: the kernel reads and writes its own cache layer (the core does not put keys/values in it). This file
-is free of torch so that the configuration, which reads the layer-type table, never loads a kernel.
+`keeps_cache`: the kernel reads and writes its own cache layer (the core does not put keys/values in it).
+`cached_keys`: the kernel attends over every key the cache holds (it runs while decoding), not this call's alone. This
+file is free of torch so that the configuration, which reads the layer-type table, never loads a kernel.
 """
 
 from typing import Any
@@ -21,6 +23,7 @@ class LayerKernel:
     """Defaults: nothing extra, keys/values unchanged, the configured backend attends, softmax probabilities."""
 
     keeps_cache = False
+    cached_keys = False
 
     def build(self, attention: Any) -> None:
         """Register extra parameters/buffers on the attention module (`attention.config` holds the settings)."""
@@ -43,3 +46,7 @@ class LayerKernel:
         """(B, H, T, D) queries, (B, H, S, D) keys, the layer's plan -> (B, H, T, S); None for a softmax over the
         plan's eager-form mask."""
         return None
+
+    def combine(self, attention: Any, output: Any) -> Any:
+        """(B, T, H, D_v) attention output -> the (B, T, H, D) heads `o_proj` reads; unchanged by default."""
+        return output

@@ -8,6 +8,8 @@
     linear    (B, S) padding mask                  feature maps, O(L) (linear_attention)    coreformer_linear_attention
     lsh       (B, S) padding mask                  hash, sort, chunks (lsh_attention)       full_attention
     block     ... AND q // b == k // b             blocks of b, O(L·b) (block_attention)    full_attention
+    differential  causal / bidirectional           2 maps - λ (differential_attention)      full_attention
+    sigmoid   causal / bidirectional, eager form   sigmoid(s - log n) (sigmoid_attention)   full_attention
 
 This file is free of torch: the configuration reads it (names, parameters, cache layers, validation) without loading
 a kernel. Each kernel is named by a loader that imports its file on first use (`Attention.__init__`), so a new layer
@@ -136,6 +138,38 @@ def check_lsh(config: Any) -> None:
         )
 
 
+def differential_kernel(config: Any) -> LayerKernel:
+    from .differential_attention import DifferentialKernel
+
+    return DifferentialKernel()
+
+
+def check_differential(config: Any) -> None:
+    if config.num_key_value_heads % 2:
+        raise ValueError(
+            f"'differential' layers pair the first half of the key/value heads with the second (as DiffLlama), so "
+            f"`num_key_value_heads` must be even, got {config.num_key_value_heads}: set it to an even number (it "
+            f"divides `num_attention_heads`)."
+        )
+    if config.lambda_std_dev < 0:
+        raise ValueError(f"`lambda_std_dev` must be >= 0, got {config.lambda_std_dev}.")
+
+
+def sigmoid_kernel(config: Any) -> LayerKernel:
+    from .sigmoid_attention import SigmoidKernel
+
+    return SigmoidKernel()
+
+
+def check_sigmoid(config: Any) -> None:
+    length = config.sigmoid_length
+    if length is not None and (not isinstance(length, int) or length < 1):
+        raise ValueError(
+            f"`sigmoid_length` (n of 'sigmoid' layers' bias -log n) must be a positive integer or None "
+            f"(max_position_embeddings), got {length!r}."
+        )
+
+
 def check_stride(config: Any) -> None:
     if config.stride < 2:
         raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {config.stride}.")
@@ -163,6 +197,7 @@ class LayerType:
             from the parameter and the (B, T) document ids, keeping each document's own layout and its keys alone;
             None where the pattern depends on q - k only (the plan ANDs "same document" into `overlay`).
         padding_mask_only: the layer takes the (B, S) boolean padding mask itself, never a built mask.
+        eager_mask: the layer's kernel reads the mask in eager's dense form (float, additive) under every backend.
         kernel: config -> the type's `LayerKernel` (imported on first call); None where the mask says everything.
         dense_fallback: the kernel computes exactly what the mask computes (a sparse form of it), so the plan runs it
             only where it applies (sdpa, nothing cached) and the masked backend otherwise; without
@@ -187,6 +222,7 @@ class LayerType:
     overlay: Callable[[int], MaskFunction] | None = None
     document_overlay: Callable[[int, Any], MaskFunction] | None = None
     padding_mask_only: bool = False
+    eager_mask: bool = False
     kernel: Callable[[Any], LayerKernel] | None = None
     dense_fallback: bool = False
     not_causal: str | None = None
@@ -262,6 +298,24 @@ LAYER_TYPES: dict[str, LayerType] = {
         document_overlay=block_document_overlay,  # blocks restart at each document of a packed row
         kernel=block_kernel,
         dense_fallback=True,
+    ),
+    # Differential attention (Ye et al. 2024), as transformers' DiffLlama: the backend's softmaxes over the usual
+    # mask, two query heads per differential head; the cache holds the plain keys and values.
+    "differential": LayerType(
+        "full_attention",
+        "full_attention",
+        kernel=differential_kernel,
+        validate=check_differential,
+    ),
+    # Sigmoid attention (Ramapuram et al. 2024): no softmax for a backend to run, so its kernel computes the dense
+    # scores under every backend, over the mask in eager's form (causality, padding, documents, a static cache's
+    # empty slots); its bias is a constant, so every key is weighted alone and caches and packing are exact.
+    "sigmoid": LayerType(
+        "full_attention",
+        "full_attention",
+        eager_mask=True,
+        kernel=sigmoid_kernel,
+        validate=check_sigmoid,
     ),
 }
 

@@ -4,7 +4,7 @@ line is made with monkeypatch for the length of the test, and the member is used
 
     objective          suffix-lm: a choice of `coreformer pretrain`, its setting a flag that is checked
     task               headline-classification: a --task of `coreformer finetune`, its setting a flag that is checked
-    layer type         sigmoid: a model builds it, its kernel computes sigmoid attention over the real keys
+    layer type         relu: a model builds it, its kernel computes ReLU attention over the real keys
     native architecture   OPT: converted from a tiny OPTForCausalLM and exported back through the registry
 """
 
@@ -81,27 +81,27 @@ def test_the_task_example_is_a_task_with_a_checked_flag(tmp_path, monkeypatch):
 
 
 def test_the_layer_type_example_runs_in_a_model(tmp_path, monkeypatch):
-    toy = section_module("extending.md", "Add a layer type", "docs_sigmoid_attention", tmp_path, monkeypatch)
+    toy = section_module("extending.md", "Add a layer type", "docs_relu_attention", tmp_path, monkeypatch)
     entry = LayerType(
         "full_attention",
         "full_attention",
         padding_mask_only=True,
-        kernel=lambda config: toy.SigmoidKernel(),
+        kernel=lambda config: toy.ReluKernel(),
         not_causal="the kernel applies the padding mask only, never causality",
         packed_rows=False,
     )
-    monkeypatch.setitem(LAYER_TYPES, "sigmoid", entry)
-    # the kernel against the formula, on a padded batch: sigmoid(q·k / sqrt(d) - log n) over the n real keys
+    monkeypatch.setitem(LAYER_TYPES, "relu", entry)
+    # the kernel against the formula, on a padded batch: relu(q·k / sqrt(d)) / n over the n real keys
     query, key, value = torch.randn(3, 2, 4, 5, 8).unbind(0)  # each (B, H, T, D)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]).bool()  # (B, S)
     attention = SimpleNamespace(scaling=8**-0.5)
-    output = toy.SigmoidKernel().attend(attention, query, key, value, mask, None, LayerPlan(mask=mask))
+    output = toy.ReluKernel().attend(attention, query, key, value, mask, None, LayerPlan(mask=mask))
     for row, real in enumerate(mask.sum(1).tolist()):
         scores = query[row] @ key[row, :, :real].transpose(-1, -2) * 8**-0.5  # (H, T, n)
-        weights = torch.sigmoid(scores - torch.log(torch.tensor(float(real))))
+        weights = torch.relu(scores) / real
         torch.testing.assert_close(output[row].transpose(0, 1), weights @ value[row, :, :real])
     # in a model: built from the config, its weights returned as attentions, padded keys weighing nothing
-    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["sigmoid", "full"])
+    model = tiny_model(cf.CoreformerEncoderModel, "encoder", layer_types=["relu", "full"])
     ids, mask = padded_batch(length=8)
     with torch.no_grad():
         out = model(ids, attention_mask=mask, output_attentions=True)
@@ -109,7 +109,7 @@ def test_the_layer_type_example_runs_in_a_model(tmp_path, monkeypatch):
     assert (first[mask[:, None, None, :].expand_as(first) == 0] == 0).all()
     assert not torch.allclose(first[0].sum(-1), torch.ones(()))  # not a softmax: rows need not sum to 1
     with pytest.raises(ValueError, match="never causality"):
-        tiny_config("decoder", layer_types=["sigmoid", "full"])
+        tiny_config("decoder", layer_types=["relu", "full"])
 
 
 def test_the_native_architecture_example_converts_and_exports(tmp_path, monkeypatch):

@@ -27,15 +27,15 @@ def save(tmp_path, model, name="source"):
 
 @pytest.fixture(scope="module")
 def decoder_export(tmp_path_factory):
-    """A rotary / RMSNorm / SwiGLU / GQA causal LM with a sliding-window, a block-diagonal and a full layer, exported
-    with its check (its greedy tokens decode through the cache graph)."""
+    """A rotary / RMSNorm / SwiGLU / GQA causal LM with a sliding-window, a block-diagonal, a full, a differential and
+    a sigmoid layer, exported with its check (its greedy tokens decode through the cache graph)."""
     tmp_path = tmp_path_factory.mktemp("decoder")
     model = tiny_model(
         cf.CoreformerDecoderForCausalLM,
         "decoder",
         **VARIANTS["rotary_rmsnorm_swiglu_gqa"],
-        num_hidden_layers=3,
-        layer_types=["sliding", "block", "full"],
+        num_hidden_layers=5,
+        layer_types=["sliding", "block", "full", "differential", "sigmoid"],
         sliding_window=5,
         block_size=3,
     )

@@ -234,6 +234,7 @@ def test_prefill_into_an_empty_cache_runs_the_sparse_kernels_and_matches_eager(m
         # StaticSlidingWindowLayer, as for Mistral or Qwen2).
         ("decoder", ["full", "sliding"], 2),
         ("decoder", ["strided", "full"], 2),
+        ("decoder", ["differential", "sigmoid"], 2),
         # The first decoder step computes the cross-attention keys, every later one reads them (as in BART).
         ("seq2seq", ["full", "full"], 2),
     ],

@@ -248,7 +248,7 @@ def test_linear_attention_state_continues_exactly_token_by_token():
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize("layer_type", ["full", "sliding", "strided", "linear"])
+@pytest.mark.parametrize("layer_type", ["full", "sliding", "strided", "linear", "differential", "sigmoid"])
 def test_cached_decoding_equals_the_full_forward(layer_type):
     model = tiny_model(
         cf.CoreformerDecoderForCausalLM,

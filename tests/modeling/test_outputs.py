@@ -13,8 +13,8 @@ from coreformer.compat import SELECTS_HIDDEN_STATES
 
 # Every layer type each family can hold (Linformer is bidirectional only).
 MIXED_LAYER_TYPES = {
-    "encoder": ["full", "sliding", "strided", "lowrank", "linear"],
-    "decoder": ["full", "sliding", "strided", "linear"],
+    "encoder": ["full", "sliding", "strided", "lowrank", "linear", "differential", "sigmoid"],
+    "decoder": ["full", "sliding", "strided", "linear", "differential", "sigmoid"],
 }
 PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
 

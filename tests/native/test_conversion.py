@@ -1,5 +1,6 @@
 """Tests of native/conversion.py (the reading direction of coreformer.native) and `coreformer convert`: transformers
-BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / GPT-NeoX / ModernBERT -> coreformer, with exact parity.
+BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / DiffLlama / GPT-NeoX / ModernBERT -> coreformer, with exact
+parity.
 
 Every supported class is converted from a tiny randomly initialised transformers model and compared with it on a
 padded batch (outputs, hidden states, eager attentions), under eager and sdpa; generation is compared token by token;
@@ -77,6 +78,10 @@ def qwen2_config(**overrides) -> transformers.Qwen2Config:
     return transformers.Qwen2Config(**{**llama_style_fields(), **sliding, "num_labels": 3, **overrides})
 
 
+def diffllama_config(**overrides) -> transformers.DiffLlamaConfig:
+    return transformers.DiffLlamaConfig(**{**llama_style_fields(), "num_labels": 3, **overrides})
+
+
 def gpt_neox_config(**overrides) -> transformers.GPTNeoXConfig:
     """The GPT-NeoX coreformer computes: sequential residual, rotary on whole heads."""
     fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
@@ -105,6 +110,7 @@ CONFIGS = {
     "Llama": llama_config,
     "Mistral": mistral_config,
     "Qwen2": qwen2_config,
+    "DiffLlama": diffllama_config,
     "GPTNeoX": gpt_neox_config,
     "ModernBert": modernbert_config,
 }
@@ -117,6 +123,7 @@ PADDING_SIDE = {
     "Llama": "left",
     "Mistral": "left",
     "Qwen2": "left",
+    "DiffLlama": "left",
     "GPTNeoX": "left",
     "ModernBert": "right",
 }
@@ -208,7 +215,7 @@ def compare_outputs(ours, theirs, source_mask: torch.Tensor, target_mask: torch.
 
 CLASSES = list(SUPPORTED_ARCHITECTURES)
 BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel", "LlamaModel", "MistralModel", "Qwen2Model"}
-BASE_MODELS |= {"GPTNeoXModel", "ModernBertModel"}
+BASE_MODELS |= {"GPTNeoXModel", "ModernBertModel", "DiffLlamaModel"}
 
 
 @pytest.mark.compat
@@ -261,6 +268,7 @@ TRAINING_DROPOUT = {
     # Sliding layers: coreformer's band kernel draws attention dropout in its own layout, so it is off here.
     "Mistral": {},
     "Qwen2": {},
+    "DiffLlama": {},  # DiffLlama refuses attention dropout (the paper defines none for two maps)
     "GPTNeoX": dict(hidden_dropout=0.1, attention_dropout=0.1, classifier_dropout=0.1),
     "ModernBert": {},  # ModernBERT drops out elsewhere (inside the MLP, after attention): not compared in training
 }
@@ -638,3 +646,18 @@ def test_check_sample_inputs_follow_the_head():
     classifier = convert_from_hf(tiny_model("GPT2ForSequenceClassification", pad_token_id=None))
     assert sample_inputs(classifier)["input_ids"].shape == (1, 12)  # no pad id: one unpadded row
     assert sample_inputs(convert_from_hf(tiny_model("GPT2LMHeadModel")))["input_ids"].shape == (3, 12)
+
+
+@pytest.mark.slow
+def test_cli_diffllama_converts_and_exports_back_with_equal_logits_and_greedy_tokens(tmp_path, capsys):
+    # differential attention in every layer (λ vectors, two softmax maps, a per-head norm), both directions
+    src = save_tiny_checkpoint("DiffLlamaForCausalLM", tmp_path / "src", "safetensors")
+    converted, native = tmp_path / "coreformer", tmp_path / "native"
+    assert cli.main(["convert", str(src), str(converted), "--check"]) == 0
+    assert cli.main(["export", str(converted), str(native), "--to", "native", "--check"]) == 0
+    printed = capsys.readouterr().out
+    differences = [float(found) for found in re.findall(r"max abs difference(?: logits)?: (\S+)", printed)]
+    assert len(differences) == 2 and max(differences) <= 1e-5, printed  # convert's check, then export's
+    assert "greedy tokens equal: True" in printed and "DiffLlamaForCausalLM" in printed
+    assert json.loads((converted / "config.json").read_text())["coreformer_layer_types"] == ["differential"] * 2
+    assert json.loads((native / "config.json").read_text())["model_type"] == "diffllama"

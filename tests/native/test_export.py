@@ -45,6 +45,7 @@ TARGETS = {
     "llama-biases": ("decoder", dict(LLAMA, attention_bias=True, mlp_bias=True, **WIDE)),
     "mistral": ("decoder", dict(LLAMA, layer_types=["sliding", "sliding"], sliding_window=3, **WIDE)),
     "qwen2": ("decoder", dict(LLAMA, layer_types=["sliding", "full"], sliding_window=3, **WIDE)),
+    "diffllama": ("decoder", dict(LLAMA, layer_types=["differential", "differential"], **WIDE)),
     # A GPT-2 block with rotary positions (the decoder presets); GPT-NeoX's attention biases are optional.
     "gpt-neox": ("decoder", dict(position_embedding_type="rotary", rope_theta=500.0, **WIDE)),
     "gpt-neox-no-attention-bias": ("decoder", dict(position_embedding_type="rotary", attention_bias=False, **WIDE)),
@@ -62,6 +63,7 @@ NATIVE_PREFIX = {
     "llama-biases": "Llama",
     "mistral": "Mistral",
     "qwen2": "Qwen2",
+    "diffllama": "DiffLlama",
     "gpt-neox": "GPTNeoX",
     "gpt-neox-no-attention-bias": "GPTNeoX",
     "bert": "Bert",

@@ -14,6 +14,7 @@ NATIVE_NAMES = {
     "llama": "Llama",
     "mistral": "Mistral",  # before Qwen2: a model sliding on every layer is written as Mistral
     "qwen2": "Qwen2",
+    "diffllama": "DiffLlama",
     "gpt_neox": "GPT-NeoX",
     "modernbert": "ModernBERT",
 }

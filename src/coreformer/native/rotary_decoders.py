@@ -163,14 +163,16 @@ def llama_architecture(
     requirements: tuple[Requirement, ...],
     prepare_weights: Callable[[PreTrainedModel, StateDict], StateDict] | None = None,
     zero_filled: tuple[str, ...] = (),
+    extra_rules: tuple[Rule, ...] = (),
 ) -> NativeArchitecture:
     """A Llama-family architecture: Llama's weight names and heads (transformers' generic sequence and token
-    classifiers, `score`), `llama_block` and the plain heads, then `requirements` of its own."""
+    classifiers, `score`), `llama_block` and the plain heads, then `requirements` of its own; `extra_rules`: the
+    weights its layers hold beyond Llama's (DiffLlama's λ vectors)."""
     return NativeArchitecture(
         name=name,
         family="decoder",
         heads=decoder_heads(prefix, ((rf"score\.{WB}", r"classifier.\1"),)),
-        base_rules=LLAMA_BASE_RULES,
+        base_rules=(*LLAMA_BASE_RULES, *extra_rules),
         read_config=read_config,
         write_config=write_config,
         requirements=(
