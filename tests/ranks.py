@@ -16,8 +16,11 @@ coreformer imported, the README's commands) still start them.
     assert ranks.wait(timeout=600) == 0
     child = fork_python(["-c", CODE, *argv], env, cwd, log)
     child.kill_at_marker(marker)  # or: exit_code, stderr = child.interrupt_at_marker(marker)
+    pretraining_killed_at_step(arguments, 12, folder)  # a run SIGKILLed before its 13th step
 """
 
+import dataclasses
+import json
 import multiprocessing
 import os
 import runpy
@@ -161,3 +164,39 @@ def fork_python(args: list[str], env: dict[str, str], cwd: Path, log: Path, *, s
     """Start `python ARGS...` (`-c CODE ...` or `SCRIPT ...`) as one process, writing to `log` (its stdout to
     `stdout` where given)."""
     return _start(args, [env], cwd, log, stdout)
+
+
+# A pretraining run (`coreformer pretrain --config FILE`) that SIGKILLs itself as it is about to take step argv[1] + 1:
+# no handler runs, nothing is flushed, as when the machine or the scheduler kills it.
+KILLED_AT_STEP = """
+import importlib, json, os, signal, sys
+import coreformer.training.pretraining.loop as pretraining_loop
+import coreformer_cli
+
+step, original = int(sys.argv[1]), pretraining_loop.train_step
+for name, value in json.loads(sys.argv[3]).items():  # "module:attribute" -> value, as a test's monkeypatch sets it
+    module, attribute = name.split(":")
+    setattr(importlib.import_module(module), attribute, value)
+
+def train_step(run, training):
+    if training.step == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(run, training)
+
+pretraining_loop.train_step = train_step  # where `train` looks it up
+coreformer_cli.main(["pretrain", "--config", sys.argv[2]])
+"""
+
+
+def pretraining_killed_at_step(arguments, step: int, folder: Path, patches: dict | None = None) -> None:
+    """Run `arguments` (PretrainingArguments) in a forked process with one torch thread, killed (SIGKILL) after `step`
+    steps and the checkpoints they saved; fails with the log's end unless the kill is what ended it. `patches`:
+    {"module:attribute": value} set in the process before the run (what the test monkeypatches in its own)."""
+    config = folder / "killed-run.json"
+    config.write_text(json.dumps(dataclasses.asdict(arguments)))
+    log = folder / "killed-run.log"
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    child = fork_python(
+        ["-c", KILLED_AT_STEP, str(step), str(config), json.dumps(patches or {})], environment, folder, log
+    )
+    assert child.wait(timeout=300) == -signal.SIGKILL, log.read_text()[-3000:]

@@ -12,11 +12,10 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from ranks import pretraining_killed_at_step
 from safetensors.torch import load_file
 
-import coreformer.training.pretraining.loop as pretraining_loop
 import coreformer_cli
-from coreformer.training.arguments import RunStoppedError
 from coreformer.training.batches import GlobalBatches, strided_loader
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.objectives.causal_lm import pack_into_blocks
@@ -144,7 +143,7 @@ def run_settings(data_dir: Path, output_dir: Path, **overrides) -> PretrainingAr
     model.update(hidden_dropout=0.0, attention_dropout=0.0, num_hidden_layers=2)
     settings = dict(family="decoder", model=model, data_dir=str(data_dir), block_size=16, batch_size=8)
     settings.update(max_steps=20, lr=3e-3, warmup_steps=3, eval_every=10, eval_batches=2, save_every=0)
-    settings.update(report_to="none", preset="tiny-test", zero_shot_pairs=0, output_dir=str(output_dir))
+    settings.update(report_to="none", preset="tiny-test", zero_shot_pairs=0, output_dir=str(output_dir), threads=1)
     return PretrainingArguments(**{**settings, **overrides})
 
 
@@ -190,19 +189,11 @@ def test_ranks_read_disjoint_shares_whose_union_is_the_one_process_runs_batches(
     assert all(torch.equal(a[key], b[key]) for (_, a), (_, b) in zip(interleaved, one) for key in a)
 
 
-def test_a_run_stopped_after_a_checkpoint_resumes_to_the_uninterrupted_weights(shards, tmp_path, monkeypatch):
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_weights(shards, tmp_path):
     uninterrupted = run_pretraining(run_settings(shards["decoder"], tmp_path / "whole", save_every=5))
-    original = pretraining_loop.train_step
-
-    def stopped_at_13(run, training):
-        if training.step == 12:  # steps 1-12 done, the checkpoint of step 10 saved
-            raise KeyboardInterrupt
-        return original(run, training)
-
-    monkeypatch.setattr(pretraining_loop, "train_step", stopped_at_13)
-    with pytest.raises(RunStoppedError):
-        run_pretraining(run_settings(shards["decoder"], tmp_path / "stopped", save_every=5))
-    monkeypatch.setattr(pretraining_loop, "train_step", original)
+    # killed (SIGKILL) after step 12, the checkpoint of step 10 saved
+    pretraining_killed_at_step(run_settings(shards["decoder"], tmp_path / "stopped", save_every=5), 12, tmp_path)
+    assert not (tmp_path / "stopped" / "config.json").exists()
     resumed = run_pretraining(
         run_settings(shards["decoder"], tmp_path / "stopped", save_every=5, resume_from_checkpoint="latest")
     )

@@ -16,12 +16,10 @@ import datasets
 import pytest
 import torch
 from conftest import free_port
-from ranks import launch_ranks
+from ranks import launch_ranks, pretraining_killed_at_step
 from safetensors.torch import load_file
 
-import coreformer.training.pretraining.loop as pretraining_loop
 import coreformer.training.streaming as streaming
-from coreformer.training.arguments import RunStoppedError
 from coreformer.training.objectives import OBJECTIVES
 from coreformer.training.pretraining import run_pretraining
 from coreformer.training.pretraining.run import PretrainingArguments
@@ -145,27 +143,19 @@ def run_settings(source: str, tokenizer: Path | None, output_dir: Path, **overri
     )
     settings.update(block_size=16, batch_size=4, max_steps=20, lr=3e-3, warmup_steps=3, eval_every=10)
     settings.update(eval_batches=2, save_every=5, report_to="none", preset="tiny-test", zero_shot_pairs=0)
-    settings.update(validation_fraction=0.2, output_dir=str(output_dir))
+    settings.update(validation_fraction=0.2, output_dir=str(output_dir), threads=1)
     return PretrainingArguments(**{**settings, **overrides})
 
 
-def test_a_streamed_run_stopped_after_a_checkpoint_resumes_to_the_uninterrupted_weights(
+def test_a_streamed_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_weights(
     corpus, tokenizers, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(streaming, "CHUNK_DOCUMENTS", 5)  # the stop falls in a later chunk than the first
+    monkeypatch.setattr(streaming, "CHUNK_DOCUMENTS", 5)  # the kill falls in a later chunk than the first
     settings = dict(packing="packed")
     uninterrupted = run_pretraining(run_settings(corpus[0], tokenizers["decoder"], tmp_path / "whole", **settings))
-    original = pretraining_loop.train_step
-
-    def stopped_at_13(run, training):
-        if training.step == 12:  # steps 1-12 done, the checkpoint of step 10 saved
-            raise KeyboardInterrupt
-        return original(run, training)
-
-    monkeypatch.setattr(pretraining_loop, "train_step", stopped_at_13)
-    with pytest.raises(RunStoppedError):
-        run_pretraining(run_settings(corpus[0], tokenizers["decoder"], tmp_path / "stopped", **settings))
-    monkeypatch.setattr(pretraining_loop, "train_step", original)
+    # killed (SIGKILL) after step 12, the checkpoint of step 10 saved
+    killed = run_settings(corpus[0], tokenizers["decoder"], tmp_path / "stopped", **settings)
+    pretraining_killed_at_step(killed, 12, tmp_path, {"coreformer.training.streaming:CHUNK_DOCUMENTS": 5})
     state = json.loads((tmp_path / "stopped" / "checkpoints" / "step-10" / "trainer_state.json").read_text())
     assert state["stream_positions"][0]["chunk"] > 0
     resumed = run_pretraining(
