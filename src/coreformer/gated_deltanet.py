@@ -1,0 +1,260 @@
+"""Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025): the math of a linear-attention layer with a delta rule and gates.
+
+The layer keeps a (D_k, D_v) matrix per value head instead of keys and values. Each token decays it, corrects what
+it stores for the token's key towards the token's value, and reads it with the query (`gated_delta_step`):
+
+    S_t = a_t S_{t-1} + β_t k_t (v_t - a_t S_{t-1}ᵀ k_t)ᵀ        a_t = exp(g_t) ∈ (0, 1], β_t ∈ (0, 1)
+    o_t = S_tᵀ q_t / √D_k
+
+short_convolution   the causal depthwise convolution (+ SiLU) that q, k and v pass through first; its cache is the
+                    last K - 1 inputs
+gated_delta_rule    the chunked form for training and prefill, O(T) with matrix products inside chunks
+gated_delta_step    the same recurrence token by token, for decoding from a state
+l2_normalize, decay_and_beta, gated_rms_norm   the pieces around them in Qwen3-Next's `Qwen3NextGatedDeltaNet`
+cached_states, store_states   read and write both states in transformers' own "linear_attention" cache layer
+
+Packed rows (`documents`) restart both the convolution and the delta rule at each document, so no document sees
+another's tokens, exactly as if each were its own row:
+
+    row        | a a a a a | b b b | c c c c c c |
+    conv taps    <-3         <-3     <-3             taps reaching back past a document start read zero
+    rule state   ---->       -->     ----->          the state is emptied where b and c start
+
+The cache is transformers' `LinearAttentionLayer` (layer type "linear_attention" of `DYNAMIC_LAYER_TYPE_MAPPING`
+and `STATIC_LAYER_TYPE_MAPPING`, in 5.16.1 as in 5.24), not a coreformer class: it already holds a conv state and a
+recurrent state of fixed shape per layer, at static addresses (copied in place, so cudagraphs and a static cache
+keep them), and `DynamicCache(config=...)`, `StaticCache(config=...)` and generate() build it from the layer type
+alone. A layer declared "linear_attention" therefore decodes with a constant-size state and nothing here has to be
+registered. What it does not do: count tokens (transformers asks an attention layer of the same cache for the
+length) or take tokens back (`crop` cannot rewind a recurrent state, so assisted decoding is unavailable).
+"""
+
+import torch
+from torch import nn
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(|x|² + eps) along the last dimension: Qwen3-Next's (and FLA's) normalisation of queries and keys, which
+    keeps the delta rule's update S (I - β k kᵀ) a contraction."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def decay_and_beta(
+    a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token gates from the layer's projections (Qwen3-Next's `in_proj_ba`, `A_log`, `dt_bias`).
+
+    The log decay is Mamba-2's discretisation g = -exp(A_log) · softplus(a + dt_bias) ≤ 0, in fp32 (exp(A_log) can
+    overflow fp16); β = sigmoid(b) is the step size of the delta rule's correction.
+
+    Args:
+        a, b: (..., H_v) projections of the hidden states.
+        a_log, dt_bias: (H_v,) per-head parameters.
+
+    Returns:
+        decay g (..., H_v) fp32 and beta (..., H_v).
+    """
+    decay = -a_log.float().exp() * nn.functional.softplus(a.float() + dt_bias)
+    return decay, b.sigmoid()
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm of each head's output, scaled by `weight`, times SiLU(gate) (Qwen3-Next's `Qwen3NextRMSNormGated`,
+    norm before gate). x, gate: (..., D_v); weight: (D_v,). Computed in fp32, returned in x's dtype."""
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * normed * nn.functional.silu(gate.float())).to(x.dtype)
+
+
+def short_convolution(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    state: torch.Tensor | None = None,
+    documents: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal depthwise convolution over time, then SiLU: each channel of token t mixes the inputs t-K+1 … t.
+
+    Written as K shifted multiply-adds rather than `conv1d`, so that one form serves whole sequences, decoding from
+    a state (T = 1) and packed rows, where a tap whose input lies before the token's document start reads zero.
+
+    Args:
+        hidden_states: (B, T, C) inputs (q, k and v side by side in Qwen3-Next).
+        weight: (C, K) taps, `conv1d.weight[:, 0]` of a depthwise `nn.Conv1d`; tap K-1 reads the token itself.
+        bias: (C,) or None.
+        state: (B, C, W) the inputs before these (zeros before the first token), W ≥ K-1; its last K-1 are used. With
+            `documents`, they belong to the row's first document.
+        documents: (B, T) document ids of packed rows, or None.
+
+    Returns:
+        output (B, T, C) in the input's dtype, and the new state (B, C, K-1): the last K-1 inputs, zero where they
+        belong to an earlier document than the row's last.
+    """
+    batch, length, channels = hidden_states.shape
+    past = weight.shape[-1] - 1  # the inputs before the token that its window reaches
+    inputs = hidden_states.transpose(1, 2)  # (B, C, T)
+    if state is None:
+        state = inputs.new_zeros(batch, channels, past)
+    padded = torch.cat([state[..., state.shape[-1] - past :].to(inputs.dtype), inputs], dim=-1)  # (B, C, K-1+T)
+    if documents is not None:
+        # The state's inputs count as the first document's, as `gated_delta_rule` treats its state.
+        padded_documents = torch.cat([documents[:, :1].expand(batch, past), documents], dim=1)  # (B, K-1+T)
+    wide = padded.float()  # K products summed: accumulate in fp32 whatever the compute dtype
+    output = torch.zeros_like(wide[..., past:]) if bias is None else bias.float()[None, :, None].expand_as(inputs)
+    for lag in range(past + 1):
+        tap = wide[..., past - lag : past - lag + length]  # (B, C, T): the input `lag` tokens before each token
+        if documents is not None and lag:
+            same = padded_documents[:, past - lag : past - lag + length] == documents  # (B, T)
+            tap = tap * same[:, None, :]
+        output = output + weight[:, past - lag, None].float() * tap
+    new_state = padded[..., length:]  # (B, C, K-1)
+    if documents is not None:
+        new_state = new_state * (padded_documents[:, length:] == documents[:, -1:])[:, None, :]
+    return nn.functional.silu(output).to(hidden_states.dtype).transpose(1, 2), new_state  # (B, T, C)
+
+
+def gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    documents: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule over a whole sequence, chunk by chunk (Yang et al. 2025, sec. 3.3; the WY form of DeltaNet,
+    Yang et al. 2024, sec. 3.2), in fp32.
+
+    Inside a chunk of C tokens starting from state S₀, with γ_i = exp(g_1 + … + g_i) the decay since the chunk began
+    and Γ_ij = γ_i / γ_j, the corrections u_i = β_i (v_i - S'_iᵀ k_i) solve one unit lower triangular system,
+
+        (I + A) U = β V - β γ K S₀              A_ij = β_i Γ_ij k_i·k_j   (j < i)
+
+    after which the outputs and the state the next chunk starts from are matrix products:
+
+        O = (γ Q) S₀ + (Q Kᵀ ⊙ Γ, j ≤ i) U      S_C = γ_C S₀ + (Γ_Cj k_j)ᵀ U
+
+    so the only sequential loop is over chunks. Packed rows mask the same terms: pairs (i, j) of different documents
+    drop out of A and Q Kᵀ, a token reads S₀ only while its document continues the state's, and the state passed on
+    holds the chunk's last document alone (plus S₀, where that document began earlier).
+
+    Value heads may outnumber key heads (H_v a multiple of H_k): each query/key head serves H_v / H_k consecutive
+    value heads, as in Qwen3-Next.
+
+    Args:
+        query, key: (B, H_k, T, D_k), normalised by the caller (`l2_normalize`); queries are scaled by 1/√D_k here.
+        value: (B, H_v, T, D_v).
+        decay: (B, H_v, T) log decays g ≤ 0; beta: (B, H_v, T).
+        state: (B, H_v, D_k, D_v) from earlier tokens, or None for zeros. With `documents`, the row's first document's.
+        chunk_size: tokens per chunk; any T (the last chunk is padded with tokens that change nothing).
+        documents: (B, T) document ids of packed rows, or None.
+
+    Returns:
+        output (B, T, H_v, D_v) in the value's dtype, and the state after the row's last token (B, H_v, D_k, D_v),
+        fp32: that of the last document alone when rows are packed.
+    """
+    batch, value_heads, length, value_dim = value.shape
+    dtype = value.dtype
+    query, key = (x.repeat_interleave(value_heads // x.shape[1], dim=1) for x in (query, key))  # (B, H_v, T, D_k)
+    query = query.float() * query.shape[-1] ** -0.5
+    key, value, decay, beta = key.float(), value.float(), decay.float(), beta.float()
+    state = value.new_zeros(batch, value_heads, key.shape[-1], value_dim) if state is None else state.float()
+
+    # Padding tokens have k = v = β = g = 0: no correction, no decay, so the state passes them unchanged.
+    pad = -length % chunk_size
+    query, key, value = (nn.functional.pad(x, (0, 0, 0, pad)) for x in (query, key, value))
+    decay, beta = (nn.functional.pad(x, (0, pad)) for x in (decay, beta))
+    chunks = (length + pad) // chunk_size
+    query, key, value = (x.reshape(batch, value_heads, chunks, chunk_size, -1) for x in (query, key, value))
+    decay, beta = (x.reshape(batch, value_heads, chunks, chunk_size) for x in (decay, beta))  # (B, H, N, C)
+
+    # Everything inside the chunks at once; log decays are subtracted before exp so nothing overflows.
+    log_gamma = decay.cumsum(-1)  # (B, H, N, C)
+    lower = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=value.device).tril()  # (C, C): j ≤ i
+    pair_log_decay = log_gamma[..., :, None] - log_gamma[..., None, :]  # (B, H, N, C, C): log Γ_ij
+    pair_decay = pair_log_decay.masked_fill(~lower, float("-inf")).exp()  # Γ_ij for j ≤ i, else 0
+    if documents is not None:
+        documents = torch.cat([documents, documents[:, -1:].expand(batch, pad)], dim=1)  # padding joins the last
+        documents = documents.reshape(batch, 1, chunks, chunk_size)  # (B, 1, N, C)
+        pair_decay = pair_decay * (documents[..., :, None] == documents[..., None, :])
+    key_beta = key * beta[..., None]
+    strictly_lower = (key_beta @ key.transpose(-1, -2)) * pair_decay.tril(-1)  # (B, H, N, C, C): A
+    system = strictly_lower + torch.eye(chunk_size, device=value.device)
+    new_values = torch.linalg.solve_triangular(system, value * beta[..., None], upper=False, unitriangular=True)
+    state_keys = torch.linalg.solve_triangular(  # U = new_values - state_keys S₀
+        system, key_beta * log_gamma.exp()[..., None], upper=False, unitriangular=True
+    )
+    within = (query @ key.transpose(-1, -2)) * pair_decay  # (B, H, N, C, C)
+    query_reads = query * log_gamma.exp()[..., None]  # γ_i q_i: the query's read of S₀
+    key_writes = key * (log_gamma[..., -1:] - log_gamma).exp()[..., None]  # Γ_Cj k_j: a key's write to S_C
+    chunk_decay = log_gamma[..., -1].exp()  # (B, H, N): γ_C
+
+    outputs = []
+    current = documents[:, :, 0, 0] if documents is not None else None  # (B, 1): the document the state holds
+    for n in range(chunks):
+        reads, corrections, writes, carried = query_reads[:, :, n], state_keys[:, :, n], key_writes[:, :, n], 1.0
+        if documents is not None:
+            chunk = documents[:, :, n]  # (B, 1, C)
+            continues = (chunk == current[..., None])[..., None]  # (B, 1, C, 1): this token's document holds S₀
+            reads, corrections = reads * continues, corrections * continues
+            last = chunk[..., -1]  # (B, 1)
+            writes = writes * (chunk == last[..., None])[..., None]  # only the last document's keys pass on
+            carried = (last == current)[..., None, None]  # (B, 1, 1, 1): S₀ is the last document's too
+            current = last
+        corrected = new_values[:, :, n] - corrections @ state  # (B, H, C, D_v): U
+        outputs.append(reads @ state + within[:, :, n] @ corrected)
+        state = state * (chunk_decay[:, :, n, None, None] * carried) + writes.transpose(-1, -2) @ corrected
+    output = torch.stack(outputs, dim=2).reshape(batch, value_heads, -1, value_dim)[:, :, :length]  # (B, H, T, D_v)
+    return output.transpose(1, 2).to(dtype), state  # (B, T, H_v, D_v)
+
+
+def gated_delta_step(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule token by token (the recurrence of the module docstring), for decoding, where T is 1: no
+    padding to a chunk and no triangular solve. Same arguments and results as `gated_delta_rule`, without chunks or
+    documents; any T works, one token after another."""
+    batch, value_heads, length, value_dim = value.shape
+    dtype = value.dtype
+    query, key = (x.repeat_interleave(value_heads // x.shape[1], dim=1) for x in (query, key))  # (B, H_v, T, D_k)
+    query = query.float() * query.shape[-1] ** -0.5
+    key, value, decay, beta = key.float(), value.float(), decay.float(), beta.float()
+    state = value.new_zeros(batch, value_heads, key.shape[-1], value_dim) if state is None else state.float()
+    outputs = []
+    for t in range(length):
+        k = key[:, :, t, :, None]  # (B, H, D_k, 1)
+        state = state * decay[:, :, t, None, None].exp()
+        correction = beta[:, :, t, None] * (value[:, :, t] - (state * k).sum(-2))  # (B, H, D_v)
+        state = state + k * correction[:, :, None, :]
+        outputs.append((state * query[:, :, t, :, None]).sum(-2))  # (B, H, D_v)
+    return torch.stack(outputs, dim=1).to(dtype), state  # (B, T, H_v, D_v)
+
+
+def cached_states(layer: object) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The conv state (B, C, W) and recurrent state (B, H_v, D_k, D_v) a transformers `LinearAttentionLayer` holds
+    for this layer, or (None, None) before its first forward (also after `reset`, which zeroes them in place).
+
+    Reads the layer's own attributes, which 5.16.1 and 5.24 share (`Cache.get_conv_state` came after 5.16.1)."""
+    if not layer.has_previous_state[0]:
+        return None, None
+    return layer.conv_states[0], layer.recurrent_states[0]
+
+
+def store_states(layer: object, conv_state: torch.Tensor, recurrent_state: torch.Tensor) -> None:
+    """Write the states after a forward (as `short_convolution` and `gated_delta_rule` return them) into a
+    transformers `LinearAttentionLayer`.
+
+    The conv state is handed over as this forward's "inputs" with the layer's width set to its own, K-1: the layer
+    keeps the last K-1 of what it already holds followed by them, which is the new state itself (while recording its
+    past for assisted decoding it keeps the concatenation, and `cached_states`' readers use the last K-1). Both are
+    copied into buffers allocated once, so their addresses stay static."""
+    layer.update_conv_state(conv_state, 0, conv_kernel_size=conv_state.shape[-1])
+    layer.update_recurrent_state(recurrent_state, 0)
