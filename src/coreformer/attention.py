@@ -358,17 +358,7 @@ class Attention(nn.Module):
             it from the same queries and keys, before attention dropout.
         """
         plan = LayerPlan() if plan is None else plan
-        query, gate = self._queries(hidden_states, plan.unpadding)  # (B, H, T, D), gate logits or None
-        if self.q_norm is not None:
-            query = self.q_norm(query)
-        source = key_value_states if self.is_cross_attention else hidden_states
-        # Cross-attention keys come from the (padded) encoder output, whatever the queries' layout.
-        key, value, cache = self._keys_values(
-            source, past_key_values, None if self.is_cross_attention else plan.unpadding
-        )  # (B, H_kv, S, D)
-        key = query if key is None else key
-        if plan.position_embeddings is not None and not self.is_cross_attention:
-            query, key = apply_rotary(query, key, *plan.position_embeddings)
+        query, gate, key, value, cache = self._projections(hidden_states, key_value_states, past_key_values, plan)
         output, key, value, mask = self._cached_or_computed(query, key, value, plan, past_key_values, cache, kwargs)
         weights = None
         if output is None:
@@ -405,6 +395,37 @@ class Attention(nn.Module):
         else:  # vLLM's attention function returns its flattened row's heads joined: (T, H*D) -> (1, T, H*D)
             output = output.view(*hidden_states.shape[:-1], -1)
         return self.o_proj(self._gated(output, gate)), weights
+
+    def _projections(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None,
+        past_key_values: Cache | None,
+        plan: LayerPlan,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, Cache | None]:
+        """The layer input -> (B, H, T, D) queries with their rotary angles, the gate logits (or None), the
+        (B, H_kv, S, D) keys and values to cache, and the cache layer's owner for this attention (the self- or
+        cross-attention side of an EncoderDecoderCache). A kernel may compute the queries and what the cache holds
+        itself (`LayerKernel.inputs`: multi-head latent attention's latents)."""
+        if plan.kernel and self.kernel is not None:
+            inputs = self.kernel.inputs(self, hidden_states, plan, apply_rotary)
+            if inputs is not None:
+                query, key, value = inputs
+                is_encoder_decoder_cache = isinstance(past_key_values, EncoderDecoderCache)
+                cache = past_key_values.self_attention_cache if is_encoder_decoder_cache else past_key_values
+                return query, None, key, value, cache
+        query, gate = self._queries(hidden_states, plan.unpadding)  # (B, H, T, D), gate logits or None
+        if self.q_norm is not None:
+            query = self.q_norm(query)
+        source = key_value_states if self.is_cross_attention else hidden_states
+        # Cross-attention keys come from the (padded) encoder output, whatever the queries' layout.
+        key, value, cache = self._keys_values(
+            source, past_key_values, None if self.is_cross_attention else plan.unpadding
+        )  # (B, H_kv, S, D)
+        key = query if key is None else key
+        if plan.position_embeddings is not None and not self.is_cross_attention:
+            query, key = apply_rotary(query, key, *plan.position_embeddings)
+        return query, gate, key, value, cache
 
     def _cached_or_computed(
         self,

@@ -131,7 +131,10 @@ class CoreformerConfig(PreTrainedConfig):
                        RMS-normalised; `num_key_value_heads` even;
             "sigmoid"  sigmoid attention (Ramapuram et al. 2024): each visible key weighted by
                        sigmoid(q·k / sqrt(d) - log `sigmoid_length`), no normalisation over keys; a dense kernel
-                       under every backend.
+                       under every backend;
+            "mla"      multi-head latent attention (DeepSeek-V2/V3): keys and values expanded from a `kv_lora_rank`
+                       latent and one shared rotary key of `head_dim` channels, which are what the cache holds;
+                       queries optionally through a `q_lora_rank` latent.
 
     Args: Efficient kernels (the parameters of the layer types above)
         sliding_window: Tokens a "sliding" layer sees on each side of the query (the query itself comes on top).
@@ -151,6 +154,13 @@ class CoreformerConfig(PreTrainedConfig):
             `lambda_k1`, `lambda_q2`, `lambda_k2`), DiffLlama's field.
         sigmoid_length: n of the bias -log n of "sigmoid" layers: the sequence length the model trains on (the
             paper sets the bias from it, a constant); `None` means `max_position_embeddings`.
+        kv_lora_rank: Width of the key/value latent of "mla" layers (DeepSeek-V3's field): the cache holds it and
+            one rotary key of `head_dim` channels per token, instead of every head's keys and values.
+        q_lora_rank: Width of the query latent of "mla" layers (queries through a low-rank projection and an RMS
+            norm); `None`: one query projection.
+        qk_nope_head_dim: Channels of each "mla" query/key head without rotary angles (the rotary ones are
+            `head_dim`, DeepSeek-V3's `qk_rope_head_dim`); `None` means `head_dim`.
+        v_head_dim: Width of each "mla" value head; `None` means `qk_nope_head_dim`.
 
     Args: Heads and tasks
         tie_word_embeddings: The LM head shares its weight with the input embedding.
@@ -228,6 +238,10 @@ class CoreformerConfig(PreTrainedConfig):
     lsh_hash_seed: int = 0
     lambda_std_dev: float = 0.1
     sigmoid_length: int | None = None
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
     # heads and tasks
     tie_word_embeddings: bool = True
     lm_head_transform: bool = False

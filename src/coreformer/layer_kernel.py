@@ -6,6 +6,8 @@ and caches; a kernel receives them at three points of `Attention.forward`:
 
     build(attention)           once, at construction: extra parameters/buffers (their names are checkpoint keys)
     init_weights(attention)    from `_init_weights`: values for what `build` registered
+    inputs(...)                queries and what the cache holds, from the layer input, instead of the core's
+                               projections (multi-head latent attention's latents)
     project(...)               keys/values before the scores (Linformer's projections along the sequence)
     attend(...)                the scores and weighted values instead of the configured backend, (B, T, H, D)
     probabilities(...)         the (B, H, T, S) probabilities of a kernel whose form is not a softmax over keys
@@ -30,6 +32,12 @@ class LayerKernel:
 
     def init_weights(self, attention: Any) -> None:
         """Fill what `build` registered (models are built on the meta device; `_init_weights` calls this)."""
+
+    def inputs(self, attention: Any, hidden_states: Any, plan: Any, rotary: Any) -> tuple[Any, Any, Any] | None:
+        """The layer input, (B, T, hidden) or the unpadded (N, hidden) real tokens (`plan.unpadding`) -> (B, H, T, D)
+        queries with their rotary angles and the (B, ·, S, ·) keys and values the cache is to hold; None for the
+        core's projections. `rotary`: the core's `apply_rotary(query, key, cos, sin)`."""
+        return None
 
     def project(self, attention: Any, key: Any, value: Any, padding_mask: Any) -> tuple[Any, Any, Any]:
         """(B, H_kv, S, D) keys/values and the (B, S) padding mask (or None) -> the keys/values and mask the scores

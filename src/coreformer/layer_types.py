@@ -10,6 +10,7 @@
     block     ... AND q // b == k // b             blocks of b, O(L·b) (block_attention)    full_attention
     differential  causal / bidirectional           2 maps - λ (differential_attention)      full_attention
     sigmoid   causal / bidirectional, eager form   sigmoid(s - log n) (sigmoid_attention)   full_attention
+    mla       causal / bidirectional               latents expanded (latent_attention)      full_attention, the latent
 
 This file is free of torch: the configuration reads it (names, parameters, cache layers, validation) without loading
 a kernel. Each kernel is named by a loader that imports its file on first use (`Attention.__init__`), so a new layer
@@ -170,6 +171,31 @@ def check_sigmoid(config: Any) -> None:
         )
 
 
+def mla_kernel(config: Any) -> LayerKernel:
+    from .latent_attention import LatentKernel
+
+    return LatentKernel()
+
+
+def check_mla(config: Any) -> None:
+    for name in ("q_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"`{name}` of 'mla' layers must be a positive integer or None, got {value!r}.")
+    # The latents replace the core's projections: the options computed on those do not apply.
+    for option, value, off in (("attention_gate", config.attention_gate, None), ("qk_norm", config.qk_norm, False)):
+        if value:
+            raise ValueError(
+                f"'mla' layers project queries and keys through their latents, where `{option}` has no place: set "
+                f"{option}={off}, or use another layer type."
+            )
+    if config.head_dim is not None and config.head_dim % 2:
+        raise ValueError(
+            f"'mla' layers rotate `head_dim` ({config.head_dim}) channels of each query and key (DeepSeek-V3's "
+            f"qk_rope_head_dim): it must be even."
+        )
+
+
 def check_stride(config: Any) -> None:
     if config.stride < 2:
         raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {config.stride}.")
@@ -316,6 +342,16 @@ LAYER_TYPES: dict[str, LayerType] = {
         eager_mask=True,
         kernel=sigmoid_kernel,
         validate=check_sigmoid,
+    ),
+    # Multi-head latent attention (DeepSeek-V2/V3): its kernel computes queries and latents from the layer input, the
+    # core caches the latents (as transformers' DeepseekV3Attention does) and the backend attends to what they expand
+    # to, over the usual mask.
+    "mla": LayerType(
+        "full_attention",
+        "full_attention",
+        parameter="kv_lora_rank",
+        kernel=mla_kernel,
+        validate=check_mla,
     ),
 }
 

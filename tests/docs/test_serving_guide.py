@@ -38,7 +38,7 @@ BACKED_BY = {
         "tests/modeling/test_quantization.py::test_quantized_logits_stay_as_close_to_fp32_as_the_native_exports"
     ],
 }
-SETTINGS = dict(sliding_window=4, stride=2, block_size=4, lowrank_k=8, lsh_bucket_size=4)
+SETTINGS = dict(sliding_window=4, stride=2, block_size=4, lowrank_k=8, lsh_bucket_size=4, kv_lora_rank=8)
 SHAPE = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=48, num_hidden_layers=2)
 
 
@@ -50,7 +50,7 @@ def model_config(layer_type: str):
     """Every layer of `layer_type`, in a model whose other settings have a native twin: a Llama-shaped decoder, or
     (for bidirectional-only types) a ModernBERT-shaped encoder."""
     settings = {**SHAPE, **SETTINGS, "layer_types": [layer_type] * SHAPE["num_hidden_layers"]}
-    if layer_type == "lsh":  # queries are their own keys
+    if layer_type in ("lsh", "mla"):  # queries are their own keys; every head's keys expand from the latent
         settings["num_key_value_heads"] = settings["num_attention_heads"]
     if causal(layer_type):
         llama = {**VARIANTS["rotary_rmsnorm_swiglu_gqa"], "tie_word_embeddings": False}

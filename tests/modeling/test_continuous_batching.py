@@ -20,7 +20,7 @@ WINDOW = 3  # shorter than every prompt but one, and than every generated sequen
 # The types a decoder may hold that no transformers layer type computes exactly (`LayerType.served_as`), and the
 # parameters each needs.
 UNSERVED = [name for name, kind in LAYER_TYPES.items() if kind.served_as is None and kind.not_causal is None]
-LAYER_SETTINGS = dict(stride=2, block_size=4, lsh_bucket_size=4)
+LAYER_SETTINGS = dict(stride=2, block_size=4, lsh_bucket_size=4, kv_lora_rank=8)
 
 # The model's implementation when generate_batch is called: it batches "eager" as "paged|eager" (every release) and
 # "sdpa" as "paged|sdpa" before 5.19, as itself from 5.19 (which still takes "paged|sdpa" set by the user).

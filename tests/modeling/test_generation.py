@@ -235,6 +235,7 @@ def test_prefill_into_an_empty_cache_runs_the_sparse_kernels_and_matches_eager(m
         ("decoder", ["full", "sliding"], 2),
         ("decoder", ["strided", "full"], 2),
         ("decoder", ["differential", "sigmoid"], 2),
+        ("decoder", ["mla", "full"], 2),
         # The first decoder step computes the cross-attention keys, every later one reads them (as in BART).
         ("seq2seq", ["full", "full"], 2),
     ],
@@ -245,8 +246,9 @@ def test_static_cache_generation_compiles_fullgraph_once_and_matches_eager(famil
     # hands the compiled forward tensors of one shape; fullgraph=True fails on any graph break.
     if family == "decoder":
         model = tiny_model(
-            cf.CoreformerDecoderForCausalLM, "decoder", layer_types=layer_types, sliding_window=3, stride=3
-        )
+            cf.CoreformerDecoderForCausalLM, "decoder", layer_types=layer_types, sliding_window=3, stride=3,
+            kv_lora_rank=6,
+        )  # fmt: skip
     else:
         model = tiny_model(
             cf.CoreformerSeq2SeqForConditionalGeneration, "seq2seq", decoder_layer_types=layer_types, sliding_window=3

@@ -50,6 +50,7 @@ def config_fields(draw):
         sliding_window=draw(st.one_of(st.none(), st.integers(-1, 4))),
         stride=draw(st.one_of(st.none(), st.integers(0, 4))),
         lowrank_k=draw(st.one_of(st.none(), st.integers(0, 30))),
+        kv_lora_rank=draw(st.one_of(st.none(), st.integers(0, 6))),
         linear_feature_map=draw(st.sampled_from(["elu", "performer", "relu"])),
         pad_token_id=draw(st.sampled_from([0, 63, 100])),
         bos_token_id=None,

@@ -20,7 +20,7 @@ from coreformer.linear_attention import elu_feature_map, linear_attention, perfo
 from coreformer.probes import AssociativeRecall, recall_model_config, train_associative_recall
 from coreformer.sparse_attention import sliding_window_attention, strided_attention
 
-PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
+PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6, kv_lora_rank=6)
 
 
 def _explicit_mask(layer_type: str, mask: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -248,7 +248,7 @@ def test_linear_attention_state_continues_exactly_token_by_token():
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize("layer_type", ["full", "sliding", "strided", "linear", "differential", "sigmoid"])
+@pytest.mark.parametrize("layer_type", ["full", "sliding", "strided", "linear", "differential", "sigmoid", "mla"])
 def test_cached_decoding_equals_the_full_forward(layer_type):
     model = tiny_model(
         cf.CoreformerDecoderForCausalLM,

@@ -13,10 +13,10 @@ from coreformer.compat import SELECTS_HIDDEN_STATES
 
 # Every layer type each family can hold (Linformer is bidirectional only).
 MIXED_LAYER_TYPES = {
-    "encoder": ["full", "sliding", "strided", "lowrank", "linear", "differential", "sigmoid"],
-    "decoder": ["full", "sliding", "strided", "linear", "differential", "sigmoid"],
+    "encoder": ["full", "sliding", "strided", "lowrank", "linear", "differential", "sigmoid", "mla"],
+    "decoder": ["full", "sliding", "strided", "linear", "differential", "sigmoid", "mla"],
 }
-PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6)
+PARAMETERS = dict(sliding_window=2, stride=3, lowrank_k=6, kv_lora_rank=6)
 
 
 @pytest.fixture

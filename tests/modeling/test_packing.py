@@ -31,8 +31,10 @@ from coreformer.sparse_attention import sliding_window_attention, strided_attent
 LENGTHS = (5, 9, 3)  # encoder / decoder-only documents
 TARGET_LENGTHS = (4, 6, 2)  # the seq2seq decoder's documents, answering LENGTHS' one by one
 # Blocks of 4 and LSH chunks of 3 over documents of 5, 9 and 3: documents start mid-block and mid-chunk.
-PARAMETERS = dict(sliding_window=2, stride=3, block_size=4, lsh_bucket_size=3, lsh_num_hashes=2, lsh_num_buckets=4)
-PACKED_LAYER_TYPES = ("full", "sliding", "strided", "linear", "block", "lsh", "differential", "sigmoid")
+PARAMETERS = dict(
+    sliding_window=2, stride=3, block_size=4, lsh_bucket_size=3, lsh_num_hashes=2, lsh_num_buckets=4, kv_lora_rank=6
+)
+PACKED_LAYER_TYPES = ("full", "sliding", "strided", "linear", "block", "lsh", "differential", "sigmoid", "mla")
 HEADS = {
     "encoder": cf.CoreformerEncoderForMaskedLM,
     "decoder": cf.CoreformerDecoderForCausalLM,

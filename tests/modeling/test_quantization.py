@@ -57,6 +57,9 @@ SHAPE = dict(hidden_size=64, intermediate_size=128, initializer_range=0.2)
 LAYER_OPTIONS = dict(
     sliding_window=3, stride=3, block_size=4, lowrank_k=8, lsh_bucket_size=4, lsh_num_buckets=4, lsh_num_hashes=2
 )
+# bitsandbytes' CPU 4-bit kernel packs in blocks of 64: MLA's latent projection is kv_lora_rank + head_dim wide and its
+# expansion reads kv_lora_rank, so both are 64 (its heads are wider than hidden_size / heads, as DeepSeek-V3's are).
+TYPE_SHAPES = {"mla": dict(head_dim=64, kv_lora_rank=64)}
 FAMILIES = {  # family -> (head, block options of a model with a native export)
     "encoder": (cf.CoreformerEncoderForMaskedLM, {}),  # BERT
     "decoder": (cf.CoreformerDecoderForCausalLM, LLAMA),  # Llama
@@ -116,7 +119,8 @@ def saved(tmp_path_factory):
     @functools.cache
     def build(family: str, layer_type: str):
         head, options = FAMILIES[family]
-        model = tiny_model(head, family, layer_types=[layer_type] * 2, **SHAPE, **LAYER_OPTIONS, **options)
+        fields = dict(SHAPE, **LAYER_OPTIONS, **options, **TYPE_SHAPES.get(layer_type, {}))
+        model = tiny_model(head, family, layer_types=[layer_type] * 2, **fields)
         folder = root / f"{family}-{layer_type}"
         model.save_pretrained(folder)
         return folder, model

@@ -1,6 +1,6 @@
 """Tests of native/conversion.py (the reading direction of coreformer.native) and `coreformer convert`: transformers
-BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / DiffLlama / GPT-NeoX / ModernBERT -> coreformer, with exact
-parity.
+BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / DiffLlama / DeepSeek-V3 (dense) / GPT-NeoX / ModernBERT ->
+coreformer, with exact parity.
 
 Every supported class is converted from a tiny randomly initialised transformers model and compared with it on a
 padded batch (outputs, hidden states, eager attentions), under eager and sdpa; generation is compared token by token;
@@ -82,6 +82,14 @@ def diffllama_config(**overrides) -> transformers.DiffLlamaConfig:
     return transformers.DiffLlamaConfig(**{**llama_style_fields(), "num_labels": 3, **overrides})
 
 
+def deepseek_v3_config(**overrides) -> transformers.DeepseekV3Config:
+    """The dense configuration (every MLP dense), a query latent, the interleaved rotary layout (its default)."""
+    fields = {key: value for key, value in llama_style_fields().items() if key != "num_key_value_heads"}
+    latent = dict(kv_lora_rank=12, q_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
+    fields.update(latent, num_key_value_heads=4, first_k_dense_replace=2, rope_interleave=True)
+    return transformers.DeepseekV3Config(**{**fields, "num_labels": 3, **overrides})
+
+
 def gpt_neox_config(**overrides) -> transformers.GPTNeoXConfig:
     """The GPT-NeoX coreformer computes: sequential residual, rotary on whole heads."""
     fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
@@ -111,6 +119,7 @@ CONFIGS = {
     "Mistral": mistral_config,
     "Qwen2": qwen2_config,
     "DiffLlama": diffllama_config,
+    "DeepseekV3": deepseek_v3_config,
     "GPTNeoX": gpt_neox_config,
     "ModernBert": modernbert_config,
 }
@@ -124,6 +133,7 @@ PADDING_SIDE = {
     "Mistral": "left",
     "Qwen2": "left",
     "DiffLlama": "left",
+    "DeepseekV3": "left",
     "GPTNeoX": "left",
     "ModernBert": "right",
 }
@@ -215,7 +225,7 @@ def compare_outputs(ours, theirs, source_mask: torch.Tensor, target_mask: torch.
 
 CLASSES = list(SUPPORTED_ARCHITECTURES)
 BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel", "LlamaModel", "MistralModel", "Qwen2Model"}
-BASE_MODELS |= {"GPTNeoXModel", "ModernBertModel", "DiffLlamaModel"}
+BASE_MODELS |= {"GPTNeoXModel", "ModernBertModel", "DiffLlamaModel", "DeepseekV3Model"}
 
 
 @pytest.mark.compat
@@ -269,6 +279,7 @@ TRAINING_DROPOUT = {
     "Mistral": {},
     "Qwen2": {},
     "DiffLlama": {},  # DiffLlama refuses attention dropout (the paper defines none for two maps)
+    "DeepseekV3": dict(attention_dropout=0.1),
     "GPTNeoX": dict(hidden_dropout=0.1, attention_dropout=0.1, classifier_dropout=0.1),
     "ModernBert": {},  # ModernBERT drops out elsewhere (inside the MLP, after attention): not compared in training
 }
@@ -649,15 +660,19 @@ def test_check_sample_inputs_follow_the_head():
 
 
 @pytest.mark.slow
-def test_cli_diffllama_converts_and_exports_back_with_equal_logits_and_greedy_tokens(tmp_path, capsys):
-    # differential attention in every layer (λ vectors, two softmax maps, a per-head norm), both directions
-    src = save_tiny_checkpoint("DiffLlamaForCausalLM", tmp_path / "src", "safetensors")
+@pytest.mark.parametrize(
+    ("name", "layer_type"), [("DiffLlamaForCausalLM", "differential"), ("DeepseekV3ForCausalLM", "mla")]
+)
+def test_cli_converts_and_exports_back_with_equal_logits_and_greedy_tokens(tmp_path, capsys, name, layer_type):
+    # differential attention (λ vectors, two softmax maps, a per-head norm) and multi-head latent attention (DeepSeek-V3
+    # dense, its rotary pairs interleaved) in every layer, both directions
+    src = save_tiny_checkpoint(name, tmp_path / "src", "safetensors")
     converted, native = tmp_path / "coreformer", tmp_path / "native"
     assert cli.main(["convert", str(src), str(converted), "--check"]) == 0
     assert cli.main(["export", str(converted), str(native), "--to", "native", "--check"]) == 0
     printed = capsys.readouterr().out
     differences = [float(found) for found in re.findall(r"max abs difference(?: logits)?: (\S+)", printed)]
     assert len(differences) == 2 and max(differences) <= 1e-5, printed  # convert's check, then export's
-    assert "greedy tokens equal: True" in printed and "DiffLlamaForCausalLM" in printed
-    assert json.loads((converted / "config.json").read_text())["coreformer_layer_types"] == ["differential"] * 2
-    assert json.loads((native / "config.json").read_text())["model_type"] == "diffllama"
+    assert "greedy tokens equal: True" in printed and name in printed
+    assert json.loads((converted / "config.json").read_text())["coreformer_layer_types"] == [layer_type] * 2
+    assert json.loads((native / "config.json").read_text())["architectures"] == [name]

@@ -37,6 +37,8 @@ LLAMA = dict(
     mlp_bias=False,
     rope_theta=500.0,
 )
+# DeepSeek-V3's latent attention in miniature (every size explicit, as a DeepSeek-V3 config states them)
+DEEPSEEK_LATENTS = dict(kv_lora_rank=12, q_lora_rank=16, qk_nope_head_dim=8, v_head_dim=6)
 # Wider init than 0.02 so that tiny random decoders generate varied tokens, not one repeated id.
 WIDE = dict(initializer_range=0.2)
 TARGETS = {
@@ -46,6 +48,10 @@ TARGETS = {
     "mistral": ("decoder", dict(LLAMA, layer_types=["sliding", "sliding"], sliding_window=3, **WIDE)),
     "qwen2": ("decoder", dict(LLAMA, layer_types=["sliding", "full"], sliding_window=3, **WIDE)),
     "diffllama": ("decoder", dict(LLAMA, layer_types=["differential", "differential"], **WIDE)),
+    "deepseek-v3": (
+        "decoder",
+        dict(LLAMA, layer_types=["mla", "mla"], num_key_value_heads=4, **DEEPSEEK_LATENTS, **WIDE),
+    ),
     # A GPT-2 block with rotary positions (the decoder presets); GPT-NeoX's attention biases are optional.
     "gpt-neox": ("decoder", dict(position_embedding_type="rotary", rope_theta=500.0, **WIDE)),
     "gpt-neox-no-attention-bias": ("decoder", dict(position_embedding_type="rotary", attention_bias=False, **WIDE)),
@@ -64,6 +70,7 @@ NATIVE_PREFIX = {
     "mistral": "Mistral",
     "qwen2": "Qwen2",
     "diffllama": "DiffLlama",
+    "deepseek-v3": "DeepseekV3",
     "gpt-neox": "GPTNeoX",
     "gpt-neox-no-attention-bias": "GPTNeoX",
     "bert": "Bert",

@@ -49,7 +49,7 @@ LLAMA = dict(
     hidden_dropout=0.0,
     attention_dropout=0.0,
 )
-LAYER_SETTINGS = dict(sliding_window=WINDOW, stride=2, block_size=4, lsh_bucket_size=4, lowrank_k=8)
+LAYER_SETTINGS = dict(sliding_window=WINDOW, stride=2, block_size=4, lsh_bucket_size=4, lowrank_k=8, kv_lora_rank=8)
 
 
 @functools.cache

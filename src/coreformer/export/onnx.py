@@ -27,7 +27,8 @@ What is exported (`torch.onnx.export(..., dynamo=True)`, eager attention, every 
                                                                      (decoder inputs: input_ids shifted right, the
                                                                      heads' default; the classifier reads the last eos)
 
-Key/value tensors are (batch, kv_heads, length, head_dim), as transformers' caches hold them; every layer keeps
+Key/value tensors are (batch, kv_heads, length, head_dim), as transformers' caches hold them ("mla" layers: the
+(batch, 1, length, kv_lora_rank) latents and (batch, 1, length, head_dim) rotary keys they cache); every layer keeps
 every key (a sliding layer's window is applied by its mask), so all of them share one length. Greedy decoding with
 the cache graphs: run model.onnx on the prompt, then decoder_with_past.onnx on each new token with the presents of
 the previous step as its past and the attention mask grown by one column (seq2seq: encoder_model.onnx once,

@@ -15,6 +15,7 @@ NATIVE_NAMES = {
     "mistral": "Mistral",  # before Qwen2: a model sliding on every layer is written as Mistral
     "qwen2": "Qwen2",
     "diffllama": "DiffLlama",
+    "deepseek_v3": "DeepSeek-V3",
     "gpt_neox": "GPT-NeoX",
     "modernbert": "ModernBERT",
 }

@@ -1,0 +1,148 @@
+"""The "mla" layer type (`latent_attention.py`): exact against transformers' DeepseekV3Attention on copied weights
+under eager, sdpa and flex, with and without a query latent; the cache holds the latents (bytes per token against a
+full layer); static caches, gradient checkpointing; refused where it cannot run, by name."""
+
+import re
+
+import pytest
+import torch
+from tiny import decode_incrementally, padded_batch, tiny_config, tiny_model
+from transformers import DeepseekV3Config
+from transformers.cache_utils import StaticCache
+from transformers.masking_utils import create_causal_mask
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+import coreformer as cf
+from coreformer.attention import Attention
+from coreformer.compat import enable_activation_checkpointing
+from coreformer.forward_plan import LayerPlan
+from coreformer.layer_types import check_served
+from coreformer.layers import RotaryEmbedding
+
+# DeepSeek-V3's shape in miniature: 4 heads, rotary part 4 (its qk_rope_head_dim, coreformer's head_dim), a key
+# part without angles of 8, values of 6, a key/value latent of 12, a query latent of 16.
+LATENT = dict(kv_lora_rank=12, qk_nope_head_dim=8, v_head_dim=6)
+LENGTH = 10
+
+
+def coreformer_attention(q_lora_rank: int | None) -> Attention:
+    config = cf.CoreformerDecoderConfig(
+        vocab_size=99, hidden_size=32, num_attention_heads=4, head_dim=4, intermediate_size=48, num_hidden_layers=1,
+        position_embedding_type="rotary", layer_types=["mla"], attention_bias=False, q_lora_rank=q_lora_rank,
+        **LATENT,
+    )  # fmt: skip
+    return Attention(config, 0, is_causal=True, layer_type="mla").eval()
+
+
+def causal_mask(config, backend: str, states, padding_mask):
+    config._attn_implementation = backend
+    return create_causal_mask(config, states, padding_mask, None, position_ids=torch.arange(LENGTH).unsqueeze(0))
+
+
+FLEX = pytest.param("flex_attention", marks=pytest.mark.xdist_group("flex_attention"))
+
+
+@pytest.fixture(params=["eager", "sdpa", FLEX])
+def backend(request) -> str:
+    if request.param == "flex_attention":
+        request.getfixturevalue("flex_attention")  # skips where flex cannot build its kernel
+    return request.param
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 16])
+def test_mla_layer_matches_deepseek_v3_attention(backend, q_lora_rank):
+    torch.manual_seed(0)
+    reference_config = DeepseekV3Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_lora_rank, qk_rope_head_dim=4,
+        rope_interleave=False, attention_bias=False, **LATENT,
+    )  # fmt: skip
+    reference = DeepseekV3Attention(reference_config, 0).eval()
+    for name, parameter in reference.named_parameters():
+        if "layernorm" in name:
+            parameter.data.normal_(1.0, 0.5)  # ones at init: make the latent norms' weights visible
+    ours = coreformer_attention(q_lora_rank)
+    ours.load_state_dict(reference.state_dict())  # DeepSeek-V3's names throughout
+    states = torch.randn(2, LENGTH, 32, generator=torch.Generator().manual_seed(0))
+    padding_mask = torch.ones(2, LENGTH, dtype=torch.long)
+    padding_mask[1, :3] = 0
+    rotary = RotaryEmbedding(ours.config)(states, torch.arange(LENGTH).unsqueeze(0))  # (B, T, 4)
+    with torch.no_grad():
+        expected, _ = reference(states, rotary, causal_mask(reference_config, "eager", states, padding_mask))
+        ours.config._attn_implementation = backend
+        mask = causal_mask(ours.config, backend, states, padding_mask)
+        actual, _ = ours(states, plan=LayerPlan(mask=mask, position_embeddings=rotary, kernel=True))
+    real = padding_mask.bool()
+    assert (actual - expected)[real].abs().max() < 1e-5
+
+
+def mla_model(**overrides):
+    fields = dict(layer_types=["mla", "full"], position_embedding_type="rotary", q_lora_rank=16, **LATENT)
+    return tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **(fields | overrides))
+
+
+def test_the_cache_holds_the_latents_fewer_bytes_per_token_than_a_full_layer():
+    model = mla_model()
+    ids, mask = padded_batch(left=True)
+    incremental, full, cache = decode_incrementally(model, ids, mask)
+    torch.testing.assert_close(incremental[mask.bool()], full[mask.bool()], rtol=0, atol=1e-5)
+    latent, full_layer = cache.layers[0], cache.layers[1]
+    assert latent.keys.shape == (3, 1, 10, 12) and latent.values.shape == (3, 1, 10, 8)  # latent, rotary key
+    per_token = {
+        name: (layer.keys[0, :, 0].numel() + layer.values[0, :, 0].numel()) * layer.keys.element_size()
+        for name, layer in (("mla", latent), ("full", full_layer))
+    }
+    assert per_token == {"mla": (12 + 8) * 4, "full": 2 * 4 * 8 * 4}  # 80 bytes against 256 (fp32)
+
+
+def test_static_cache_decoding_equals_the_full_forward():
+    model = mla_model()
+    model.set_attn_implementation("sdpa")
+    ids, mask = padded_batch(left=True)
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        static = StaticCache(config=model.config, max_cache_len=16)
+        steps = [model(ids[:, :6], attention_mask=mask[:, :6], past_key_values=static, use_cache=True).logits]
+        for t in range(6, ids.shape[1]):
+            steps.append(model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=static).logits)
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], rtol=0, atol=1e-5)
+    assert static.layers[0].keys.shape == (3, 1, 16, 12)
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    ids, mask = padded_batch()
+    runs = []
+    for checkpointing in (False, True):
+        model = mla_model().train()
+        if checkpointing:
+            enable_activation_checkpointing(model)
+        model(ids, attention_mask=mask, labels=ids).loss.backward()
+        runs.append({name: p.grad for name, p in model.named_parameters() if "layers.0.self_attn" in name})
+    assert {name.rsplit(".", 2)[-2] for name in runs[0]} >= {"q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
+    for name, grad in runs[0].items():
+        torch.testing.assert_close(runs[1][name], grad, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(kv_lora_rank=None), "'mla' layers need `kv_lora_rank`, a positive integer"),
+        (dict(kv_lora_rank=8, v_head_dim=0), "`v_head_dim` of 'mla' layers must be a positive integer or None"),
+        (dict(kv_lora_rank=8, qk_norm=True), "set qk_norm=False"),
+        (dict(kv_lora_rank=8, head_dim=5, hidden_size=20), "`head_dim` (5) channels"),
+        (dict(kv_lora_rank=8, attention_sinks=True), "['mla'] layers compute their own scores in a kernel or combine"),
+    ],
+)
+def test_config_refuses_what_mla_layers_cannot_do(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tiny_config("decoder", layer_types=["mla", "full"], **fields)
+
+
+def test_flash_attention_and_serving_engines_are_refused_by_name():
+    attention = coreformer_attention(None)
+    attention.config._attn_implementation = "flash_attention_2"  # no flash here: only the refusal is exercised
+    states = torch.randn(1, 3, 32)
+    with pytest.raises(ValueError, match="values of another width than their keys.*flash_attention_2"):
+        attention(states, plan=LayerPlan(kernel=True))
+    with pytest.raises(ValueError, match=r"'mla' \(layer 0\)"):
+        check_served(["mla", "full"], "vLLM", "use generate().")
