@@ -90,6 +90,7 @@ def test_sdpa_and_its_probabilities_match_eager_on_padded_batches(family):
     model = differential_model(family)
     ids, mask = padded_batch(left=family == "decoder")
     with torch.no_grad():
+        model.set_attn_implementation("eager")  # models are built under sdpa
         eager = model(ids, attention_mask=mask, output_attentions=True)
         model.set_attn_implementation("sdpa")
         sdpa = model(ids, attention_mask=mask, output_attentions=True)

@@ -164,6 +164,7 @@ def logits(model, ids, mask, **kwargs):
 @pytest.mark.parametrize("family", ["encoder", "decoder", "seq2seq"])
 def test_sdpa_and_its_probabilities_match_eager_on_padded_batches(family, left):
     model = options_model(family)
+    model.set_attn_implementation("eager")  # models are built under sdpa
     ids, mask = padded_batch(left=left)
     eager = logits(model, ids, mask, output_attentions=True)
     model.set_attn_implementation("sdpa")
