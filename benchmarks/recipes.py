@@ -76,6 +76,11 @@ RECIPES = {
     "tiny-modern": ("tiny-modern", {}),
     # the GPT-2 block with rotary positions at lr 2e-3: a tuned baseline between the two, for the decoder
     "gpt2-rotary": ("tiny-faithful", {"model": {"position_embedding_type": "rotary"}, "lr": 2e-3}),
+    # the modern decoder with one of the attention variants of the core (docs/concepts/attention-core.md), the rest
+    # of the recipe unchanged: a default changes only when its row wins
+    "modern-gated": ("tiny-modern", {"model": {"attention_gate": "elementwise"}}),
+    "modern-sinks": ("tiny-modern", {"model": {"attention_sinks": True}}),
+    "modern-differential": ("tiny-modern", {"model": {"layer_types": ["differential"] * 4}}),
 }
 FAMILY_RECIPES = {
     "encoder": ("tiny-faithful", "tiny-modern"),
