@@ -47,6 +47,8 @@ from coreformer.training.tasks.token_classification import python_token_tags
 from coreformer.training.tokenizer_training import token_config_kwargs, train_tokenizer
 from coreformer_settings.base import FinetuningError
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
+
 REPO = Path(__file__).resolve().parents[2]
 FINETUNE = REPO / "training" / "finetune.py"
 AUTO = {
@@ -661,8 +663,6 @@ def test_sigkill_while_saving_a_rerun_leaves_the_previous_run(bases, tmp_path):
 INTERRUPTED_FINETUNE = """
 import pathlib, runpy, sys, time
 import transformers
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: one torch thread for the whole file
 
 marker, script = pathlib.Path(sys.argv[1]), sys.argv[2]
 original = transformers.Trainer.training_step
