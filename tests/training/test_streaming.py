@@ -172,11 +172,14 @@ def test_a_streamed_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_w
     # the same checkpoint on 2 processes would read other shares: refused, naming both counts
     state["world_size"] = 2
     (tmp_path / "stopped" / "checkpoints" / "step-20" / "trainer_state.json").write_text(json.dumps(state))
+    resume = dict(resume_from_checkpoint="latest", max_steps=30, **settings)
     with pytest.raises(PretrainingError, match=r"resumes on the number of processes it ran on \(2; this run has 1\)"):
-        run_pretraining(
-            run_settings(corpus[0], tokenizers["decoder"], tmp_path / "stopped", resume_from_checkpoint="latest",
-                         max_steps=30, **settings)
-        )  # fmt: skip
+        run_pretraining(run_settings(corpus[0], tokenizers["decoder"], tmp_path / "stopped", **resume))
+    # a checkpoint of a run that read its data whole records no stream position
+    del state["stream_positions"]
+    (tmp_path / "stopped" / "checkpoints" / "step-20" / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(PretrainingError, match=r"records no position in a stream: resume it without --streaming"):
+        run_pretraining(run_settings(corpus[0], tokenizers["decoder"], tmp_path / "stopped", **resume))
 
 
 def test_streaming_settings_that_cannot_work_are_refused_in_one_line(corpus, tokenizers, tmp_path):
@@ -189,6 +192,9 @@ def test_streaming_settings_that_cannot_work_are_refused_in_one_line(corpus, tok
         run_settings(*base, max_documents=10)
     with pytest.raises(PretrainingError, match=r"no column 'body'; its columns are \['text'\]"):
         run_pretraining(run_settings(*base, text_column="body"))
+    with pytest.raises(PretrainingError, match=r"No local data file matches"):
+        run_pretraining(run_settings(str(tmp_path / "nowhere" / "*.jsonl"), tokenizers["decoder"], tmp_path / "run"))
+    assert not (tmp_path / "run").exists()  # nothing written for a refused run
 
 
 @pytest.mark.slow

@@ -67,7 +67,10 @@ class StreamedText:
         self.source, self.column = args.dataset, args.text_column
         self.fraction, self.seed = args.validation_fraction, args.seed
         self.rank, self.world = rank, world
-        builder, files = local_builder(self.source)
+        try:
+            builder, files = local_builder(self.source)
+        except ValueError as error:  # a missing file, an unknown extension
+            raise PretrainingError(str(error)) from None
         try:
             if builder is not None:
                 loaded = datasets.load_dataset(builder, data_files=files, streaming=True)

@@ -223,7 +223,8 @@ def _restore(run: _Run, training: _Training) -> None:
     )
     micro_batches_per_step = state["world_size"] * state["args"]["grad_accum"]
     if (
-        (state["args"]["dataset"], state["args"].get("data_dir")) != (args.dataset, args.data_dir)
+        (state["args"]["dataset"], state["args"].get("data_dir"), state["args"].get("streaming", False))
+        != (args.dataset, args.data_dir, args.streaming)
         or state["args"].get("packing", args.packing) != args.packing  # recorded since --packing exists
         or micro_batches_per_step != accelerator.num_processes * args.grad_accum
     ):

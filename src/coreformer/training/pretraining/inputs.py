@@ -205,6 +205,11 @@ class StreamCorpus:
         """This process's micro-batches from the stream, from where the resumed checkpoint says it stopped."""
         position, state = StreamPosition(), share.state
         if state is not None:
+            if "stream_positions" not in state:
+                raise PretrainingError(
+                    "The checkpoint was written by a run that did not stream its data, so it records no position in a "
+                    "stream: resume it without --streaming (with the data it trained on)."
+                )
             if state["world_size"] != share.step:
                 raise PretrainingError(
                     f"A streamed run resumes on the number of processes it ran on ({state['world_size']}; this run has "
