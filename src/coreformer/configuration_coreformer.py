@@ -275,6 +275,10 @@ class CoreformerConfig(PreTrainedConfig):
                 setattr(self, name, ["full"] * count)
         if self.linear_num_features is None:
             self.linear_num_features = self.head_dim
+        used = {kind for name in self.stack_layer_types() for kind in getattr(self, name) or ()}
+        for layer_type, entry in LAYER_TYPES.items():
+            if entry.parameter_announces_type and layer_type not in used:
+                setattr(self, entry.parameter, None)  # a model without such layers must not read as one (vLLM)
         self.validate_fields()
         super().__post_init__(**kwargs)
         if self.model_type in MODEL_TYPES:

@@ -217,6 +217,9 @@ class LayerType:
         cache_layer: the layer type transformers' caches build for it (`get_text_config` translates to these).
         saved_name: how config.json spells it for transformers' generic config (which validates the names).
         parameter: the config field the type needs (a positive integer), or None.
+        parameter_announces_type: serving engines read the parameter, when set, as the model holding layers of this
+            type (vLLM's Transformers backend takes a `kv_lora_rank` for an MLA cache), so a config keeps it only
+            where a layer of the type exists.
         overlay: builds the mask function ANDed into transformers' causal/bidirectional mask from that parameter;
             None for "full". Ignored when `padding_mask_only`.
         document_overlay: for a pattern laid out from the start of the sequence (blocks), the overlay of packed rows
@@ -245,6 +248,7 @@ class LayerType:
     cache_layer: str
     saved_name: str
     parameter: str | None = None
+    parameter_announces_type: bool = False
     overlay: Callable[[int], MaskFunction] | None = None
     document_overlay: Callable[[int, Any], MaskFunction] | None = None
     padding_mask_only: bool = False
@@ -350,6 +354,7 @@ LAYER_TYPES: dict[str, LayerType] = {
         "full_attention",
         "full_attention",
         parameter="kv_lora_rank",
+        parameter_announces_type=True,
         kernel=mla_kernel,
         validate=check_mla,
     ),

@@ -146,3 +146,13 @@ def test_flash_attention_and_serving_engines_are_refused_by_name():
         attention(states, plan=LayerPlan(kernel=True))
     with pytest.raises(ValueError, match=r"'mla' \(layer 0\)"):
         check_served(["mla", "full"], "vLLM", "use generate().")
+
+
+def test_a_config_without_mla_layers_keeps_no_kv_lora_rank_which_vllm_reads_as_an_mla_cache():
+    """vLLM's Transformers backend sizes its cache as MLA's latent whenever `kv_lora_rank` is set; a setting of it
+    beside layers that are not "mla" (a config shared between runs) must not make a full-attention model read as one."""
+    fields = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, kv_lora_rank=8)
+    assert cf.CoreformerDecoderConfig(**fields).kv_lora_rank is None
+    mixed = cf.CoreformerDecoderConfig(**fields, layer_types=["mla", "full"], position_embedding_type="rotary")
+    assert mixed.kv_lora_rank == 8
+    assert cf.CoreformerDecoderConfig.from_dict(mixed.to_dict()).kv_lora_rank == 8
