@@ -84,12 +84,12 @@ def padded_batch(batch: int = 3, length: int = 10, left: bool = False, seed: int
     return ids.masked_fill(mask == 0, PAD), mask
 
 
-def decode_incrementally(model, ids: torch.Tensor, mask: torch.Tensor, prefix: int = 6):
-    """Full-forward logits and logits from a prefix then one token at a time through the cache; returns
-    (incremental, full, cache)."""
+def decode_incrementally(model, ids: torch.Tensor, mask: torch.Tensor, prefix: int = 6, cache=None):
+    """Full-forward logits and logits from a prefix then one token at a time through the cache (`cache`, e.g. a
+    StaticCache, or the one the model builds); returns (incremental, full, cache)."""
     with torch.no_grad():
         full = model(ids, attention_mask=mask).logits
-        out = model(ids[:, :prefix], attention_mask=mask[:, :prefix], use_cache=True)
+        out = model(ids[:, :prefix], attention_mask=mask[:, :prefix], past_key_values=cache, use_cache=True)
         steps, cache = [out.logits], out.past_key_values
         for t in range(prefix, ids.shape[1]):
             out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)

@@ -197,17 +197,8 @@ def test_cached_decoding_equals_the_full_forward(backend, cache):
     model = options_model()
     model.set_attn_implementation(backend)
     ids, mask = padded_batch(left=True)
-    if cache == "dynamic":
-        incremental, full, _ = decode_incrementally(model, ids, mask)
-    else:
-        full = logits(model, ids, mask).logits
-        static = StaticCache(config=model.config, max_cache_len=16)
-        with torch.no_grad():
-            steps = [model(ids[:, :6], attention_mask=mask[:, :6], past_key_values=static, use_cache=True).logits]
-            for t in range(6, ids.shape[1]):
-                step = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=static)
-                steps.append(step.logits)
-        incremental = torch.cat(steps, 1)
+    static = StaticCache(config=model.config, max_cache_len=16) if cache == "static" else None
+    incremental, full, _ = decode_incrementally(model, ids, mask, cache=static)
     real = mask.bool()
     torch.testing.assert_close(incremental[real], full[real], rtol=0, atol=1e-5)
 

@@ -98,14 +98,10 @@ def test_static_cache_decoding_equals_the_full_forward():
     model = mla_model()
     model.set_attn_implementation("sdpa")
     ids, mask = padded_batch(left=True)
-    with torch.no_grad():
-        full = model(ids, attention_mask=mask).logits
-        static = StaticCache(config=model.config, max_cache_len=16)
-        steps = [model(ids[:, :6], attention_mask=mask[:, :6], past_key_values=static, use_cache=True).logits]
-        for t in range(6, ids.shape[1]):
-            steps.append(model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=static).logits)
+    static = StaticCache(config=model.config, max_cache_len=16)
+    incremental, full, _ = decode_incrementally(model, ids, mask, cache=static)
     real = mask.bool()
-    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], rtol=0, atol=1e-5)
+    torch.testing.assert_close(incremental[real], full[real], rtol=0, atol=1e-5)
     assert static.layers[0].keys.shape == (3, 1, 16, 12)
 
 
