@@ -21,6 +21,7 @@ difference: `ShardBlocks` cuts the split's whole stream, where `pack_into_blocks
     blocks (block 4, separator </s>)                a a a </s> b b </s> c c c c </s> ...  ->  [a a a </s>] [b b </s> c]
 """
 
+from abc import ABC, abstractmethod
 from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -59,14 +60,15 @@ class DocumentIds:
         return self._lengths
 
 
-class ShardTable:
+class ShardTable(ABC):
     """What the tables share: rows by index, and a shuffled view (what the held-out pool is drawn from)."""
 
-    def __len__(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def __len__(self) -> int: ...
 
+    @abstractmethod
     def row(self, index: int) -> dict[str, Any]:
-        raise NotImplementedError
+        """Row `index`: its "input_ids" (and a packed row's "lengths")."""
 
     def __getitem__(self, indices: Sequence[int]) -> dict[str, list]:
         rows = [self.row(int(index)) for index in indices]

@@ -19,6 +19,7 @@ import dataclasses
 import math
 import tempfile
 import typing
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,12 +97,13 @@ class BatchShare:
     pin_memory: bool
 
 
-class _IndexedCorpus:
+class _IndexedCorpus(ABC):
     """A corpus whose training examples are rows by index: batch g is rows [g * B, (g + 1) * B) of the run's
     shuffled order (batches.py), whichever process builds it."""
 
+    @abstractmethod
     def documents(self) -> dict[str, int]:
-        raise NotImplementedError
+        """Documents per split ("train", "validation"), for the data line."""
 
     def data_line(self, train_examples: Any, block_size: int) -> str:
         return data_line(self.documents(), len(train_examples), block_size)
@@ -118,6 +120,7 @@ class _IndexedCorpus:
 
     def position(self, data: Any) -> None:
         """Nothing to record: the global batch number is the position."""
+        return None
 
 
 class TextCorpus(_IndexedCorpus):
