@@ -164,11 +164,9 @@ def gated_delta_rule(
 
     # Padding tokens have k = v = β = g = 0: no correction, no decay, so the state passes them unchanged.
     pad = -length % chunk_size
-    query, key, value = (nn.functional.pad(x, (0, 0, 0, pad)) for x in (query, key, value))
-    decay, beta = (nn.functional.pad(x, (0, pad)) for x in (decay, beta))
     chunks = (length + pad) // chunk_size
-    query, key, value = (x.reshape(batch, value_heads, chunks, chunk_size, -1) for x in (query, key, value))
-    decay, beta = (x.reshape(batch, value_heads, chunks, chunk_size) for x in (decay, beta))  # (B, H, N, C)
+    query, key, value = (_in_chunks(x, pad, chunks) for x in (query, key, value))  # (B, H, N, C, D)
+    decay, beta = (_in_chunks(x[..., None], pad, chunks)[..., 0] for x in (decay, beta))  # (B, H, N, C)
 
     # Everything inside the chunks at once; log decays are subtracted before exp so nothing overflows.
     log_gamma = decay.cumsum(-1)  # (B, H, N, C)
@@ -190,10 +188,29 @@ def gated_delta_rule(
     query_reads = query * log_gamma.exp()[..., None]  # γ_i q_i: the query's read of S₀
     key_writes = key * (log_gamma[..., -1:] - log_gamma).exp()[..., None]  # Γ_Cj k_j: a key's write to S_C
     chunk_decay = log_gamma[..., -1].exp()  # (B, H, N): γ_C
+    outputs, state = _across_chunks(
+        state, new_values, state_keys, within, query_reads, key_writes, chunk_decay, documents
+    )  # (B, H, N, C, D_v)
+    output = outputs.reshape(batch, value_heads, -1, value_dim)[:, :, :length]  # (B, H, T, D_v)
+    return output.transpose(1, 2).to(dtype), state  # (B, T, H_v, D_v)
 
+
+def _across_chunks(
+    state: torch.Tensor,
+    new_values: torch.Tensor,
+    state_keys: torch.Tensor,
+    within: torch.Tensor,
+    query_reads: torch.Tensor,
+    key_writes: torch.Tensor,
+    chunk_decay: torch.Tensor,
+    documents: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one sequential part of `gated_delta_rule`: chunk after chunk, its outputs from the state it starts from,
+    then the state it passes on (the terms are the docstring's, per chunk on dim 2; `documents` (B, 1, N, C) or
+    None). Returns the outputs (B, H, N, C, D_v) and the final state."""
     outputs = []
     current = documents[:, :, 0, 0] if documents is not None else None  # (B, 1): the document the state holds
-    for n in range(chunks):
+    for n in range(new_values.shape[2]):
         reads, corrections, writes, carried = query_reads[:, :, n], state_keys[:, :, n], key_writes[:, :, n], 1.0
         if documents is not None:
             chunk = documents[:, :, n]  # (B, 1, C)
@@ -206,8 +223,13 @@ def gated_delta_rule(
         corrected = new_values[:, :, n] - corrections @ state  # (B, H, C, D_v): U
         outputs.append(reads @ state + within[:, :, n] @ corrected)
         state = state * (chunk_decay[:, :, n, None, None] * carried) + writes.transpose(-1, -2) @ corrected
-    output = torch.stack(outputs, dim=2).reshape(batch, value_heads, -1, value_dim)[:, :, :length]  # (B, H, T, D_v)
-    return output.transpose(1, 2).to(dtype), state  # (B, T, H_v, D_v)
+    return torch.stack(outputs, dim=2), state
+
+
+def _in_chunks(x: torch.Tensor, pad: int, chunks: int) -> torch.Tensor:
+    """(B, H, T, D) -> (B, H, N, C, D): `pad` zero tokens appended, then cut into `chunks` chunks."""
+    padded = nn.functional.pad(x, (0, 0, 0, pad))  # (B, H, T + pad, D)
+    return padded.reshape(*x.shape[:2], chunks, -1, x.shape[-1])
 
 
 def gated_delta_step(
