@@ -5,8 +5,9 @@
                        before they chose)
     chosen             no flag and no OMP_NUM_THREADS: the cores left by the busy process
 
-One busy process runs beside every run, as a laptop's other job does: a Python loop (one core), or a torch job
-(matrix products on torch's default threads, as another training run). The two settings alternate (A B B A ...) so
+One busy process runs beside every run, as a laptop's other job does: a Python loop (one core), a torch job (matrix
+products on torch's default threads), or an earlier pretraining run (the same default decoder, started on the idle
+machine and so on every core, measured once it is training). The two settings alternate (A B B A ...) so
 that a machine that slows down slows both, and each run's training tokens per second come from its metrics.json
 (steps only: data, tokenizer and saving are not timed). The ratio of the medians is each row's result; the largest
 difference between the runs' training losses is reported beside it (threads change the speed, and what is computed
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from results_files import report_head, results_header, write_results
@@ -35,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUSY = {
     "a Python loop": "while True: pass",
     "a torch job": "import torch\nx = torch.randn(512, 512)\nwhile True: x = torch.tanh(x @ x)",
+    "an earlier pretraining run": None,  # pretrain_command(), on every core
 }
 
 
@@ -50,16 +53,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run(threads: int | None, steps: int, folder: Path) -> dict:
-    """One pretraining run beside whatever runs now; its metrics.json and the engine line it printed."""
+def pretrain_command(threads: int | None, steps: int, folder: Path) -> list[str]:
+    """The default decoder's pretraining for `steps` steps into `folder`, on `threads` (None: the run chooses)."""
     command = [sys.executable, str(ROOT / "training" / "pretrain.py"), "--family", "decoder", "--preset", "tiny"]
     command += ["--max-steps", str(steps), "--eval-every", "0", "--save-every", "0", "--zero-shot-pairs", "0"]
     command += ["--output-dir", str(folder), "--overwrite"]
-    if threads is not None:
-        command += ["--threads", str(threads)]
-    environment = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
-    environment["HF_HUB_OFFLINE"] = "1"
-    done = subprocess.run(command, capture_output=True, text=True, env=environment, check=True)
+    return command + ([] if threads is None else ["--threads", str(threads)])
+
+
+def run_environment() -> dict[str, str]:
+    """This environment without OMP_NUM_THREADS (so that only the flag or the run's choice decides), offline."""
+    return {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"} | {"HF_HUB_OFFLINE": "1"}
+
+
+def run(threads: int | None, steps: int, folder: Path) -> dict:
+    """One pretraining run beside whatever runs now; its metrics.json and the engine line it printed."""
+    command = pretrain_command(threads, steps, folder)
+    done = subprocess.run(command, capture_output=True, text=True, env=run_environment(), check=True)
     engine = next(line for line in done.stdout.splitlines() if line.startswith("engine:"))
     metrics = json.loads((folder / "metrics.json").read_text())
     return {"tokens_per_second": metrics["tokens_per_second"], "engine": engine, "losses": train_losses(metrics)}
@@ -69,18 +79,34 @@ def train_losses(metrics: dict) -> list[float]:
     return [record["loss"] for record in metrics["history"]["train"]]
 
 
-def beside(program: str, settings: dict[str, int | None], args: argparse.Namespace) -> dict[str, list[dict]]:
-    """Each setting's runs, alternating, beside one process running `program`."""
+def start_busy(program: str | None, cores: int, scratch: Path) -> subprocess.Popen:
+    """The busy process: `program` under Python, or (None) a pretraining run on every core, returned once it trains
+    (its progress bar has begun), so that its data preparation is not what the measured runs share the machine with."""
+    if program is not None:
+        return subprocess.Popen([sys.executable, "-c", program])
+    log = scratch / "busy.log"
+    command = pretrain_command(cores, 10**9, scratch / "busy")
+    with log.open("w") as sink:
+        busy = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=run_environment())
+    while "pretraining:" not in log.read_text() and busy.poll() is None:
+        time.sleep(1)
+    if busy.poll() is not None:
+        raise SystemExit(f"the busy pretraining run ended before it trained:\n{log.read_text()[-2000:]}")
+    return busy
+
+
+def beside(program: str | None, settings: dict[str, int | None], args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Each setting's runs, alternating, beside one busy process (start_busy)."""
     order = [name for pair in range(args.pairs) for name in (list(settings)[:: 1 if pair % 2 == 0 else -1])]
     runs: dict[str, list[dict]] = {name: [] for name in settings}
-    busy = subprocess.Popen([sys.executable, "-c", program])
-    try:
-        with tempfile.TemporaryDirectory(prefix="coreformer-threads-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="coreformer-threads-") as scratch:
+        busy = start_busy(program, settings["torch's default"], Path(scratch))
+        try:
             for index, name in enumerate(order):
                 runs[name].append(run(settings[name], args.steps, Path(scratch) / f"run-{index}"))
-    finally:
-        busy.kill()
-        busy.wait()
+        finally:
+            busy.kill()
+            busy.wait()
     return runs
 
 
