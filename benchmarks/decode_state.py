@@ -1,9 +1,10 @@
 """What a decoder's cache holds per layer after a prompt, by layer type: the decode state that generation carries.
 
-For each layer type a decoder of that type on every layer (the sizes below, one shape for all) prefills prompts of
-growing length into transformers' `DynamicCache`, and the bytes of every tensor the cache then holds are counted, per
-layer and per prompt token. The count comes from the tensors themselves, not from a formula: what a type keeps
-(keys and values, a window of them, a fixed-size state, a latent) is what is measured. The numbers depend on the
+For each layer type a decoder of that type on every layer (the sizes below, one shape for all; Gated DeltaNet, which
+needs an attention layer beside it, on the first with a full layer after it) prefills prompts of growing length into
+transformers' `DynamicCache`, and the bytes of every tensor the cache then holds for the layers of that type are
+counted, per layer and per prompt token. The count comes from the tensors themselves, not from a formula: what a type
+keeps (keys and values, a window of them, a fixed-size state, a latent) is what is measured. The numbers depend on the
 shapes and the dtype only, not on the machine.
 
 Writes results/decode_state.json and decode_state.md (machine, date, command at the top).
@@ -32,7 +33,11 @@ TYPES = {
     "differential": {},
     "sigmoid": {},
     "mla": {"kv_lora_rank": 128, "qk_nope_head_dim": 64, "v_head_dim": 64},
+    "gated_deltanet": {"linear_num_value_heads": 8, "linear_conv_kernel_dim": 4},
 }
+# The types that cannot make a stack alone -> the stack measured (its cache layer counts no tokens: an attention layer
+# beside it does)
+STACKS = {"gated_deltanet": ["gated_deltanet", "full"]}
 SHAPE = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, head_dim=64)
 
 
@@ -47,28 +52,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def cache_bytes(cache: DynamicCache) -> int:
-    """The bytes of every tensor each cache layer holds (keys, values, states: whatever its attributes are)."""
-    return sum(
-        value.numel() * value.element_size()
-        for layer in cache.layers
-        for value in vars(layer).values()
-        if isinstance(value, torch.Tensor)
-    )
+def layer_bytes(layer) -> int:
+    """The bytes of every tensor a cache layer holds (keys, values, states: whatever its attributes are, and the
+    tensors of the dicts transformers' linear-attention layer keeps its states in)."""
+    tensors = []
+    for value in vars(layer).values():
+        tensors += list(value.values()) if isinstance(value, dict) else [value]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors if isinstance(tensor, torch.Tensor))
 
 
 @torch.no_grad()
-def state_after_prompt(layer_type: str, length: int) -> int:
+def state_after_prompt(layer_type: str, length: int) -> float:
+    """The bytes the cache holds per layer of `layer_type` after a prompt of `length` tokens."""
+    layer_types = STACKS.get(layer_type, [layer_type] * SHAPE["num_hidden_layers"])
     config = cf.CoreformerDecoderConfig(
         vocab_size=256, intermediate_size=4 * SHAPE["hidden_size"], max_position_embeddings=max(length, 512),
-        position_embedding_type="rotary", layer_types=[layer_type] * SHAPE["num_hidden_layers"],
-        **SHAPE, **TYPES[layer_type],
+        position_embedding_type="rotary", layer_types=layer_types, **SHAPE, **TYPES[layer_type],
     )  # fmt: skip
     torch.manual_seed(0)
     model = cf.CoreformerDecoderForCausalLM(config).eval()
     cache = DynamicCache(config=config)
     model(input_ids=torch.randint(0, 256, (1, length)), past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return cache_bytes(cache)
+    measured = [layer_bytes(layer) for layer, kind in zip(cache.layers, layer_types) if kind == layer_type]
+    return sum(measured) / len(measured)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,17 +82,17 @@ def main(argv: list[str] | None = None) -> None:
     report = report_head(args) | {"shape": SHAPE, "types": {name: TYPES[name] for name in args.types}, "rows": []}
     for layer_type in args.types:
         for length in args.lengths:
-            total = state_after_prompt(layer_type, length)
-            per_layer = total / SHAPE["num_hidden_layers"]
-            report["rows"].append({"type": layer_type, "length": length, "bytes": total, "per_layer": per_layer})
+            per_layer = state_after_prompt(layer_type, length)
+            report["rows"].append({"type": layer_type, "length": length, "per_layer": per_layer})
             print(f"{layer_type} {length}: {per_layer / length:,.1f} bytes per token per layer", file=sys.stderr)
     lines = results_header("Decode state by layer type: what the cache holds after a prompt", report)
     shape = ", ".join(f"{key} {value}" for key, value in SHAPE.items())
     lines += [
         "",
-        f"A decoder of one layer type ({shape}; fp32), `DynamicCache` after one prefill: the bytes of every tensor the "
-        "cache holds, per layer, and per layer and prompt token. A type whose state does not grow with the prompt "
-        "shows a per-token figure falling as the prompt grows.",
+        f"A decoder of one layer type ({shape}; fp32; gated_deltanet on the first layer, a full layer after it), "
+        "`DynamicCache` after one prefill: the bytes of every tensor the cache holds for a layer of the type, and "
+        "per prompt token. A type whose state does not grow with the prompt shows a per-token figure falling as the "
+        "prompt grows.",
         "",
         "| type | settings | " + " | ".join(f"L={length:,}: KiB / layer" for length in args.lengths) + " | "
         + " | ".join(f"L={length:,}: bytes / token" for length in args.lengths) + " |",

@@ -20,9 +20,11 @@ each type at long lengths: a sliding layer keeps its O(L·w) kernel, full attent
 """
 
 import argparse
+import datetime
 import gc
 import json
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -38,6 +40,11 @@ TYPES = ("full", "sliding", "strided", "lowrank", "linear")
 # "full_eager": full attention under the eager backend, which materialises the L x L probabilities. torch's sdpa
 # kernel on CPU is flash-style and keeps even full attention's memory linear in L; eager shows the classic O(L²).
 ROWS = ("full_eager", *TYPES)
+# The attention variants of today's decoders, measured on request (--types): multi-head latent attention (its latent
+# widths below) and Gated DeltaNet, whose stack ends in one full layer (its cache layer counts no tokens; with
+# --layers 4 that is Qwen3-Next's 3 : 1 mix).
+VARIANTS = ("mla", "gated_deltanet")
+VARIANT_FIELDS = {"mla": dict(kv_lora_rank=128, qk_nope_head_dim=64, v_head_dim=64), "gated_deltanet": {}}
 
 
 def build_model(layer_type: str, length: int, args: argparse.Namespace) -> torch.nn.Module:
@@ -45,6 +52,9 @@ def build_model(layer_type: str, length: int, args: argparse.Namespace) -> torch
     backend = "eager" if layer_type == "full_eager" else "sdpa"
     layer_type = layer_type.removesuffix("_eager")
     config_class = cf.CoreformerEncoderConfig if args.family == "encoder" else cf.CoreformerDecoderConfig
+    layer_types = [layer_type] * args.layers
+    if layer_type == "gated_deltanet":
+        layer_types[-1] = "full"
     config = config_class(
         vocab_size=1024,
         hidden_size=args.hidden_size,
@@ -54,11 +64,12 @@ def build_model(layer_type: str, length: int, args: argparse.Namespace) -> torch
         max_position_embeddings=length,
         position_embedding_type="rotary",
         hidden_dropout=0.0,
-        layer_types=[layer_type] * args.layers,
+        layer_types=layer_types,
         sliding_window=args.window,
         stride=args.stride,
         lowrank_k=min(args.lowrank_k, length),
         attn_implementation=backend,
+        **VARIANT_FIELDS.get(layer_type, {}),
     )
     torch.manual_seed(0)
     return (cf.CoreformerEncoderModel if args.family == "encoder" else cf.CoreformerDecoderModel)(config)
@@ -177,6 +188,8 @@ def describe(args: argparse.Namespace) -> tuple[str, str]:
     """(what one timing is, where the results go): the default run keeps the names the README links to."""
     what = "forward" if args.inference else "forward + backward"
     mode = f"{args.family}{'_inference' if args.inference else ''}{'_packed' if args.packed_documents else ''}"
+    if args.name:
+        return what, args.name
     return what, "long_context" if mode == "encoder" else f"long_context_{mode}"
 
 
@@ -215,7 +228,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--family", choices=("encoder", "decoder"), default="encoder")
     parser.add_argument("--inference", action="store_true", help="one forward pass without gradients, eval mode")
-    parser.add_argument("--types", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--types", nargs="+", default=list(ROWS), choices=(*ROWS, *VARIANTS))
     parser.add_argument("--max-full-length", type=int, default=16384, help="skip full attention beyond this length")
     parser.add_argument("--max-eager-length", type=int, default=8192, help="eager full attention needs O(L²) memory")
     parser.add_argument("--hidden-size", type=int, default=256)
@@ -233,6 +246,7 @@ def main() -> None:
     parser.add_argument("--quiet-cpu", type=float, help="start each timing once the CPUs' busy share is below this")
     parser.add_argument("--quiet-timeout", type=float, default=300, help="seconds to wait for that before timing")
     parser.add_argument("--output-dir", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--name", help="the results files' name (default: long_context, then the family and mode)")
     parser.add_argument("--one", nargs=2, metavar=("TYPE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     # What the imports made lives as long as the process (each measured cell is one): no garbage collection, exit
@@ -259,7 +273,10 @@ def main() -> None:
         print("\nassociative recall accuracy: " + ", ".join(f"{t} {a:.3f}" for t, a in accuracies.items()))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("one", "output_dir")}
-    report = {"machine": machine, "settings": settings, "results": results, "recall_accuracy": accuracies}
+    command = shlex.join(["python", "benchmarks/long_context.py", *sys.argv[1:]])
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    report = {"machine": machine, "date": date, "command": command, "settings": settings, "results": results}
+    report["recall_accuracy"] = accuracies
     (args.output_dir / f"{name}.json").write_text(json.dumps(report, indent=2))
     plot(results, args.output_dir / f"{name}.png", args)
     print(f"\nwrote {args.output_dir / f'{name}.json'} and {args.output_dir / f'{name}.png'}")

@@ -81,6 +81,8 @@ RECIPES = {
     "modern-gated": ("tiny-modern", {"model": {"attention_gate": "elementwise"}}),
     "modern-sinks": ("tiny-modern", {"model": {"attention_sinks": True}}),
     "modern-differential": ("tiny-modern", {"model": {"layer_types": ["differential"] * 4}}),
+    # Qwen3-Next's mix: three Gated DeltaNet layers, then one full layer
+    "modern-gated-deltanet": ("tiny-modern", {"model": {"layer_types": ["gated_deltanet"] * 3 + ["full"]}}),
 }
 FAMILY_RECIPES = {
     "encoder": ("tiny-faithful", "tiny-modern"),

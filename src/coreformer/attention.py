@@ -11,8 +11,9 @@ is dispatched through transformers' `ALL_ATTENTION_FUNCTIONS` (sdpa, flex_attent
 
 Each layer also has a type (`config.layer_types`, the table in `layer_types.py`). Some types differ only in the mask
 the stack builds for them; a type that computes more has a kernel (`layer_kernel.LayerKernel`) that this core calls
-at fixed points: extra weights at construction, keys/values projected before the scores, the scores themselves
-instead of the backend, its own probabilities, the heads combined after the scores (differential attention).
+at fixed points: extra weights at construction, the whole layer for a token mixer that attends over no keys (Gated
+DeltaNet), keys/values projected before the scores, the scores themselves instead of the backend, its own
+probabilities, the heads combined after the scores (differential attention).
 Whether a kernel runs is decided once per forward by the stack's plan (`forward_plan.LayerPlan.kernel`): sparse
 kernels that compute what their mask computes run under sdpa without a cache, the others on every call.
 
@@ -188,6 +189,13 @@ def sink_block_mask(block_mask: Any, query: torch.Tensor, keys: int) -> Any:
     )
 
 
+def self_attention_cache(past_key_values: Cache | None) -> Cache | None:
+    """The cache self-attention reads and writes: the self-attention side of an EncoderDecoderCache."""
+    if isinstance(past_key_values, EncoderDecoderCache):
+        return past_key_values.self_attention_cache
+    return past_key_values
+
+
 def heads_first(states: torch.Tensor, unpadding: Unpadding | None = None) -> torch.Tensor:
     """(B, T, H, D) -> (B, H, T, D); unpadded (N, H, D) states are padded first."""
     if unpadding is not None:
@@ -204,8 +212,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rotary(
     query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary position embedding (Su et al. 2021, eq. 34). query/key: (B, H, T, D); cos/sin: (B, T, D)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D), broadcast over heads
+    """Rotary position embedding (Su et al. 2021, eq. 34). query/key: (B, H, T, D); cos/sin: (B, T, R), R ≤ D: with
+    `partial_rotary_factor` the first R channels of each head rotate and the rest pass unchanged (Qwen3-Next,
+    GPT-NeoX)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, R), broadcast over heads
+    rotated = cos.shape[-1]
+    if rotated < query.shape[-1]:
+        (query, query_pass), (key, key_pass) = (x.split((rotated, x.shape[-1] - rotated), dim=-1) for x in (query, key))
+        query, key = apply_rotary(query, key, cos[:, 0], sin[:, 0])
+        return torch.cat([query, query_pass], dim=-1), torch.cat([key, key_pass], dim=-1)
     return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
 
@@ -358,6 +373,10 @@ class Attention(nn.Module):
             it from the same queries and keys, before attention dropout.
         """
         plan = LayerPlan() if plan is None else plan
+        if plan.kernel and self.kernel is not None:
+            mixed = self.kernel.mix(self, hidden_states, plan, self_attention_cache(past_key_values))
+            if mixed is not None:  # a token mixer that attends over no keys: no map to return
+                return mixed, None
         query, gate, key, value, cache = self._projections(hidden_states, key_value_states, past_key_values, plan)
         output, key, value, mask = self._cached_or_computed(query, key, value, plan, past_key_values, cache, kwargs)
         weights = None
@@ -411,9 +430,7 @@ class Attention(nn.Module):
             inputs = self.kernel.inputs(self, hidden_states, plan, apply_rotary)
             if inputs is not None:
                 query, key, value = inputs
-                is_encoder_decoder_cache = isinstance(past_key_values, EncoderDecoderCache)
-                cache = past_key_values.self_attention_cache if is_encoder_decoder_cache else past_key_values
-                return query, None, key, value, cache
+                return query, None, key, value, self_attention_cache(past_key_values)
         query, gate = self._queries(hidden_states, plan.unpadding)  # (B, H, T, D), gate logits or None
         if self.q_norm is not None:
             query = self.q_norm(query)

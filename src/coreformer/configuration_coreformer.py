@@ -93,6 +93,8 @@ class CoreformerConfig(PreTrainedConfig):
             `local_rope_theta`).
         local_rope_theta: Base of the rotary frequencies of "sliding" layers (layer_types.py's table says which types
             read it); `None` means `rope_theta`. ModernBERT's local layers use 10,000 and its global ones 160,000.
+        partial_rotary_factor: The share of each head's channels that rotary positions rotate, the first ones (an
+            even number of them); the rest pass unrotated. Qwen3-Next and GPT-NeoX rotate a quarter.
 
     Args: Block (MLP, norms, dropout)
         intermediate_size: Width of the MLP.
@@ -134,7 +136,10 @@ class CoreformerConfig(PreTrainedConfig):
                        under every backend;
             "mla"      multi-head latent attention (DeepSeek-V2/V3): keys and values expanded from a `kv_lora_rank`
                        latent and one shared rotary key of `head_dim` channels, which are what the cache holds;
-                       queries optionally through a `q_lora_rank` latent.
+                       queries optionally through a `q_lora_rank` latent;
+            "gated_deltanet"  Gated DeltaNet (Yang et al. 2025), as Qwen3-Next's linear layers: a short convolution,
+                       then a decaying (D_k, D_v) state per value head corrected towards each token's value (the delta
+                       rule); O(L), a constant-size cache; decoders only, beside at least one attention layer.
 
     Args: Efficient kernels (the parameters of the layer types above)
         sliding_window: Tokens a "sliding" layer sees on each side of the query (the query itself comes on top).
@@ -161,6 +166,14 @@ class CoreformerConfig(PreTrainedConfig):
         qk_nope_head_dim: Channels of each "mla" query/key head without rotary angles (the rotary ones are
             `head_dim`, DeepSeek-V3's `qk_rope_head_dim`); `None` means `head_dim`.
         v_head_dim: Width of each "mla" value head; `None` means `qk_nope_head_dim`.
+        linear_num_key_heads: Query/key heads of "gated_deltanet" layers (Qwen3-Next's field); `None` means
+            `num_attention_heads`.
+        linear_num_value_heads: Value heads of "gated_deltanet" layers, a multiple of the key heads (each query/key
+            head serves that many); `None` means `linear_num_key_heads`.
+        linear_key_head_dim: Width of each "gated_deltanet" query/key head; `None` means `head_dim`.
+        linear_value_head_dim: Width of each "gated_deltanet" value head; `None` means `head_dim`.
+        linear_conv_kernel_dim: Taps of the short causal convolution q, k and v pass through in "gated_deltanet"
+            layers.
 
     Args: Heads and tasks
         tie_word_embeddings: The LM head shares its weight with the input embedding.
@@ -212,6 +225,7 @@ class CoreformerConfig(PreTrainedConfig):
     position_offset: int = 0
     rope_theta: float = 10000.0
     local_rope_theta: float | None = None
+    partial_rotary_factor: float = 1.0
     # block: MLP, norms, dropout
     intermediate_size: int = 3072
     hidden_act: str = "gelu"
@@ -242,6 +256,11 @@ class CoreformerConfig(PreTrainedConfig):
     q_lora_rank: int | None = None
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int = 4
     # heads and tasks
     tie_word_embeddings: bool = True
     lm_head_transform: bool = False
@@ -439,12 +458,18 @@ class CoreformerConfig(PreTrainedConfig):
             if unknown:
                 known = tuple(LAYER_TYPES)
                 raise ValueError(f"`{name}` has unknown attention types {unknown}; choose from {known}.")
-            for layer_type in sorted(set(types)) if causal else ():
-                refusal = LAYER_TYPES[layer_type].not_causal
-                if refusal is not None:
+            for layer_type in sorted(set(types)):
+                entry = LAYER_TYPES[layer_type]
+                if causal and entry.not_causal is not None:
                     raise ValueError(
-                        f"`{name}` puts '{layer_type}' in a causal stack: {refusal}. It is bidirectional only "
-                        f"(encoder layers); use one of {self.causal_layer_types()} for decoders."
+                        f"`{name}` puts '{layer_type}' in a causal stack: {entry.not_causal}. It is bidirectional "
+                        f"only (encoder layers); use one of {self.causal_layer_types()} for decoders."
+                    )
+                if not causal and entry.not_bidirectional is not None:
+                    bidirectional = [name for name, other in LAYER_TYPES.items() if other.not_bidirectional is None]
+                    raise ValueError(
+                        f"`{name}` puts '{layer_type}' in a bidirectional stack: {entry.not_bidirectional}. It is "
+                        f"causal only (decoder layers); use one of {bidirectional} for encoders."
                     )
             used.update(types)
         for layer_type in sorted(used):
@@ -677,6 +702,13 @@ def check_ranges(config: CoreformerConfig) -> None:
         theta = getattr(config, name)
         if theta is not None and theta <= 0:
             raise ValueError(f"`{name}` must be > 0, got {theta}.")
+    factor = config.partial_rotary_factor
+    rotated = int(config.head_dim * factor) if config.head_dim is not None else 2
+    if not 0 < factor <= 1 or (factor < 1 and (rotated < 2 or rotated % 2)):
+        raise ValueError(
+            f"`partial_rotary_factor` must be in (0, 1] and rotate an even number (>= 2) of each head's "
+            f"{config.head_dim} channels, got {factor} ({rotated} channels)."
+        )
     if config.layer_norm_eps <= 0:
         raise ValueError(f"`layer_norm_eps` must be > 0, got {config.layer_norm_eps}.")
     if config.initializer_range < 0:

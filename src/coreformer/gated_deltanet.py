@@ -12,6 +12,7 @@ gated_delta_rule    the chunked form for training and prefill, O(T) with matrix 
 gated_delta_step    the same recurrence token by token, for decoding from a state
 l2_normalize, decay_and_beta, gated_rms_norm   the pieces around them in Qwen3-Next's `Qwen3NextGatedDeltaNet`
 cached_states, store_states   read and write both states in transformers' own "linear_attention" cache layer
+GatedDeltaNetKernel the "gated_deltanet" layer type: Qwen3.5's projections around the pieces above, the whole layer
 
 Packed rows (`documents`) restart both the convolution and the delta rule at each document, so no document sees
 another's tokens, exactly as if each were its own row:
@@ -29,8 +30,14 @@ registered. What it does not do: count tokens (transformers asks an attention la
 length) or take tokens back (`crop` cannot rewind a recurrent state, so assisted decoding is unavailable).
 """
 
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+from .layer_kernel import LayerKernel
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -191,7 +198,7 @@ def gated_delta_rule(
     outputs, state = _across_chunks(
         state, new_values, state_keys, within, query_reads, key_writes, chunk_decay, documents
     )  # (B, H, N, C, D_v)
-    output = outputs.reshape(batch, value_heads, -1, value_dim)[:, :, :length]  # (B, H, T, D_v)
+    output = outputs.flatten(2, 3)[:, :, :length]  # (B, H, N, C, D_v) -> (B, H, T, D_v)
     return output.transpose(1, 2).to(dtype), state  # (B, T, H_v, D_v)
 
 
@@ -229,7 +236,7 @@ def _across_chunks(
 def _in_chunks(x: torch.Tensor, pad: int, chunks: int) -> torch.Tensor:
     """(B, H, T, D) -> (B, H, N, C, D): `pad` zero tokens appended, then cut into `chunks` chunks."""
     padded = nn.functional.pad(x, (0, 0, 0, pad))  # (B, H, T + pad, D)
-    return padded.reshape(*x.shape[:2], chunks, -1, x.shape[-1])
+    return padded.reshape(*x.shape[:2], chunks, padded.shape[2] // chunks, x.shape[-1])  # sized: B may be 0
 
 
 def gated_delta_step(
@@ -280,3 +287,122 @@ def store_states(layer: object, conv_state: torch.Tensor, recurrent_state: torch
     copied into buffers allocated once, so their addresses stay static."""
     layer.update_conv_state(conv_state, 0, conv_kernel_size=conv_state.shape[-1])
     layer.update_recurrent_state(recurrent_state, 0)
+
+
+class GatedRMSNorm(nn.Module):
+    """The per-head output norm of a Gated DeltaNet layer, gated by SiLU(z) (`gated_rms_norm`); checkpoint key
+    `norm.weight`, as Qwen3-Next's `Qwen3NextRMSNormGated`."""
+
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return gated_rms_norm(x, gate, self.weight, self.eps)
+
+
+class GatedDeltaNetKernel(LayerKernel):
+    """The "gated_deltanet" layer type: the whole token mixer of a layer (`mix`), laid out as Qwen3.5's
+    `Qwen3_5GatedDeltaNet` (Qwen3-Next's with its projections split):
+
+        x ──in_proj_qkv──> [ q (H_k·D_k) | k (H_k·D_k) | v (H_v·D_v) ] ──conv1d (short_convolution)──> q, k, v
+        x ──in_proj_z──> z (H_v·D_v)      x ──in_proj_b──> b (H_v)      x ──in_proj_a──> a (H_v)
+        o = gated_delta_rule(l2(q), l2(k), v, decay_and_beta(a, b, A_log, dt_bias))
+        out = o_proj( norm(o, gate=z) )
+
+    The cache layer is transformers' own `LinearAttentionLayer` (layer type "linear_attention"), holding the conv
+    state and the (H_v, D_k, D_v) state per sequence. Padded tokens are zeroed before the projections (as Qwen3-Next
+    masks its padding), so that with left padding both states stay zero until a sequence's first real token.
+    """
+
+    def build(self, attention: nn.Module) -> None:
+        config = attention.config
+        sizes = gated_deltanet_sizes(config)
+        attention.key_heads, attention.value_heads = sizes["key_heads"], sizes["value_heads"]
+        attention.key_dim, attention.value_dim = sizes["key_dim"], sizes["value_dim"]
+        hidden = config.hidden_size
+        keys, values = sizes["key_heads"] * sizes["key_dim"], sizes["value_heads"] * sizes["value_dim"]
+        # The attention's projections and norms are not this layer's: the options of the config's attention layers
+        # (qk_norm, attention_gate, as Qwen3-Next's full layers have them) leave it alone.
+        attention.q_proj = attention.k_proj = attention.v_proj = attention.q_norm = attention.k_norm = None
+        attention.gate_width = 0
+        channels = 2 * keys + values
+        attention.in_proj_qkv = nn.Linear(hidden, channels, bias=False)
+        attention.in_proj_z = nn.Linear(hidden, values, bias=False)
+        attention.in_proj_b = nn.Linear(hidden, sizes["value_heads"], bias=False)
+        attention.in_proj_a = nn.Linear(hidden, sizes["value_heads"], bias=False)
+        kernel_size = config.linear_conv_kernel_dim
+        # A depthwise convolution, as Qwen3-Next's `conv1d` (its checkpoint key and shape); `short_convolution` reads
+        # its taps.
+        attention.conv1d = nn.Conv1d(
+            channels, channels, kernel_size, groups=channels, padding=kernel_size - 1, bias=False
+        )
+        attention.dt_bias = nn.Parameter(torch.empty(sizes["value_heads"]))
+        attention.A_log = nn.Parameter(torch.empty(sizes["value_heads"]))
+        attention.norm = GatedRMSNorm(sizes["value_dim"], eps=config.layer_norm_eps)
+        attention.o_proj = nn.Linear(values, hidden, bias=False)
+
+    def init_weights(self, attention: nn.Module) -> None:
+        # As Qwen3-Next draws them: per-head decay rates A in (0, 16) (A_log their logs), unit dt biases.
+        init.copy_(attention.A_log, torch.empty_like(attention.A_log).uniform_(0, 16).log())
+        init.ones_(attention.dt_bias)
+        # torch's own Conv1d draw, U(±1/√K), as FLA's short convolution keeps it: transformers' default for a
+        # convolution, N(0, initializer_range), would scale q, k and v down about twentyfold through K taps.
+        bound = attention.conv1d.weight.shape[-1] ** -0.5
+        init.uniform_(attention.conv1d.weight, -bound, bound)
+
+    def mix(self, attention: nn.Module, hidden_states: torch.Tensor, plan: Any, cache: Any) -> torch.Tensor:
+        hidden = plan.unpadding.pad(hidden_states) if plan.unpadding is not None else hidden_states  # (B, T, hidden)
+        batch, length = hidden.shape[:2]
+        if plan.mask is not None:  # the (B, past + T) padding mask
+            hidden = hidden * plan.mask[:, -length:, None].to(hidden.dtype)
+        layer = state_layer(cache, attention.layer_idx)
+        conv_state, state = cached_states(layer) if layer is not None else (None, None)
+        mixed, conv_state = short_convolution(
+            attention.in_proj_qkv(hidden), attention.conv1d.weight[:, 0], state=conv_state, documents=plan.documents
+        )  # (B, T, 2·H_k·D_k + H_v·D_v)
+        keys = attention.key_heads * attention.key_dim
+        query, key, value = mixed.split((keys, keys, mixed.shape[-1] - 2 * keys), dim=-1)
+        query, key = (l2_normalize(x.unflatten(-1, (-1, attention.key_dim)).transpose(1, 2)) for x in (query, key))
+        value = value.unflatten(-1, (-1, attention.value_dim)).transpose(1, 2)  # (B, H_v, T, D_v)
+        decay, beta = decay_and_beta(
+            attention.in_proj_a(hidden), attention.in_proj_b(hidden), attention.A_log, attention.dt_bias
+        )  # (B, T, H_v) each
+        decay, beta = decay.transpose(1, 2), beta.transpose(1, 2)  # (B, H_v, T)
+        if length == 1:  # a decoding step: the recurrence itself, no chunk to pad
+            output, state = gated_delta_step(query, key, value, decay, beta, state=state)
+        else:
+            output, state = gated_delta_rule(query, key, value, decay, beta, state=state, documents=plan.documents)
+        if layer is not None:
+            store_states(layer, conv_state, state)
+        gate = attention.in_proj_z(hidden).unflatten(-1, (-1, attention.value_dim))  # (B, T, H_v, D_v)
+        output = attention.o_proj(attention.norm(output, gate).flatten(-2))  # (B, T, hidden)
+        return plan.unpadding.unpad(output) if plan.unpadding is not None else output
+
+
+def gated_deltanet_sizes(config: Any) -> dict[str, int]:
+    """The heads and head widths of a config's "gated_deltanet" layers; a field left None takes the attention's:
+    key and value heads `num_attention_heads`, their widths `head_dim`."""
+    key_heads = config.linear_num_key_heads or config.num_attention_heads
+    return {
+        "key_heads": key_heads,
+        "value_heads": config.linear_num_value_heads or key_heads,
+        "key_dim": config.linear_key_head_dim or config.head_dim,
+        "value_dim": config.linear_value_head_dim or config.head_dim,
+    }
+
+
+def state_layer(cache: Any, layer_idx: int) -> Any:
+    """The cache layer of a "gated_deltanet" layer (transformers' linear-attention layer), or None without a cache;
+    one clear error for a cache laid out for another model."""
+    if cache is None:
+        return None
+    layer = cache.layers[layer_idx] if len(cache.layers) > layer_idx else None
+    if not isinstance(layer, LinearAttentionCacheLayerMixin):
+        raise ValueError(
+            "This layer is Gated DeltaNet, which caches a convolution state and a recurrent state in transformers' "
+            "'linear_attention' cache layer: build the cache from the config (DynamicCache(config=model.config) or "
+            "StaticCache(config=model.config, ...)) or let generate() do it."
+        )
+    return layer

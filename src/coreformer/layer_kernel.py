@@ -2,10 +2,12 @@
 
 A layer type's kernel (`layer_types.LayerType.kernel` loads it) is a `LayerKernel` subclass in its own file beside the
 attention core (`sparse_attention.py`, `linear_attention.py`, `lowrank_attention.py`). The core owns q/k/v, heads
-and caches; a kernel receives them at three points of `Attention.forward`:
+and caches; a kernel receives them at fixed points of `Attention.forward`:
 
     build(attention)           once, at construction: extra parameters/buffers (their names are checkpoint keys)
     init_weights(attention)    from `_init_weights`: values for what `build` registered
+    mix(...)                   the whole layer, for a token mixer that is not attention over keys (Gated DeltaNet):
+                               the layer input -> what `o_proj` wrote; nothing below runs
     inputs(...)                queries and what the cache holds, from the layer input, instead of the core's
                                projections (multi-head latent attention's latents)
     project(...)               keys/values before the scores (Linformer's projections along the sequence)
@@ -32,6 +34,12 @@ class LayerKernel:
 
     def init_weights(self, attention: Any) -> None:
         """Fill what `build` registered (models are built on the meta device; `_init_weights` calls this)."""
+
+    def mix(self, attention: Any, hidden_states: Any, plan: Any, cache: Any) -> Any:
+        """The layer input, (B, T, hidden) or the unpadded (N, hidden) real tokens (`plan.unpadding`), its plan and the
+        self-attention cache (or None) -> the layer's output in the same layout; None for attention over keys (the
+        core's projections, the backend and the hooks below)."""
+        return None
 
     def inputs(self, attention: Any, hidden_states: Any, plan: Any, rotary: Any) -> tuple[Any, Any, Any] | None:
         """The layer input, (B, T, hidden) or the unpadded (N, hidden) real tokens (`plan.unpadding`) -> (B, H, T, D)

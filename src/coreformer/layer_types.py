@@ -11,6 +11,7 @@
     differential  causal / bidirectional           2 maps - λ (differential_attention)      full_attention
     sigmoid   causal / bidirectional, eager form   sigmoid(s - log n) (sigmoid_attention)   full_attention
     mla       causal / bidirectional               latents expanded (latent_attention)      full_attention, the latent
+    gated_deltanet  (B, S) padding mask, causal only  delta rule, O(L) (gated_deltanet)       linear_attention (its own)
 
 This file is free of torch: the configuration reads it (names, parameters, cache layers, validation) without loading
 a kernel. Each kernel is named by a loader that imports its file on first use (`Attention.__init__`), so a new layer
@@ -196,6 +197,37 @@ def check_mla(config: Any) -> None:
         )
 
 
+def gated_deltanet_kernel(config: Any) -> LayerKernel:
+    from .gated_deltanet import GatedDeltaNetKernel
+
+    return GatedDeltaNetKernel()
+
+
+def check_gated_deltanet(config: Any) -> None:
+    for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"`{name}` of 'gated_deltanet' layers must be a positive integer or None, got {value!r}.")
+    kernel = config.linear_conv_kernel_dim
+    if not isinstance(kernel, int) or kernel < 1:
+        raise ValueError(f"`linear_conv_kernel_dim` must be a positive integer, got {kernel!r}.")
+    key_heads = config.linear_num_key_heads or config.num_attention_heads
+    value_heads = config.linear_num_value_heads or key_heads
+    if value_heads % key_heads:
+        raise ValueError(
+            f"'gated_deltanet' layers give each query/key head the same number of value heads, as Qwen3-Next does: "
+            f"`linear_num_value_heads` ({value_heads}) must be a multiple of `linear_num_key_heads` ({key_heads})."
+        )
+    for name in ("layer_types", "decoder_layer_types"):
+        types = getattr(config, name, None) or []
+        if types and all(layer_type == "gated_deltanet" for layer_type in types):
+            raise ValueError(
+                f"`{name}` has only 'gated_deltanet' layers, whose cache layer (transformers' 'linear_attention') "
+                f"counts no tokens, so a cache would not know how long the sequence is: make at least one layer an "
+                f"attention layer (Qwen3-Next: every fourth 'full')."
+            )
+
+
 def check_stride(config: Any) -> None:
     if config.stride < 2:
         raise ValueError(f"`stride` must be >= 2 (1 would be full attention), got {config.stride}.")
@@ -232,6 +264,7 @@ class LayerType:
             only where it applies (sdpa, nothing cached) and the masked backend otherwise; without
             it the kernel runs on every call.
         not_causal: why the type cannot sit in a causal stack, or None where it can.
+        not_bidirectional: why the type cannot sit in a bidirectional stack (an encoder's), or None where it can.
         packed_rows: whether the type keeps the documents of a packed row apart (`forward_plan.LayerPlan.documents`);
             a stack refuses such rows for a type that cannot.
         max_length_field: the config field bounding the input length the type accepts, or None.
@@ -256,6 +289,7 @@ class LayerType:
     kernel: Callable[[Any], LayerKernel] | None = None
     dense_fallback: bool = False
     not_causal: str | None = None
+    not_bidirectional: str | None = None
     packed_rows: bool = True
     max_length_field: str | None = None
     validate: Callable[[Any], None] | None = None
@@ -357,6 +391,18 @@ LAYER_TYPES: dict[str, LayerType] = {
         parameter_announces_type=True,
         kernel=mla_kernel,
         validate=check_mla,
+    ),
+    # Gated DeltaNet (Yang et al. 2025), as Qwen3-Next's linear layers: a recurrence over the tokens in order, so no
+    # mask and no backend; its two states live in transformers' own "linear_attention" cache layer, which generate(),
+    # DynamicCache and StaticCache build from the layer type alone.
+    "gated_deltanet": LayerType(
+        "linear_attention",
+        "linear_attention",
+        padding_mask_only=True,
+        kernel=gated_deltanet_kernel,
+        not_bidirectional="its recurrence and short convolution read the tokens in order, so a token never sees "
+        "the ones after it",
+        validate=check_gated_deltanet,
     ),
 }
 

@@ -91,7 +91,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: CoreformerConfig, theta: float | None = None):
         super().__init__()
-        self.head_dim = config.head_dim
+        self.head_dim = int(config.head_dim * config.partial_rotary_factor)  # the channels rotated, the first ones
         self.theta = config.rope_theta if theta is None else theta
         self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
 

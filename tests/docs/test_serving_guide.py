@@ -52,6 +52,8 @@ def model_config(layer_type: str):
     settings = {**SHAPE, **SETTINGS, "layer_types": [layer_type] * SHAPE["num_hidden_layers"]}
     if layer_type in ("lsh", "mla"):  # queries are their own keys; every head's keys expand from the latent
         settings["num_key_value_heads"] = settings["num_attention_heads"]
+    if layer_type == "gated_deltanet":  # beside a full layer, gated and QK-normed as Qwen3-Next's
+        settings.update(layer_types=[layer_type, "full"], attention_gate="elementwise", qk_norm=True)
     if causal(layer_type):
         llama = {**VARIANTS["rotary_rmsnorm_swiglu_gqa"], "tie_word_embeddings": False}
         return cf.CoreformerDecoderConfig(**{**llama, **settings}), "CoreformerDecoderForCausalLM"

@@ -1,13 +1,27 @@
 """Gated DeltaNet's math (`gated_deltanet.py`): the chunked rule against transformers' Qwen3-Next references and the
 recurrence written out token by token; Qwen3-Next's whole `Qwen3NextGatedDeltaNet` rebuilt from the pieces on its own
 weights; prefill then decoding through transformers' "linear_attention" cache layer == one pass, with a state that
-does not grow; packed rows give each document exactly what it gets alone, in the rule and in the convolution."""
+does not grow; packed rows give each document exactly what it gets alone, in the rule and in the convolution.
+
+The "gated_deltanet" layer type built on it: the layer against Qwen3-Next's module on copied weights; in a decoder
+beside a full layer, padding, cached and static-cache decoding (the state does not grow), generate(), gradient
+checkpointing, attentions; refused by name where it cannot run."""
+
+import re
 
 import pytest
 import torch
+from tiny import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
+from torch import nn
 from transformers import DynamicCache, PretrainedConfig, Qwen3NextConfig, StaticCache
+from transformers.cache_utils import LinearAttentionLayer
 from transformers.models.qwen3_next import modeling_qwen3_next as qwen
 
+import coreformer as cf
+from coreformer.attention import Attention
+from coreformer.compat import enable_activation_checkpointing
+from coreformer.export.onnx import refuse_unexportable
+from coreformer.forward_plan import LayerPlan
 from coreformer.gated_deltanet import (
     cached_states,
     decay_and_beta,
@@ -18,6 +32,7 @@ from coreformer.gated_deltanet import (
     short_convolution,
     store_states,
 )
+from coreformer.layer_types import check_served
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -289,3 +304,162 @@ def test_packed_mixer_matches_each_document_alone():
             alone = {name: tensor if name == "weight" else tensor[row : row + 1] for name, tensor in inputs.items()}
             alone_output, _, _ = mix(alone, span)  # the document's tokens only, from zero states
             torch.testing.assert_close(output[row : row + 1, span], alone_output, **TOL)
+
+
+# The "gated_deltanet" layer type: the kernel in a model.
+SIZES = dict(
+    linear_num_key_heads=KEY_HEADS, linear_num_value_heads=VALUE_HEADS, linear_key_head_dim=KEY_DIM,
+    linear_value_head_dim=VALUE_DIM, linear_conv_kernel_dim=KERNEL,
+)  # fmt: skip
+
+
+def qwen3_next_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A `Qwen3NextGatedDeltaNet`'s weights under the layer's names: its interleaved `in_proj_qkvz` / `in_proj_ba`
+    rows regrouped by the module's own `fix_query_key_value_ordering` (applied to the weights' columns, each a
+    token), `out_proj` as `o_proj`."""
+    hidden = module.in_proj_qkvz.weight.shape[1]
+    parts = module.fix_query_key_value_ordering(module.in_proj_qkvz.weight.T[None], module.in_proj_ba.weight.T[None])
+    query, key, value, z, b, a = (part.reshape(hidden, -1).T for part in parts)  # (rows, hidden) each
+    return {
+        "in_proj_qkv.weight": torch.cat([query, key, value]),
+        "in_proj_z.weight": z,
+        "in_proj_b.weight": b,
+        "in_proj_a.weight": a,
+        "conv1d.weight": module.conv1d.weight,
+        "dt_bias": module.dt_bias,
+        "A_log": module.A_log,
+        "norm.weight": module.norm.weight,
+        "o_proj.weight": module.out_proj.weight,
+    }
+
+
+def test_gated_deltanet_layer_matches_qwen3_next_on_copied_weights():
+    reference_config = Qwen3NextConfig(
+        hidden_size=32, num_hidden_layers=1, layer_types=["linear_attention"], rms_norm_eps=1e-6, **SIZES
+    )
+    torch.manual_seed(5)
+    reference = qwen.Qwen3NextGatedDeltaNet(reference_config, layer_idx=0).eval()
+    with torch.no_grad():
+        for parameter in (reference.dt_bias, reference.norm.weight):
+            parameter.normal_()
+    config = cf.CoreformerDecoderConfig(
+        vocab_size=99, hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+        layer_types=["gated_deltanet", "full"], layer_norm_eps=1e-6, **SIZES,
+    )  # fmt: skip
+    ours = Attention(config, 0, is_causal=True, layer_type="gated_deltanet").eval()
+    ours.load_state_dict(qwen3_next_weights(reference))
+    states = torch.randn(2, LENGTH, 32, generator=torch.Generator().manual_seed(6))
+    padding = torch.ones(2, LENGTH, dtype=torch.long)
+    padding[1, :7] = 0  # left padding, as generate() pads
+    with torch.no_grad():
+        expected = reference(states, attention_mask=padding)
+        actual, weights = ours(states, plan=LayerPlan(mask=padding.bool(), kernel=True))
+    assert weights is None  # no keys, no map
+    real = padding.bool()
+    torch.testing.assert_close(actual[real], expected[real], **TOL)
+
+
+def gdn_model(**overrides):
+    fields = dict(layer_types=["gated_deltanet", "full"], position_embedding_type="rotary", **SIZES)
+    return tiny_model(cf.CoreformerDecoderForCausalLM, "decoder", **(fields | overrides))
+
+
+def test_left_padded_rows_equal_each_row_alone():
+    model = gdn_model()
+    ids, mask = padded_batch(length=12, left=True)
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask).logits
+        for row in range(ids.shape[0]):
+            real = mask[row].bool()
+            alone = model(ids[row : row + 1, real]).logits[0]
+            torch.testing.assert_close(batch[row, real], alone, **TOL)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_decoding_through_the_cache_equals_the_full_forward_with_a_state_that_does_not_grow(kind):
+    model = gdn_model()
+    ids, mask = padded_batch(length=14, left=True)
+    cache = StaticCache(config=model.config, max_cache_len=16) if kind == "static" else None
+    incremental, full, cache = decode_incrementally(model, ids, mask, prefix=4, cache=cache)
+    real = mask.bool()
+    torch.testing.assert_close(incremental[real], full[real], **TOL)
+    layer = cache.layers[0]
+    assert isinstance(layer, LinearAttentionLayer)  # transformers' own, built from the layer type
+    conv_state, state = cached_states(layer)
+    assert conv_state.shape == (3, 2 * KEY_HEADS * KEY_DIM + VALUE_HEADS * VALUE_DIM, KERNEL - 1)
+    assert state.shape == (3, VALUE_HEADS, KEY_DIM, VALUE_DIM)  # after 4 tokens as after 14
+    assert cache.get_seq_length() == ids.shape[1]  # counted by the attention layer
+
+
+def test_generate_with_and_without_the_cache_gives_the_same_tokens():
+    model = gdn_model()
+    ids, mask = padded_batch(length=8, left=True)
+    settings = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=PAD)
+    cached = model.generate(ids, **settings)
+    uncached = model.generate(ids, use_cache=False, **settings)
+    assert torch.equal(cached, uncached)
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    ids, mask = padded_batch()
+    runs = []
+    for checkpointing in (False, True):
+        model = gdn_model().train()
+        if checkpointing:
+            enable_activation_checkpointing(model)
+        model(ids, attention_mask=mask, labels=ids).loss.backward()
+        runs.append({name: p.grad for name, p in model.named_parameters() if "layers.0.self_attn." in name})
+    assert {name.split("self_attn.")[1] for name in runs[0]} == {
+        "in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "conv1d.weight",
+        "dt_bias", "A_log", "norm.weight", "o_proj.weight",
+    }  # fmt: skip
+    for name, grad in runs[0].items():
+        torch.testing.assert_close(runs[1][name], grad, msg=name)
+
+
+def test_attentions_are_the_attention_layers_maps_alone():
+    model = gdn_model(layer_types=["gated_deltanet", "full", "gated_deltanet", "full"], num_hidden_layers=4)
+    ids, mask = padded_batch(length=8, left=True)
+    with torch.no_grad():
+        output = model(ids, attention_mask=mask, output_attentions=True)
+    assert len(output.attentions) == 2  # as Qwen3-Next returns its full layers' only
+    assert all(attentions.shape == (3, 4, 8, 8) for attentions in output.attentions)
+
+
+@pytest.mark.parametrize(
+    ("family", "fields", "message"),
+    [
+        ("encoder", dict(layer_types=["gated_deltanet", "full"]), "puts 'gated_deltanet' in a bidirectional stack"),
+        ("decoder", dict(layer_types=["gated_deltanet"] * 2), "make at least one layer an attention layer"),
+        ("decoder", dict(layer_types=["gated_deltanet", "full"], linear_num_value_heads=3), "must be a multiple"),
+        ("decoder", dict(layer_types=["gated_deltanet", "full"], linear_conv_kernel_dim=0), "positive integer"),
+        ("decoder", dict(layer_types=["gated_deltanet", "full"], attention_sinks=True), "own scores in a kernel"),
+    ],
+)
+def test_config_refuses_what_gated_deltanet_layers_cannot_do(family, fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tiny_config(family, **fields)
+
+
+def test_serving_engines_onnx_and_a_cache_of_another_layout_are_refused_by_name(tmp_path):
+    model = gdn_model()
+    with pytest.raises(ValueError, match="'gated_deltanet' \\(layer 0\\)"):
+        check_served(model.config.layer_types, "vLLM", "serve it with generate().")
+    with pytest.raises(ValueError, match="'gated_deltanet'"):
+        refuse_unexportable(model.config)
+    with pytest.raises(ValueError, match="DynamicCache\\(config=model.config\\)"):
+        model(torch.randint(3, VOCAB, (1, 4)), past_key_values=DynamicCache(), use_cache=True)
+
+
+def test_empty_batches_single_tokens_and_rows_of_padding_alone():
+    model = gdn_model()
+    ids, mask = padded_batch()
+    all_padding = mask.clone()
+    all_padding[1] = 0
+    with torch.no_grad():
+        assert model(torch.zeros(0, 5, dtype=torch.long)).logits.shape == (0, 5, VOCAB)
+        assert model(torch.tensor([[5], [6]])).logits.shape == (2, 1, VOCAB)
+        reference = model(ids, attention_mask=mask).logits
+        output = model(ids, attention_mask=all_padding).logits
+    assert torch.isfinite(output).all()
+    torch.testing.assert_close(output[0], reference[0], **TOL)

@@ -236,6 +236,7 @@ def test_prefill_into_an_empty_cache_runs_the_sparse_kernels_and_matches_eager(m
         ("decoder", ["strided", "full"], 2),
         ("decoder", ["differential", "sigmoid"], 2),
         ("decoder", ["mla", "full"], 2),
+        ("decoder", ["gated_deltanet", "full"], 2),
         # The first decoder step computes the cross-attention keys, every later one reads them (as in BART).
         ("seq2seq", ["full", "full"], 2),
     ],

@@ -248,7 +248,9 @@ def test_linear_attention_state_continues_exactly_token_by_token():
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize("layer_type", ["full", "sliding", "strided", "linear", "differential", "sigmoid", "mla"])
+@pytest.mark.parametrize(
+    "layer_type", ["full", "sliding", "strided", "linear", "differential", "sigmoid", "mla", "gated_deltanet"]
+)
 def test_cached_decoding_equals_the_full_forward(layer_type):
     model = tiny_model(
         cf.CoreformerDecoderForCausalLM,

@@ -110,10 +110,12 @@ def packed_and_alone(
     described_by: str,
     gradients: bool = True,
     alone_backend: str | None = None,
+    beside: str | None = None,
 ):
     """(packed run, per-document runs joined): hidden states, logits, loss, gradients of each (none without
-    `gradients`). The documents alone run under `alone_backend` where given, else under `backend` too."""
-    overrides = dict(layer_types=[layer_type] * 2, **PARAMETERS)
+    `gradients`). Both layers are `layer_type`, or the second is `beside`. The documents alone run under
+    `alone_backend` where given, else under `backend` too."""
+    overrides = dict(layer_types=[layer_type, beside or layer_type], **PARAMETERS)
     if family == "seq2seq":
         overrides["decoder_layer_types"] = [layer_type] * 2
     model = tiny_model(HEADS[family], family, **overrides)
@@ -157,6 +159,12 @@ def assert_same(packed, alone) -> None:
 @pytest.mark.parametrize("family", sorted(HEADS))
 def test_packed_row_gives_each_document_what_it_gets_alone(family, layer_type, backend, described_by):
     assert_same(*packed_and_alone(family, layer_type, backend, described_by))
+
+
+@pytest.mark.parametrize("described_by", ["positions", "cu_seq_lens"])
+def test_packed_gated_deltanet_row_gives_each_document_what_it_gets_alone(described_by):
+    # Decoders only, beside an attention layer (a stack of Gated DeltaNet alone would have no cache length).
+    assert_same(*packed_and_alone("decoder", "gated_deltanet", "sdpa", described_by, beside="full"))
 
 
 @pytest.mark.slow

@@ -68,8 +68,10 @@ CELLS = [  # every layer type, in each family that may hold it
     (family, layer_type)
     for family in FAMILIES
     for layer_type, kind in LAYER_TYPES.items()
-    if family == "encoder" or kind.not_causal is None
+    if (kind.not_causal if family == "decoder" else kind.not_bidirectional) is None
 ]
+# The types that cannot make a stack alone -> the stack built (Gated DeltaNet needs an attention layer beside it)
+STACKS = {"gated_deltanet": ["gated_deltanet", "full"]}
 
 QUANTIZERS = {  # name -> (quantization config, bit width)
     "torchao-int8": (lambda: TorchAoConfig(Int8WeightOnlyConfig()), 8),
@@ -120,7 +122,7 @@ def saved(tmp_path_factory):
     def build(family: str, layer_type: str):
         head, options = FAMILIES[family]
         fields = dict(SHAPE, **LAYER_OPTIONS, **options, **TYPE_SHAPES.get(layer_type, {}))
-        model = tiny_model(head, family, layer_types=[layer_type] * 2, **fields)
+        model = tiny_model(head, family, layer_types=STACKS.get(layer_type, [layer_type] * 2), **fields)
         folder = root / f"{family}-{layer_type}"
         model.save_pretrained(folder)
         return folder, model

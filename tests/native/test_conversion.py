@@ -1,6 +1,6 @@
 """Tests of native/conversion.py (the reading direction of coreformer.native) and `coreformer convert`: transformers
-BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / DiffLlama / DeepSeek-V3 (dense) / GPT-NeoX / ModernBERT ->
-coreformer, with exact parity.
+BERT / RoBERTa / GPT-2 / BART / Llama / Mistral / Qwen2 / DiffLlama / DeepSeek-V3 (dense) / Qwen3-Next (dense) /
+GPT-NeoX / ModernBERT -> coreformer, with exact parity.
 
 Every supported class is converted from a tiny randomly initialised transformers model and compared with it on a
 padded batch (outputs, hidden states, eager attentions), under eager and sdpa; generation is compared token by token;
@@ -90,6 +90,17 @@ def deepseek_v3_config(**overrides) -> transformers.DeepseekV3Config:
     return transformers.DeepseekV3Config(**{**fields, "num_labels": 3, **overrides})
 
 
+def qwen3_next_config(**overrides) -> transformers.Qwen3NextConfig:
+    """The dense configuration (no experts): a Gated DeltaNet layer with grouped value heads, then a gated full layer
+    rotating half of each head."""
+    fields = llama_style_fields()
+    fields["rope_parameters"] = {**fields["rope_parameters"], "partial_rotary_factor": 0.5}
+    mixer = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6)
+    fields.update(mixer, head_dim=8, linear_conv_kernel_dim=4, num_experts=0)
+    fields.update(layer_types=["linear_attention", "full_attention"])
+    return transformers.Qwen3NextConfig(**{**fields, "num_labels": 3, **overrides})
+
+
 def gpt_neox_config(**overrides) -> transformers.GPTNeoXConfig:
     """The GPT-NeoX coreformer computes: sequential residual, rotary on whole heads."""
     fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
@@ -120,6 +131,7 @@ CONFIGS = {
     "Qwen2": qwen2_config,
     "DiffLlama": diffllama_config,
     "DeepseekV3": deepseek_v3_config,
+    "Qwen3Next": qwen3_next_config,
     "GPTNeoX": gpt_neox_config,
     "ModernBert": modernbert_config,
 }
@@ -134,6 +146,7 @@ PADDING_SIDE = {
     "Qwen2": "left",
     "DiffLlama": "left",
     "DeepseekV3": "left",
+    "Qwen3Next": "left",
     "GPTNeoX": "left",
     "ModernBert": "right",
 }
@@ -155,6 +168,10 @@ def tiny_model(name: str, attn_implementation: str = "sdpa", **overrides) -> tra
         for key, parameter in model.named_parameters():
             if key.endswith("_proj.bias"):  # zeros at init: make the q/k/v bias mapping visible
                 torch.nn.init.normal_(parameter.data)
+    if name.startswith("Qwen3Next"):
+        for key, parameter in model.named_parameters():
+            if key.endswith(("norm.weight", "dt_bias")):  # zeros or ones at init: make the 1 + w norms visible
+                torch.nn.init.normal_(parameter.data, std=0.5)
     if name.startswith("GPTNeoX"):
         for key, parameter in model.named_parameters():
             if key.endswith("bias"):  # zeros at init: make the per-head query_key_value bias layout visible
@@ -225,7 +242,7 @@ def compare_outputs(ours, theirs, source_mask: torch.Tensor, target_mask: torch.
 
 CLASSES = list(SUPPORTED_ARCHITECTURES)
 BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "BartModel", "LlamaModel", "MistralModel", "Qwen2Model"}
-BASE_MODELS |= {"GPTNeoXModel", "ModernBertModel", "DiffLlamaModel", "DeepseekV3Model"}
+BASE_MODELS |= {"GPTNeoXModel", "ModernBertModel", "DiffLlamaModel", "DeepseekV3Model", "Qwen3NextModel"}
 
 
 @pytest.mark.compat
@@ -280,6 +297,7 @@ TRAINING_DROPOUT = {
     "Qwen2": {},
     "DiffLlama": {},  # DiffLlama refuses attention dropout (the paper defines none for two maps)
     "DeepseekV3": dict(attention_dropout=0.1),
+    "Qwen3Next": dict(attention_dropout=0.1),
     "GPTNeoX": dict(hidden_dropout=0.1, attention_dropout=0.1, classifier_dropout=0.1),
     "ModernBert": {},  # ModernBERT drops out elsewhere (inside the MLP, after attention): not compared in training
 }
@@ -308,8 +326,13 @@ def training_batch(model: transformers.PreTrainedModel) -> dict[str, torch.Tenso
     return {**batch, "labels": input_ids}  # language models: the inputs themselves (BART: decoder targets)
 
 
-def fine_tune(model: torch.nn.Module, batch: dict[str, torch.Tensor], steps: int = 4) -> list[float]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+# Qwen3-Next's norms scale by 1 + w where coreformer's scale by w' = 1 + w: the same function, but weight decay pulls
+# w and w' towards 0, which are not the same point. Trainer decays no norm weight, under which both train alike.
+WEIGHT_DECAY = {"Qwen3Next": 0.0}
+
+
+def fine_tune(model: torch.nn.Module, batch: dict[str, torch.Tensor], steps: int = 4, weight_decay=0.01) -> list[float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=weight_decay)
     model.train()
     torch.manual_seed(1234)  # the dropout masks: drawn in the same order, of the same shapes, by both models
     losses = []
@@ -335,8 +358,9 @@ def test_converted_model_fine_tunes_with_the_source_losses(name):
     assert sum(p.numel() for p in converted.parameters() if p.requires_grad) == sum(trainable)
     frozen_bias = reference.final_logits_bias.clone() if hasattr(reference, "final_logits_bias") else None
     batch = training_batch(reference)
-    expected = fine_tune(reference, batch)
-    found = fine_tune(converted, batch)
+    weight_decay = WEIGHT_DECAY.get(family_of(name), 0.01)
+    expected = fine_tune(reference, batch, weight_decay=weight_decay)
+    found = fine_tune(converted, batch, weight_decay=weight_decay)
     assert len(set(expected)) == len(expected)  # training moved the loss at every step
     torch.testing.assert_close(torch.tensor(found), torch.tensor(expected), rtol=0, atol=1e-5)
     if frozen_bias is not None:  # BART's buffer is never trained, in either model
@@ -661,11 +685,17 @@ def test_check_sample_inputs_follow_the_head():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "layer_type"), [("DiffLlamaForCausalLM", "differential"), ("DeepseekV3ForCausalLM", "mla")]
+    ("name", "layer_type"),
+    [
+        ("DiffLlamaForCausalLM", "differential"),
+        ("DeepseekV3ForCausalLM", "mla"),
+        ("Qwen3NextForCausalLM", "gated_deltanet"),
+    ],
 )
 def test_cli_converts_and_exports_back_with_equal_logits_and_greedy_tokens(tmp_path, capsys, name, layer_type):
-    # differential attention (λ vectors, two softmax maps, a per-head norm) and multi-head latent attention (DeepSeek-V3
-    # dense, its rotary pairs interleaved) in every layer, both directions
+    # differential attention (λ vectors, two softmax maps, a per-head norm), multi-head latent attention (DeepSeek-V3
+    # dense, its rotary pairs interleaved) in every layer, and Gated DeltaNet beside a gated full layer (Qwen3-Next
+    # dense), both directions
     src = save_tiny_checkpoint(name, tmp_path / "src", "safetensors")
     converted, native = tmp_path / "coreformer", tmp_path / "native"
     assert cli.main(["convert", str(src), str(converted), "--check"]) == 0
@@ -674,5 +704,5 @@ def test_cli_converts_and_exports_back_with_equal_logits_and_greedy_tokens(tmp_p
     differences = [float(found) for found in re.findall(r"max abs difference(?: logits)?: (\S+)", printed)]
     assert len(differences) == 2 and max(differences) <= 1e-5, printed  # convert's check, then export's
     assert "greedy tokens equal: True" in printed and name in printed
-    assert json.loads((converted / "config.json").read_text())["coreformer_layer_types"] == [layer_type] * 2
+    assert json.loads((converted / "config.json").read_text())["coreformer_layer_types"][0] == layer_type
     assert json.loads((native / "config.json").read_text())["architectures"] == [name]

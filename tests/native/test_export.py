@@ -52,6 +52,24 @@ TARGETS = {
         "decoder",
         dict(LLAMA, layer_types=["mla", "mla"], num_key_value_heads=4, **DEEPSEEK_LATENTS, **WIDE),
     ),
+    # Qwen3-Next's dense configuration: Gated DeltaNet beside a gated, QK-normed full layer rotating half its heads
+    # (every size explicit, as a Qwen3-Next config states them)
+    "qwen3-next": (
+        "decoder",
+        dict(
+            LLAMA,
+            layer_types=["gated_deltanet", "full"],
+            attention_gate="elementwise",
+            qk_norm=True,
+            partial_rotary_factor=0.5,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=6,
+            layer_norm_eps=1e-6,
+            **WIDE,
+        ),
+    ),  # fmt: skip
     # A GPT-2 block with rotary positions (the decoder presets); GPT-NeoX's attention biases are optional.
     "gpt-neox": ("decoder", dict(position_embedding_type="rotary", rope_theta=500.0, **WIDE)),
     "gpt-neox-no-attention-bias": ("decoder", dict(position_embedding_type="rotary", attention_bias=False, **WIDE)),
@@ -71,6 +89,7 @@ NATIVE_PREFIX = {
     "qwen2": "Qwen2",
     "diffllama": "DiffLlama",
     "deepseek-v3": "DeepseekV3",
+    "qwen3-next": "Qwen3Next",
     "gpt-neox": "GPTNeoX",
     "gpt-neox-no-attention-bias": "GPTNeoX",
     "bert": "Bert",
@@ -326,12 +345,13 @@ REFUSALS = {
         "LlamaForCausalLM",
         ["attention_sinks=True (llama has no attention sinks)"],
     ),
-    "a Llama-shaped decoder with gated attention and QK-norm": (
+    # with a gate per channel it is Qwen3-Next with full layers only; a gate per head has no native twin
+    "a Llama-shaped decoder with a gate per head and QK-norm": (
         cf.CoreformerDecoderForCausalLM,
         "decoder",
-        dict(LLAMA, attention_gate="elementwise", qk_norm=True),
-        "LlamaForCausalLM",
-        ["attention_gate='elementwise' (llama gates no attention output)", "qk_norm=True (llama normalises no"],
+        dict(LLAMA, attention_gate="headwise", qk_norm=True),
+        "Qwen3NextForCausalLM",
+        ["attention_gate='headwise' (Qwen3-Next gates every attention channel)"],
     ),
     "BART with another norm epsilon": (
         cf.CoreformerSeq2SeqForConditionalGeneration,

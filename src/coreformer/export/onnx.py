@@ -86,6 +86,8 @@ KEY_VALUE_CACHE_LAYERS = ("full_attention", "sliding_attention")
 # Layer types no graph can hold, and why.
 UNEXPORTABLE_LAYER_TYPES = {
     "lsh": "its hash-sort-chunk kernel pads to whole chunks and sorts, which the exporter traces at one length only",
+    "gated_deltanet": "its chunked delta rule solves triangular systems (torch.linalg.solve_triangular), which no ONNX "
+    "operator computes",
 }
 
 # Inputs of the heads whose tensors are not (batch, sequence).

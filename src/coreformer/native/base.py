@@ -76,6 +76,8 @@ class NativeArchitecture:
             (Qwen2's prepare_weights only adds or drops zero biases).
         zero_filled: native weights coreformer has no counterpart for, written as zeros (regular expressions).
         adapt_weights: rewrites the coreformer state dict into the layout the native weights take, before writing.
+        attention_options: the attention options of `requirements.plain_attention` this architecture has (Qwen3-Next:
+            qk_norm, attention_gate); its own requirements say which values.
     """
 
     name: str
@@ -89,6 +91,7 @@ class NativeArchitecture:
     restore_weights: Callable[[PreTrainedModel, StateDict], StateDict] | None = None
     zero_filled: tuple[str, ...] = ()
     adapt_weights: Callable[[CoreformerConfig, StateDict], StateDict] | None = None
+    attention_options: tuple[str, ...] = ()
 
     @property
     def export_heads(self) -> dict[str, str]:
@@ -97,7 +100,7 @@ class NativeArchitecture:
 
     def differences(self, config: CoreformerConfig, class_name: str) -> list[str]:
         """Every requirement `config` breaks for `class_name`, in words ("field=value (what the native has)")."""
-        requirements = (*self.requirements, *plain_attention(self.name))
+        requirements = (*self.requirements, *plain_attention(self.name, self.attention_options))
         found = [requirement.difference(config, class_name) for requirement in requirements]
         return list(filter(None, found))
 

@@ -16,6 +16,7 @@ NATIVE_NAMES = {
     "qwen2": "Qwen2",
     "diffllama": "DiffLlama",
     "deepseek_v3": "DeepSeek-V3",
+    "qwen3_next": "Qwen3-Next",
     "gpt_neox": "GPT-NeoX",
     "modernbert": "ModernBERT",
 }

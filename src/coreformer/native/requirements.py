@@ -75,14 +75,17 @@ def pooling(pooled: str, native: str, heads: tuple[str, ...]) -> Requirement:
     )
 
 
-def plain_attention(native: str) -> list[Requirement]:
-    """The attention options no registered architecture has (Qwen3-Next's gate and QK-norm, GPT-OSS's sinks have no
-    native twin here): every architecture requires them off (`NativeArchitecture.differences`)."""
-    return [
+def plain_attention(native: str, has: tuple[str, ...] = ()) -> list[Requirement]:
+    """The attention options most architectures lack (QK-norm, the output gate, sinks, partial rotary): every
+    architecture requires them off (`NativeArchitecture.differences`) except those it `has`, which its own
+    requirements state."""
+    plain = [
         equals("qk_norm", False, f"{native} normalises no query or key head"),
         equals("attention_gate", None, f"{native} gates no attention output"),
         equals("attention_sinks", False, f"{native} has no attention sinks"),
+        equals("partial_rotary_factor", 1.0, f"{native} rotates every channel of a head"),
     ]
+    return [requirement for requirement in plain if requirement.field not in has]
 
 
 def every_block_normed(native: str) -> list[Requirement]:

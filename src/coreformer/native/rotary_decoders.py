@@ -162,8 +162,10 @@ def llama_architecture(
     write_config: Callable[[CoreformerConfig], PreTrainedConfig],
     requirements: tuple[Requirement, ...],
     prepare_weights: Callable[[PreTrainedModel, StateDict], StateDict] | None = None,
+    restore_weights: Callable[[PreTrainedModel, StateDict], StateDict] | None = None,
     zero_filled: tuple[str, ...] = (),
     extra_rules: tuple[Rule, ...] = (),
+    attention_options: tuple[str, ...] = (),
 ) -> NativeArchitecture:
     """A Llama-family architecture: Llama's weight names and heads (transformers' generic sequence and token
     classifiers, `score`), `llama_block` and the plain heads, then `requirements` of its own; `extra_rules`: the
@@ -182,5 +184,7 @@ def llama_architecture(
             *pooled_classifier(native, dense=False),
         ),
         prepare_weights=prepare_weights,
+        restore_weights=restore_weights,
         zero_filled=zero_filled,
+        attention_options=attention_options,
     )
