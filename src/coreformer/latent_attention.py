@@ -8,6 +8,10 @@ keys and values expanded from a small latent per token, which is what the cache 
            query_h = [ q_nope_h | rope(q_rot_h) ]
     out = o_proj( softmax(query keyᵀ / sqrt(qk_nope_head_dim + head_dim)) v )
 
+Under sdpa the values are padded with zero columns to the keys' width, so that torch's fused kernels run (narrower
+values fall back to a kernel holding every score), and the padding is dropped from the output (`combine`), as
+transformers pads DeepSeek's values for flash attention.
+
 `head_dim` is the rotary part of a head (DeepSeek-V3's `qk_rope_head_dim`, which its config also calls head_dim), so
 the stack's rotary table serves these layers as any other. The kernel computes the queries and the latents from the
 layer input (`inputs`); the core caches the latents as a layer's keys and values, (B, 1, S, kv_lora_rank) and
@@ -98,7 +102,16 @@ class LatentKernel(LayerKernel):
         expanded = expanded.unflatten(-1, (heads, -1)).transpose(1, 2)  # (B, H, S, nope + v)
         key_nope, value = expanded.split((attention.nope_dim, attention.value_dim), dim=-1)
         key = torch.cat([key_nope, key_rot.expand(-1, heads, -1, -1)], dim=-1)  # (B, H, S, nope + rope)
+        if implementation == "sdpa" and value.shape[-1] < key.shape[-1]:
+            # torch's fused sdpa kernels take values as wide as the keys; narrower ones fall back to the math kernel,
+            # which holds the (B, H, T, S) scores (2.6 GB against 20 MB at 8,192 tokens, 4 heads of 128). Zero columns
+            # added to each value give zero output columns, which `combine` drops: the same output.
+            value = nn.functional.pad(value, (0, key.shape[-1] - value.shape[-1]))  # (B, H, S, nope + rope)
         return key, value, padding_mask
+
+    def combine(self, attention: Any, output: Any) -> Any:
+        """(B, T, H, ·) -> (B, T, H, v_head_dim): the zero columns `project` gave the values dropped."""
+        return output[..., : attention.value_dim]
 
 
 def heads_first(states: torch.Tensor, plan: Any) -> torch.Tensor:

@@ -152,3 +152,28 @@ def test_a_config_without_mla_layers_keeps_no_kv_lora_rank_which_vllm_reads_as_a
     mixed = cf.CoreformerDecoderConfig(**fields, layer_types=["mla", "full"], position_embedding_type="rotary")
     assert mixed.kv_lora_rank == 8
     assert cf.CoreformerDecoderConfig.from_dict(mixed.to_dict()).kv_lora_rank == 8
+
+
+def test_sdpa_gets_values_as_wide_as_the_keys_so_that_its_fused_kernels_run(monkeypatch):
+    # Narrower values send torch's sdpa to its math kernel, which holds every score (benchmarks/results/
+    # long_context_decoder_variants_inference.json); zero columns keep the output the same.
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    widths = []
+
+    def recording_sdpa(module, query, key, value, *args, **kwargs):
+        widths.append((key.shape[-1], value.shape[-1]))
+        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", recording_sdpa)
+    model = mla_model()  # keys of 8 + 8 channels (qk_nope_head_dim, head_dim), values of 6
+    ids, mask = padded_batch(left=True)
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        expected = model(ids, attention_mask=mask).logits
+        model.set_attn_implementation("sdpa")
+        actual = model(ids, attention_mask=mask).logits
+    assert widths == [(16, 16), (8, 8)]  # the mla layer's values padded to 16; then the full layer's heads
+    real = mask.bool()
+    torch.testing.assert_close(actual[real], expected[real], rtol=0, atol=1e-5)
