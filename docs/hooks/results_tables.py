@@ -48,7 +48,9 @@ def results_table(name: str, results_url: str = "results") -> str:
         raise ValueError(f"results-table: benchmarks/results/{name} holds neither `rows` nor `results`")
     source = f"[`{name}`]({results_url}/{name})"
     label = f" ({data['label']})" if data.get("label") else ""
-    return f"Machine: {data.get('machine', 'not recorded')}{label}. Generated from {source}.\n\n{table}\n"
+    measured = f" Date: {data['date']}." if data.get("date") else ""
+    measured += f" Command: `{data['command']}`." if data.get("command") else ""
+    return f"Machine: {data.get('machine', 'not recorded')}{label}.{measured} Generated from {source}.\n\n{table}\n"
 
 
 def compare_table(rows: list[dict]) -> str:

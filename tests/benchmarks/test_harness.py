@@ -587,3 +587,22 @@ def test_threads_benchmark_alternates_the_settings_beside_a_busy_process_and_wri
     assert result["ratio"] == 3.0 and result["largest_loss_difference"] == 0.0
     table = (tmp_path / "threads.md").read_text()
     assert "| a sleeper | chosen | 1 thread(s) (why, with a comma) | 3,000 | 3,000, 3,000 | **3.00x** |" in table
+
+
+def test_threads_benchmark_measures_beside_an_earlier_run_only_once_it_trains(tmp_path, monkeypatch):
+    # the busy pretraining run stood in for by a process that prints the progress bar's name, then keeps running
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import threads as benchmark
+
+    trains = "import time; print('decoder pretraining:', flush=True); time.sleep(60)"
+    monkeypatch.setattr(benchmark, "pretrain_command", lambda threads, steps, folder: [sys.executable, "-c", trains])
+    busy = benchmark.start_busy(None, 2, tmp_path)
+    try:
+        assert busy.poll() is None and "pretraining:" in (tmp_path / "busy.log").read_text()
+    finally:
+        busy.kill()
+        busy.wait()
+    ends = "print('tokenizing failed')"
+    monkeypatch.setattr(benchmark, "pretrain_command", lambda threads, steps, folder: [sys.executable, "-c", ends])
+    with pytest.raises(SystemExit, match="ended before it trained:\ntokenizing failed"):
+        benchmark.start_busy(None, 2, tmp_path)
