@@ -1,6 +1,6 @@
 """Tiny models and batches for the tests: a config of each family (hidden 32, 2 layers, 4 heads, dropout off, so
-outputs are deterministic), seeded models, padded batches, incremental decoding through the cache, a tiny ELECTRA,
-and whether flex_attention builds its kernel here."""
+outputs are deterministic), seeded models, padded batches, incremental decoding through the cache, gradients with
+and without activation checkpointing, a tiny ELECTRA, and whether flex_attention builds its kernel here."""
 
 import functools
 
@@ -95,6 +95,22 @@ def decode_incrementally(model, ids: torch.Tensor, mask: torch.Tensor, prefix: i
             out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
             steps.append(out.logits)
     return torch.cat(steps, 1), full, cache
+
+
+def gradients_with_and_without_checkpointing(build_model, selected) -> tuple[dict, dict]:
+    """The gradients of the parameters whose names `selected` accepts, after one loss on a padded batch, from a model
+    `build_model()` trained plainly and from one with activation checkpointing: (plain, checkpointed)."""
+    from coreformer.compat import enable_activation_checkpointing
+
+    ids, mask = padded_batch()
+    runs = []
+    for checkpointing in (False, True):
+        model = build_model().train()
+        if checkpointing:
+            enable_activation_checkpointing(model)
+        model(ids, attention_mask=mask, labels=ids).loss.backward()
+        runs.append({name: p.grad for name, p in model.named_parameters() if selected(name)})
+    return runs[0], runs[1]
 
 
 def tiny_electra(vocab: int = 40):

@@ -273,6 +273,8 @@ class LayerType:
             window counts the query itself, as Mistral/Qwen2 pass it), from the parameter; None if not a window.
         rope_theta_field: the config field holding the rotary base of this type's layers (`None` there falls back
             to `rope_theta`): sliding layers read `local_rope_theta`, as ModernBERT's local layers have their own.
+        stateful: the cache layer holds a recurrent state that cannot take tokens back, so a model with such layers is
+            stateful in transformers' sense (`_is_stateful`: no assisted decoding).
         served_as: the transformers layer type that computes exactly what this type computes in a causal stack, so
             that engines building each layer's attention from `get_text_config().layer_types` alone (continuous
             batching, vLLM) run it right; None where none does, and such engines are refused by name.
@@ -295,6 +297,7 @@ class LayerType:
     validate: Callable[[Any], None] | None = None
     transformers_window: Callable[[int], int] | None = None
     rope_theta_field: str = "rope_theta"
+    stateful: bool = False
     served_as: str | None = None
 
 
@@ -403,6 +406,7 @@ LAYER_TYPES: dict[str, LayerType] = {
         not_bidirectional="its recurrence and short convolution read the tokens in order, so a token never sees "
         "the ones after it",
         validate=check_gated_deltanet,
+        stateful=True,
     ),
 }
 

@@ -45,6 +45,7 @@ from .compat import (
 )
 from .configuration_coreformer import CoreformerConfig
 from .forward_plan import ForwardPlan, ForwardPlanner, packed_rows
+from .layer_types import LAYER_TYPES
 from .layers import (
     MLP,
     Block,
@@ -94,6 +95,10 @@ class CoreformerPreTrainedModel(PreTrainedModel):
 
     def post_init(self) -> None:
         super().post_init()  # the lists become sets, holding the submodels' names too
+        if any(LAYER_TYPES[name].stateful for name in self.config.cached_layer_types or ()):
+            # transformers' flag for a cache holding a recurrent state: generate() then refuses assisted decoding,
+            # whose crop would leave the rejected draft tokens in the state. Per instance: the class holds others too.
+            self._is_stateful = True
         held = [name for name, _ in chain(self.named_parameters(), self.named_buffers())]
         self._keep_in_fp32_modules_strict |= {
             kept for kept in self.KEPT_FP32 if any(re.search(rf"(?:^|\.){kept}(?:\.|$)", name) for name in held)

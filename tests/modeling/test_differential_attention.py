@@ -6,7 +6,14 @@ import re
 
 import pytest
 import torch
-from tiny import VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
+from tiny import (
+    VOCAB,
+    decode_incrementally,
+    gradients_with_and_without_checkpointing,
+    padded_batch,
+    tiny_config,
+    tiny_model,
+)
 from transformers import DiffLlamaConfig
 from transformers.cache_utils import StaticCache
 from transformers.masking_utils import create_causal_mask
@@ -14,7 +21,6 @@ from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
 
 import coreformer as cf
 from coreformer.attention import Attention
-from coreformer.compat import enable_activation_checkpointing
 from coreformer.forward_plan import LayerPlan
 from coreformer.layer_types import check_served
 from coreformer.layers import RotaryEmbedding
@@ -113,17 +119,10 @@ def test_cached_decoding_equals_the_full_forward(cache):
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_lambda_gradients():
-    ids, mask = padded_batch()
-    runs = []
-    for checkpointing in (False, True):
-        model = differential_model().train()
-        if checkpointing:
-            enable_activation_checkpointing(model)
-        model(ids, attention_mask=mask, labels=ids).loss.backward()
-        runs.append({name: p.grad for name, p in model.named_parameters() if "lambda" in name})
-    assert len(runs[0]) == 4 and all(grad is not None and grad.abs().sum() > 0 for grad in runs[0].values())
-    for name, grad in runs[0].items():
-        torch.testing.assert_close(runs[1][name], grad, msg=name)
+    plain, checkpointed = gradients_with_and_without_checkpointing(differential_model, lambda name: "lambda" in name)
+    assert len(plain) == 4 and all(grad is not None and grad.abs().sum() > 0 for grad in plain.values())
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, msg=name)
 
 
 def test_lambdas_are_drawn_with_lambda_std_dev_and_saved_under_diffllamas_names():

@@ -11,7 +11,15 @@ import re
 
 import pytest
 import torch
-from tiny import PAD, VOCAB, decode_incrementally, padded_batch, tiny_config, tiny_model
+from tiny import (
+    PAD,
+    VOCAB,
+    decode_incrementally,
+    gradients_with_and_without_checkpointing,
+    padded_batch,
+    tiny_config,
+    tiny_model,
+)
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig, Qwen3NextConfig, StaticCache
 from transformers.cache_utils import LinearAttentionLayer
@@ -19,7 +27,6 @@ from transformers.models.qwen3_next import modeling_qwen3_next as qwen
 
 import coreformer as cf
 from coreformer.attention import Attention
-from coreformer.compat import enable_activation_checkpointing
 from coreformer.export.onnx import refuse_unexportable
 from coreformer.forward_plan import LayerPlan
 from coreformer.gated_deltanet import (
@@ -401,20 +408,15 @@ def test_generate_with_and_without_the_cache_gives_the_same_tokens():
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
-    ids, mask = padded_batch()
-    runs = []
-    for checkpointing in (False, True):
-        model = gdn_model().train()
-        if checkpointing:
-            enable_activation_checkpointing(model)
-        model(ids, attention_mask=mask, labels=ids).loss.backward()
-        runs.append({name: p.grad for name, p in model.named_parameters() if "layers.0.self_attn." in name})
-    assert {name.split("self_attn.")[1] for name in runs[0]} == {
+    plain, checkpointed = gradients_with_and_without_checkpointing(
+        gdn_model, lambda name: "layers.0.self_attn." in name
+    )
+    assert {name.split("self_attn.")[1] for name in plain} == {
         "in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "conv1d.weight",
         "dt_bias", "A_log", "norm.weight", "o_proj.weight",
     }  # fmt: skip
-    for name, grad in runs[0].items():
-        torch.testing.assert_close(runs[1][name], grad, msg=name)
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, msg=name)
 
 
 def test_attentions_are_the_attention_layers_maps_alone():
@@ -463,3 +465,11 @@ def test_empty_batches_single_tokens_and_rows_of_padding_alone():
         output = model(ids, attention_mask=all_padding).logits
     assert torch.isfinite(output).all()
     torch.testing.assert_close(output[0], reference[0], **TOL)
+
+
+def test_assisted_decoding_is_refused_as_for_every_stateful_model():
+    # A crop cannot take the rejected draft tokens back out of the recurrent state.
+    model = gdn_model()
+    assert model._is_stateful and not type(model)._is_stateful  # this model's layers, not the class's
+    with pytest.raises(ValueError, match="stateful"):
+        model.generate(torch.randint(3, VOCAB, (1, 6)), max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=2)

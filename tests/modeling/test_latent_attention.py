@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from tiny import decode_incrementally, padded_batch, tiny_config, tiny_model
+from tiny import decode_incrementally, gradients_with_and_without_checkpointing, padded_batch, tiny_config, tiny_model
 from transformers import DeepseekV3Config
 from transformers.cache_utils import StaticCache
 from transformers.masking_utils import create_causal_mask
@@ -14,7 +14,6 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Atten
 
 import coreformer as cf
 from coreformer.attention import Attention
-from coreformer.compat import enable_activation_checkpointing
 from coreformer.forward_plan import LayerPlan
 from coreformer.layer_types import check_served
 from coreformer.layers import RotaryEmbedding
@@ -106,17 +105,10 @@ def test_static_cache_decoding_equals_the_full_forward():
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
-    ids, mask = padded_batch()
-    runs = []
-    for checkpointing in (False, True):
-        model = mla_model().train()
-        if checkpointing:
-            enable_activation_checkpointing(model)
-        model(ids, attention_mask=mask, labels=ids).loss.backward()
-        runs.append({name: p.grad for name, p in model.named_parameters() if "layers.0.self_attn" in name})
-    assert {name.rsplit(".", 2)[-2] for name in runs[0]} >= {"q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
-    for name, grad in runs[0].items():
-        torch.testing.assert_close(runs[1][name], grad, msg=name)
+    plain, checkpointed = gradients_with_and_without_checkpointing(mla_model, lambda name: "layers.0.self_attn" in name)
+    assert {name.rsplit(".", 2)[-2] for name in plain} >= {"q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, msg=name)
 
 
 @pytest.mark.parametrize(
