@@ -425,6 +425,17 @@ class CoreformerConfig(PreTrainedConfig):
         theta = getattr(self, LAYER_TYPES[layer_type].rope_theta_field)
         return self.rope_theta if theta is None else theta
 
+    def gated_deltanet_sizes(self) -> dict[str, int | None]:
+        """The heads and head widths of "gated_deltanet" layers, each `linear_*` field left None taking the attention's:
+        key heads `num_attention_heads`, value heads the key heads, both widths `head_dim`."""
+        key_heads = self.linear_num_key_heads or self.num_attention_heads
+        return {
+            "key_heads": key_heads,
+            "value_heads": self.linear_num_value_heads or key_heads,
+            "key_dim": self.linear_key_head_dim or self.head_dim,
+            "value_dim": self.linear_value_head_dim or self.head_dim,
+        }
+
     def require_head_dim(self) -> int:
         """The width of one head; one clear error when `hidden_size` does not split into `num_attention_heads`."""
         if self.head_dim is None:

@@ -318,7 +318,7 @@ class GatedDeltaNetKernel(LayerKernel):
 
     def build(self, attention: nn.Module) -> None:
         config = attention.config
-        sizes = gated_deltanet_sizes(config)
+        sizes = config.gated_deltanet_sizes()
         attention.key_heads, attention.value_heads = sizes["key_heads"], sizes["value_heads"]
         attention.key_dim, attention.value_dim = sizes["key_dim"], sizes["value_dim"]
         hidden = config.hidden_size
@@ -354,7 +354,7 @@ class GatedDeltaNetKernel(LayerKernel):
 
     def mix(self, attention: nn.Module, hidden_states: torch.Tensor, plan: Any, cache: Any) -> torch.Tensor:
         hidden = plan.unpadding.pad(hidden_states) if plan.unpadding is not None else hidden_states  # (B, T, hidden)
-        batch, length = hidden.shape[:2]
+        length = hidden.shape[1]
         if plan.mask is not None:  # the (B, past + T) padding mask
             hidden = hidden * plan.mask[:, -length:, None].to(hidden.dtype)
         layer = state_layer(cache, attention.layer_idx)
@@ -379,18 +379,6 @@ class GatedDeltaNetKernel(LayerKernel):
         gate = attention.in_proj_z(hidden).unflatten(-1, (-1, attention.value_dim))  # (B, T, H_v, D_v)
         output = attention.o_proj(attention.norm(output, gate).flatten(-2))  # (B, T, hidden)
         return plan.unpadding.unpad(output) if plan.unpadding is not None else output
-
-
-def gated_deltanet_sizes(config: Any) -> dict[str, int]:
-    """The heads and head widths of a config's "gated_deltanet" layers; a field left None takes the attention's:
-    key and value heads `num_attention_heads`, their widths `head_dim`."""
-    key_heads = config.linear_num_key_heads or config.num_attention_heads
-    return {
-        "key_heads": key_heads,
-        "value_heads": config.linear_num_value_heads or key_heads,
-        "key_dim": config.linear_key_head_dim or config.head_dim,
-        "value_dim": config.linear_value_head_dim or config.head_dim,
-    }
 
 
 def state_layer(cache: Any, layer_idx: int) -> Any:

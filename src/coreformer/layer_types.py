@@ -211,8 +211,8 @@ def check_gated_deltanet(config: Any) -> None:
     kernel = config.linear_conv_kernel_dim
     if not isinstance(kernel, int) or kernel < 1:
         raise ValueError(f"`linear_conv_kernel_dim` must be a positive integer, got {kernel!r}.")
-    key_heads = config.linear_num_key_heads or config.num_attention_heads
-    value_heads = config.linear_num_value_heads or key_heads
+    sizes = config.gated_deltanet_sizes()
+    key_heads, value_heads = sizes["key_heads"], sizes["value_heads"]
     if value_heads % key_heads:
         raise ValueError(
             f"'gated_deltanet' layers give each query/key head the same number of value heads, as Qwen3-Next does: "

@@ -32,7 +32,8 @@ from .base import StateDict, unsupported
 from .requirements import DECODER_POOLING, NO_TOKEN_TYPES, Requirement, all_layers, equals
 from .rotary_decoders import llama_architecture, read_llama_config, written_llama_fields
 
-LAYER_TYPES = {"linear_attention": "gated_deltanet", "full_attention": "full"}
+QWEN3_NEXT_LAYER_TYPES = {"linear_attention": "gated_deltanet", "full_attention": "full"}  # its names -> ours
+WRITTEN_LAYER_TYPES = {ours: theirs for theirs, ours in QWEN3_NEXT_LAYER_TYPES.items()}
 # Qwen3NextRMSNorm weights, which scale by 1 + w.
 OFFSET_NORM = re.compile(
     r"((model\.)?norm|(.*\.)?layers\.\d+\.(input_layernorm|post_attention_layernorm|self_attn\.[qk]_norm))\.weight"
@@ -51,14 +52,14 @@ def read_config(model: PreTrainedModel, is_mlm: bool) -> CoreformerDecoderConfig
             "(mixture-of-experts MLPs; the dense configuration, num_experts=0 or every layer in mlp_only_layers, "
             "converts)",
         )
-    unknown = sorted(set(config.layer_types) - set(LAYER_TYPES))
+    unknown = sorted(set(config.layer_types) - set(QWEN3_NEXT_LAYER_TYPES))
     if unknown:
         raise unsupported("Qwen3-Next", f"layer_types with {unknown}", "(token mixers)")
     rope = dict(config.rope_parameters or {})
     return read_llama_config(
         model,
         "Qwen3-Next",
-        layer_types=[LAYER_TYPES[kind] for kind in config.layer_types],
+        layer_types=[QWEN3_NEXT_LAYER_TYPES[kind] for kind in config.layer_types],
         attention_gate="elementwise",
         qk_norm=True,
         partial_rotary_factor=rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)),
@@ -74,16 +75,16 @@ def read_config(model: PreTrainedModel, is_mlm: bool) -> CoreformerDecoderConfig
 def write_config(config: CoreformerConfig) -> PreTrainedConfig:
     written = written_llama_fields(config)
     written["rope_parameters"] |= {"partial_rotary_factor": config.partial_rotary_factor}
-    key_heads = config.linear_num_key_heads or config.num_attention_heads
+    sizes = config.gated_deltanet_sizes()
     return Qwen3NextConfig(
         **written,
         head_dim=config.head_dim,
         attention_bias=config.attention_bias,
-        layer_types=[{v: k for k, v in LAYER_TYPES.items()}[kind] for kind in config.layer_types],
-        linear_num_key_heads=key_heads,
-        linear_num_value_heads=config.linear_num_value_heads or key_heads,
-        linear_key_head_dim=config.linear_key_head_dim or config.head_dim,
-        linear_value_head_dim=config.linear_value_head_dim or config.head_dim,
+        layer_types=[WRITTEN_LAYER_TYPES[kind] for kind in config.layer_types],
+        linear_num_key_heads=sizes["key_heads"],
+        linear_num_value_heads=sizes["value_heads"],
+        linear_key_head_dim=sizes["key_dim"],
+        linear_value_head_dim=sizes["value_dim"],
         linear_conv_kernel_dim=config.linear_conv_kernel_dim,
         num_experts=0,  # every MLP dense
     )
