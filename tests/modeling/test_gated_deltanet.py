@@ -12,6 +12,8 @@ import re
 import pytest
 import torch
 from tiny import (
+    FLEX_HEADS,
+    FLEX_LENGTH,
     PAD,
     VOCAB,
     decode_incrementally,
@@ -473,3 +475,21 @@ def test_assisted_decoding_is_refused_as_for_every_stateful_model():
     assert model._is_stateful and not type(model)._is_stateful  # this model's layers, not the class's
     with pytest.raises(ValueError, match="stateful"):
         model.generate(torch.randint(3, VOCAB, (1, 6)), max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "backend", ["sdpa", pytest.param("flex_attention", marks=pytest.mark.xdist_group("flex_attention"))]
+)
+def test_the_attention_layers_backend_leaves_the_outputs_as_eager_gives_them(request, backend):
+    # Gated DeltaNet calls no backend; the full layer beside it runs under each (flex: the other flex tests' shapes).
+    if backend == "flex_attention":
+        request.getfixturevalue("flex_attention")  # skips where flex cannot build its kernel
+    model = gdn_model(**FLEX_HEADS)
+    ids, mask = padded_batch(length=FLEX_LENGTH, left=True)
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        expected = model(ids, attention_mask=mask).logits
+        model.set_attn_implementation(backend)
+        actual = model(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(actual[real], expected[real], **TOL)
