@@ -76,8 +76,12 @@ class CoreformerPreTrainedModel(PreTrainedModel):
     # holds: transformers requires each name to match a module of the model, and in one of the two lists only).
     # Linformer's E and F and the rotations of "lsh" layers stay fp32 under fp16 and bf16 loads (`_strict`); being no
     # linear layers, quantizers leave them. An "lsh" layer's query-key projection, whose output is hashed, is never
-    # quantized (quantizers skip `_keep_in_fp32_modules`, which also keeps it fp32 under fp16 loads).
+    # quantized (quantizers skip `_keep_in_fp32_modules`, which also keeps it fp32 under fp16 loads); nor are a
+    # "gated_deltanet" layer's gate projections (`NEVER_QUANTIZED`), H_v rows each, whose outputs become the decay's
+    # exponent and the delta rule's step, so that their rounding compounds through the recurrence (and bitsandbytes'
+    # CPU 4-bit kernel cannot pack so few rows).
     KEPT_FP32 = ("k_seq_proj", "v_seq_proj", "lsh_rotations")
+    NEVER_QUANTIZED = ("in_proj_a", "in_proj_b")
 
     def __init__(self, config: CoreformerConfig, *args, **kwargs):
         restore(config)  # vLLM builds more than one model from a config it published on (`vllm_serving.py`)
@@ -95,9 +99,10 @@ class CoreformerPreTrainedModel(PreTrainedModel):
 
     def post_init(self) -> None:
         super().post_init()  # the lists become sets, holding the submodels' names too
-        if any(LAYER_TYPES[name].stateful for name in self.config.cached_layer_types or ()):
+        if any(LAYER_TYPES[module.layer_type].stateful for module in self.modules() if isinstance(module, Attention)):
             # transformers' flag for a cache holding a recurrent state: generate() then refuses assisted decoding,
             # whose crop would leave the rejected draft tokens in the state. Per instance: the class holds others too.
+            # (Read from the layers: under vLLM the config's layer types are in its engine's names.)
             self._is_stateful = True
         held = [name for name, _ in chain(self.named_parameters(), self.named_buffers())]
         self._keep_in_fp32_modules_strict |= {
@@ -108,7 +113,7 @@ class CoreformerPreTrainedModel(PreTrainedModel):
         self._keep_in_fp32_modules |= {
             ".*" + re.escape(re.search(r"layers\.\d+\..*", name)[0])
             for name, module in self.named_modules()
-            if isinstance(module, HashingProjection)
+            if isinstance(module, HashingProjection) or name.rsplit(".", 1)[-1] in self.NEVER_QUANTIZED
         }
 
     @classmethod
