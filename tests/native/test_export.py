@@ -72,7 +72,10 @@ TARGETS = {
     ),  # fmt: skip
     # A GPT-2 block with rotary positions (the decoder presets); GPT-NeoX's attention biases are optional.
     "gpt-neox": ("decoder", dict(position_embedding_type="rotary", rope_theta=500.0, **WIDE)),
-    "gpt-neox-no-attention-bias": ("decoder", dict(position_embedding_type="rotary", attention_bias=False, **WIDE)),
+    "gpt-neox-no-attention-bias": (  # and Pythia's partial rotary
+        "decoder",
+        dict(position_embedding_type="rotary", attention_bias=False, partial_rotary_factor=0.25, **WIDE),
+    ),
     "bert": ("encoder", {}),
     "roberta": ("encoder", dict(position_offset=PAD + 1, type_vocab_size=1, max_position_embeddings=62)),
     # rotary GeGLU pre-norm, no first attention norm, global/local layers with a rope theta each, head transforms
@@ -171,8 +174,10 @@ def test_export_loads_in_plain_transformers_with_the_same_logits_and_greedy_toke
     assert "auto_map" not in config and config["architectures"] == [expected]
     assert not any(path.suffix == ".py" for path in folder.iterdir())  # nothing for trust_remote_code to run
     if target.startswith("gpt-neox"):  # also the pre-v5 rotary names, which llama.cpp's converter reads
-        assert config["use_parallel_residual"] is False and config["rope_parameters"]["partial_rotary_factor"] == 1.0
-        assert (config["rotary_pct"], config["rotary_emb_base"]) == (1.0, model.config.rope_theta)
+        partial = model.config.partial_rotary_factor
+        assert config["use_parallel_residual"] is False
+        assert config["rope_parameters"]["partial_rotary_factor"] == partial
+        assert (config["rotary_pct"], config["rotary_emb_base"]) == (partial, model.config.rope_theta)
 
 
 @pytest.mark.parametrize(("target", "head"), CASES, ids=CASE_IDS)

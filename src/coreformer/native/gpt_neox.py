@@ -7,7 +7,8 @@ optional attention biases, no embedding norm.
     GPTNeoXForSequenceClassification        CoreformerDecoderForSequenceClassification (score -> classifier.out_proj)
     GPTNeoXForTokenClassification           CoreformerDecoderForTokenClassification
 
-Refused: use_parallel_residual=True, partial_rotary_factor != 1. The fused query_key_value is laid out per head,
+Partial rotary (`partial_rotary_factor`, Pythia's 0.25) is coreformer's field of the same name. Refused:
+use_parallel_residual=True. The fused query_key_value is laid out per head,
 [heads, 3, head_dim] (its forward views the output as (..., heads, 3 * head_dim) and chunks the last dim).
 """
 
@@ -58,12 +59,8 @@ def read_config(model: PreTrainedModel, is_mlm: bool) -> CoreformerDecoderConfig
             "GPT-NeoX", "use_parallel_residual=True", "(attention and MLP read the same input, added in parallel)"
         )
     rope = dict(config.rope_parameters or {})
-    partial = rope.get("partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise unsupported(
-            "GPT-NeoX", f"rope_parameters.partial_rotary_factor={partial!r}", "(rotary on part of each head)"
-        )
     return CoreformerDecoderConfig(
+        partial_rotary_factor=rope.get("partial_rotary_factor", 1.0),
         **rotary_decoder_fields(config, "GPT-NeoX"),
         norm_type="layernorm",
         layer_norm_eps=config.layer_norm_eps,
@@ -85,7 +82,11 @@ def write_config(config: CoreformerConfig) -> PreTrainedConfig:
         max_position_embeddings=config.max_position_embeddings,
         layer_norm_eps=config.layer_norm_eps,
         use_parallel_residual=False,  # coreformer's blocks add attention, then the MLP reads the sum
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta, "partial_rotary_factor": 1.0},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": config.rope_theta,
+            "partial_rotary_factor": config.partial_rotary_factor,
+        },
         attention_bias=config.attention_bias,
         hidden_dropout=config.hidden_dropout,
         attention_dropout=config.attention_dropout,
@@ -96,7 +97,7 @@ def write_config(config: CoreformerConfig) -> PreTrainedConfig:
     )
     # The pre-v5 names of the rotary fields, which transformers 5 no longer writes and llama.cpp's
     # convert_hf_to_gguf.py reads from config.json for GPTNeoXForCausalLM; transformers reads rope_parameters first.
-    native.rotary_pct = 1.0
+    native.rotary_pct = config.partial_rotary_factor
     native.rotary_emb_base = config.rope_theta
     return native
 
@@ -157,4 +158,5 @@ GPT_NEOX = NativeArchitecture(
     ),
     prepare_weights=unfuse,
     restore_weights=fuse,
+    attention_options=("partial_rotary_factor",),
 )
