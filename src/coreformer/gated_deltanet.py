@@ -1,4 +1,5 @@
-"""Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025): the math of a linear-attention layer with a delta rule and gates.
+"""Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025), a linear-attention layer with a delta rule and gates: its math and
+its layer type ("gated_deltanet").
 
 The layer keeps a (D_k, D_v) matrix per value head instead of keys and values. Each token decays it, corrects what
 it stores for the token's key towards the token's value, and reads it with the query (`gated_delta_step`):
