@@ -215,12 +215,12 @@ def apply_rotary(
     """Rotary position embedding (Su et al. 2021, eq. 34). query/key: (B, H, T, D); cos/sin: (B, T, R), R ≤ D: with
     `partial_rotary_factor` the first R channels of each head rotate and the rest pass unchanged (Qwen3-Next,
     GPT-NeoX)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, R), broadcast over heads
     rotated = cos.shape[-1]
     if rotated < query.shape[-1]:
         (query, query_pass), (key, key_pass) = (x.split((rotated, x.shape[-1] - rotated), dim=-1) for x in (query, key))
-        query, key = apply_rotary(query, key, cos[:, 0], sin[:, 0])
+        query, key = apply_rotary(query, key, cos, sin)
         return torch.cat([query, query_pass], dim=-1), torch.cat([key, key_pass], dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D), broadcast over heads
     return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
 
@@ -337,8 +337,8 @@ class Attention(nn.Module):
                 # The encoder output does not change while decoding: its keys/values were computed on step one.
                 layer = cache.layers[self.layer_idx]
                 return layer.keys, layer.values, None
-        elif isinstance(past_key_values, EncoderDecoderCache):
-            cache = past_key_values.self_attention_cache
+        else:
+            cache = self_attention_cache(past_key_values)
         if source is None:
             raise ValueError("cross-attention needs `key_value_states` (the encoder output) on its first call")
         # No key projection (a kernel's `build` removed it, "lsh"): queries and keys are shared, set by `forward`.

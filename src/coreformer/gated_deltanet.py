@@ -317,6 +317,10 @@ class GatedDeltaNetKernel(LayerKernel):
     masks its padding), so that with left padding both states stay zero until a sequence's first real token.
     """
 
+    # H_v rows each, whose outputs become the decay's exponent and the delta rule's step: their rounding would compound
+    # through the recurrence (and bitsandbytes' CPU 4-bit kernel cannot pack so few rows).
+    unquantized = ("in_proj_a", "in_proj_b")
+
     def build(self, attention: nn.Module) -> None:
         config = attention.config
         sizes = config.gated_deltanet_sizes()

@@ -16,6 +16,7 @@ and caches; a kernel receives them at fixed points of `Attention.forward`:
     combine(...)               the heads o_proj reads, from what the backend (or `attend`) returned (differential)
 
 `keeps_cache`: the kernel reads and writes its own cache layer (the core does not put keys/values in it).
+`unquantized`: the names of modules `build` registers that quantizers must leave in full precision.
 `cached_keys`: the kernel attends over every key the cache holds (it runs while decoding), not this call's alone. This
 file is free of torch so that the configuration, which reads the layer-type table, never loads a kernel.
 """
@@ -28,6 +29,7 @@ class LayerKernel:
 
     keeps_cache = False
     cached_keys = False
+    unquantized: tuple[str, ...] = ()
 
     def build(self, attention: Any) -> None:
         """Register extra parameters/buffers on the attention module (`attention.config` holds the settings)."""

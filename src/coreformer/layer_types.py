@@ -218,8 +218,8 @@ def check_gated_deltanet(config: Any) -> None:
             f"'gated_deltanet' layers give each query/key head the same number of value heads, as Qwen3-Next does: "
             f"`linear_num_value_heads` ({value_heads}) must be a multiple of `linear_num_key_heads` ({key_heads})."
         )
-    for name in ("layer_types", "decoder_layer_types"):
-        types = getattr(config, name, None) or []
+    for name in config.stack_layer_types():
+        types = getattr(config, name) or []
         if types and all(layer_type == "gated_deltanet" for layer_type in types):
             raise ValueError(
                 f"`{name}` has only 'gated_deltanet' layers, whose cache layer (transformers' 'linear_attention') "

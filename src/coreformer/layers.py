@@ -91,12 +91,12 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: CoreformerConfig, theta: float | None = None):
         super().__init__()
-        self.head_dim = int(config.head_dim * config.partial_rotary_factor)  # the channels rotated, the first ones
+        self.rotary_dim = int(config.head_dim * config.partial_rotary_factor)  # the first channels of each head
         self.theta = config.rope_theta if theta is None else theta
         self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
 
     def compute_inv_freq(self) -> torch.Tensor:
-        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        return 1.0 / (self.theta ** (torch.arange(0, self.rotary_dim, 2, dtype=torch.float32) / self.rotary_dim))
 
     @torch.no_grad()
     def forward(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -76,12 +76,9 @@ class CoreformerPreTrainedModel(PreTrainedModel):
     # holds: transformers requires each name to match a module of the model, and in one of the two lists only).
     # Linformer's E and F and the rotations of "lsh" layers stay fp32 under fp16 and bf16 loads (`_strict`); being no
     # linear layers, quantizers leave them. An "lsh" layer's query-key projection, whose output is hashed, is never
-    # quantized (quantizers skip `_keep_in_fp32_modules`, which also keeps it fp32 under fp16 loads); nor are a
-    # "gated_deltanet" layer's gate projections (`NEVER_QUANTIZED`), H_v rows each, whose outputs become the decay's
-    # exponent and the delta rule's step, so that their rounding compounds through the recurrence (and bitsandbytes'
-    # CPU 4-bit kernel cannot pack so few rows).
+    # quantized (quantizers skip `_keep_in_fp32_modules`, which also keeps it fp32 under fp16 loads); nor is what a
+    # kernel names `unquantized` (the gate projections of "gated_deltanet" layers).
     KEPT_FP32 = ("k_seq_proj", "v_seq_proj", "lsh_rotations")
-    NEVER_QUANTIZED = ("in_proj_a", "in_proj_b")
 
     def __init__(self, config: CoreformerConfig, *args, **kwargs):
         restore(config)  # vLLM builds more than one model from a config it published on (`vllm_serving.py`)
@@ -110,11 +107,14 @@ class CoreformerPreTrainedModel(PreTrainedModel):
         }
         # "q_proj" alone names every layer's: each hashing one by its place in its stack (the same pattern in a stack
         # and in the family model holding it; a regex matched from the start, as quantizers match names).
-        self._keep_in_fp32_modules |= {
-            ".*" + re.escape(re.search(r"layers\.\d+\..*", name)[0])
+        unquantized = [name for name, module in self.named_modules() if isinstance(module, HashingProjection)]
+        unquantized += [
+            f"{name}.{part}"
             for name, module in self.named_modules()
-            if isinstance(module, HashingProjection) or name.rsplit(".", 1)[-1] in self.NEVER_QUANTIZED
-        }
+            if isinstance(module, Attention) and module.kernel is not None
+            for part in module.kernel.unquantized
+        ]
+        self._keep_in_fp32_modules |= {".*" + re.escape(re.search(r"layers\.\d+\..*", name)[0]) for name in unquantized}
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
